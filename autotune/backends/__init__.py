@@ -1,0 +1,69 @@
+"""Model backends: a task in, one model generation out.
+
+The engine owns this Protocol. Backends take their HTTP session as an argument, so
+tests run them in-process against the simulated server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autotune.workload import Task
+
+# Failure classes a model call can end in; they key the summary's error table.
+FAILURE_CLASSES = (
+    "timeout",
+    "connection",
+    "rate_limited",
+    "http_4xx",
+    "http_5xx",
+    "bad_response",
+)
+
+
+@dataclass(slots=True)
+class Generation:
+    """What one model call produced, with its timings (time.time() seconds)."""
+
+    text: str
+    tool_calls: list[dict[str, Any]]
+    input_tokens: int
+    output_tokens: int
+    finish_reason: str | None
+    response_id: str
+    model_start: float
+    first_token: float | None
+    model_end: float
+    attempts: int = 1
+
+
+class ModelCallError(Exception):
+    """A model call that failed for good (after retries); `failure_class` names why."""
+
+    def __init__(self, failure_class: str, message: str, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.attempts = attempts
+
+
+@dataclass(slots=True)
+class CallCounters:
+    """Retry-level events the summary and diagnose read (429s, Retry-After, ...)."""
+
+    retries: dict[str, int] = field(default_factory=dict)
+    rate_limited_responses: int = 0
+    retry_after_seen: int = 0
+    limiter_wait_s: float = 0.0
+
+    def count_retry(self, failure_class: str) -> None:
+        self.retries[failure_class] = self.retries.get(failure_class, 0) + 1
+
+
+class ModelBackend(Protocol):
+    """One way of calling a model server."""
+
+    model: str
+    counters: CallCounters
+
+    async def generate(self, task: Task) -> Generation: ...

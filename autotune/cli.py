@@ -1,0 +1,280 @@
+"""Command line: parse, build one validated config, call one function, print.
+
+No measuring happens here. Every error a user can cause arrives as an AutotuneError
+and leaves as one sentence on stderr with a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__
+from autotune.config import CollectConfig, Shard, SyntheticWorkload, TargetConfig
+from autotune.errors import AutotuneError, UsageError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _mean_std(text: str) -> tuple[int, int]:
+    """'256' or '256,64' → (mean, std)."""
+    try:
+        parts = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MEAN or MEAN,STD in tokens") from None
+    if len(parts) == 1:
+        return parts[0], parts[0] // 4
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise argparse.ArgumentTypeError(f"{text!r} is not MEAN or MEAN,STD in tokens")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every job that talks to a model server."""
+    group = parser.add_argument_group("model server")
+    group.add_argument(
+        "--base-url",
+        help="OpenAI-compatible base URL, e.g. http://host:8000/v1 "
+        "(default: start the embedded simulated vLLM-like server)",
+    )
+    group.add_argument("--model", help="model name (default: the server's first model)")
+    group.add_argument("--api", choices=("chat", "completions"), default="chat")
+    group.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="non-streaming calls (no time-to-first-token)",
+    )
+    group.add_argument(
+        "--extra-body", metavar="JSON", help="extra request fields, e.g. '{\"ignore_eos\": true}'"
+    )
+    group.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        help="environment variable holding the API key (never printed)",
+    )
+    group.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
+    group.add_argument("--max-retries", type=int, default=3)
+    group.add_argument(
+        "--pool-limit", type=_positive_int, default=1024, help="most open connections"
+    )
+    group.add_argument("--rpm", type=float, help="requests per minute limit")
+    group.add_argument("--tpm", type=float, help="tokens per minute limit")
+    group.add_argument(
+        "--sim-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a flag for the embedded simulator, e.g. --sim-arg=--max-num-seqs=32",
+    )
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tasks and verifier")
+    group.add_argument(
+        "--input",
+        "-i",
+        type=Path,
+        help="task JSONL: NeMo Gym, {messages: [...]} or {prompt: ...} rows "
+        "(default: a synthetic workload)",
+    )
+    group.add_argument(
+        "--synthetic",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="number of synthetic tasks when no --input is given",
+    )
+    group.add_argument("--prompt-tokens", type=_mean_std, default=(256, 64), metavar="MEAN[,STD]")
+    group.add_argument("--output-tokens", type=_mean_std, default=(256, 64), metavar="MEAN[,STD]")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--limit", type=int, help="only the first N tasks")
+    group.add_argument(
+        "--num-repeats", type=_positive_int, default=1, help="rollouts per task (GRPO groups)"
+    )
+    group.add_argument("--shard", type=str, metavar="i/N", help="the i-th of N contiguous slices")
+    group.add_argument(
+        "--verifier",
+        default=None,
+        help="none | exact | boxed | mcqa | code | synthetic | file.py:function | "
+        "package.module:function | http(s)://host:port/verify "
+        "(default: synthetic without --input, else none)",
+    )
+    group.add_argument(
+        "--verifier-workers",
+        type=_positive_int,
+        help="processes for pool verifiers, connections for HTTP ones",
+    )
+    group.add_argument(
+        "--verifier-cost-ms",
+        type=float,
+        default=0.0,
+        help="CPU milliseconds the synthetic verifier burns per rollout",
+    )
+
+
+def _target_config(args: argparse.Namespace) -> TargetConfig:
+    extra_body: dict[str, Any] = {}
+    if args.extra_body:
+        try:
+            extra_body = json.loads(args.extra_body)
+        except json.JSONDecodeError as error:
+            raise UsageError(
+                f"--extra-body is not valid JSON ({error}); quote it as one JSON object."
+            ) from None
+        if not isinstance(extra_body, dict):
+            raise UsageError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'.")
+    return TargetConfig(
+        base_url=args.base_url,
+        model=args.model,
+        api=args.api,
+        stream=args.stream,
+        api_key_env=args.api_key_env,
+        extra_body=extra_body,
+        request_timeout_s=args.timeout,
+        max_retries=args.max_retries,
+        pool_limit=args.pool_limit,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        sim_args=tuple(args.sim_arg),
+    )
+
+
+def collect_config(args: argparse.Namespace) -> CollectConfig:
+    """The one validated config of a collect run."""
+    verifier = args.verifier or ("none" if args.input else "synthetic")
+    return CollectConfig(
+        target=_target_config(args),
+        input=args.input,
+        synthetic=SyntheticWorkload(
+            num_tasks=args.synthetic,
+            prompt_tokens_mean=args.prompt_tokens[0],
+            prompt_tokens_std=args.prompt_tokens[1],
+            output_tokens_mean=args.output_tokens[0],
+            output_tokens_std=args.output_tokens[1],
+            seed=args.seed,
+        ),
+        limit=args.limit,
+        num_repeats=args.num_repeats,
+        shard=Shard.parse(args.shard) if args.shard else None,
+        parallelism=args.parallelism,
+        verifier=verifier,
+        verifier_workers=args.verifier_workers,
+        verifier_cost_ms=args.verifier_cost_ms,
+        output=args.output,
+        resume=args.resume,
+        progress=not args.quiet,
+    )
+
+
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from autotune.collect import run_collect
+    from autotune.report.terminal import collect_summary_text, progress_bar
+
+    config = collect_config(args)
+    with progress_bar(enabled=config.progress, unit="rollout") as bar:
+        summary = run_collect(config, progress=bar)
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print(collect_summary_text(summary))
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from autotune.store import merge_rollouts
+
+    written, dropped = merge_rollouts(args.shards, args.output)
+    print(f"merged {written} rollouts into {args.output} ({dropped} duplicates dropped)")
+    return 0
+
+
+def _cmd_sim_serve(args: argparse.Namespace) -> int:
+    from autotune.servers.sim.server import main as sim_main
+
+    return sim_main(args.sim_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="Measure and tune RL rollout collection throughput.",
+    )
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    collect = commands.add_parser("collect", help="collect rollouts (the engine on its own)")
+    add_workload_arguments(collect)
+    add_target_arguments(collect)
+    run = collect.add_argument_group("run")
+    run.add_argument(
+        "--parallelism",
+        "--num-samples-in-parallel",
+        type=_positive_int,
+        default=None,
+        help="rollouts in flight at once (default: unlimited, as in NeMo Gym)",
+    )
+    run.add_argument("--output", "-o", type=Path, help="rollout JSONL to append to")
+    run.add_argument("--resume", action="store_true", help="continue --output where it stopped")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    collect.set_defaults(handler=_cmd_collect)
+
+    merge = commands.add_parser("merge", help="join shard outputs without duplicates")
+    merge.add_argument("shards", nargs="+", type=Path)
+    merge.add_argument("--output", "-o", type=Path, required=True)
+    merge.set_defaults(handler=_cmd_merge)
+
+    sim = commands.add_parser("sim", help="the embedded simulated vLLM-like server")
+    sim_commands = sim.add_subparsers(dest="sim_command", required=True, metavar="COMMAND")
+    serve = sim_commands.add_parser(
+        "serve",
+        help="serve it (takes vLLM's flag names; see `autotune sim serve --help`)",
+        add_help=False,
+    )
+    serve.add_argument("sim_args", nargs=argparse.REMAINDER)
+    serve.set_defaults(handler=_cmd_sim_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="autotune: %(message)s",
+        stream=sys.stderr,
+    )
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except UsageError as error:
+        print(f"autotune: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except AutotuneError as error:
+        print(f"autotune: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(
+            "autotune: interrupted; every finished rollout is on disk (rerun with --resume).",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED

@@ -1,0 +1,1 @@
+"""Outputs built from saved results: terminal text now, HTML reports."""

@@ -1,0 +1,76 @@
+"""Terminal output: the progress bar (tqdm, on stderr) and closing summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from autotune.results import STAGES, CollectSummary
+
+
+class _Progress:
+    """A tqdm bar with a cheap per-rollout `tick` (tqdm redraws at most twice a second)."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+
+    def tick(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def set_total(self, total: int) -> None:
+        if self._bar is not None:
+            self._bar.reset(total=total)
+
+
+@contextmanager
+def progress_bar(enabled: bool, unit: str, total: int | None = None) -> Iterator[_Progress]:
+    """A progress bar showing the rate (it/s) and ETA; a no-op when disabled."""
+    if not enabled:
+        yield _Progress(None)
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit=unit, mininterval=0.5, smoothing=0.1, dynamic_ncols=True)
+    try:
+        yield _Progress(bar)
+    finally:
+        bar.close()
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:,.1f}"
+
+
+def collect_summary_text(summary: CollectSummary) -> str:
+    """The closing summary of `autotune collect`, for people."""
+    lines = []
+    if summary.simulated:
+        lines.append("SIMULATED: these figures come from autotune's simulated vLLM-like server.")
+    reward = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    lines += [
+        f"model {summary.model} at {summary.base_url}",
+        f"rollouts      {summary.completed:,} done, {summary.failed:,} failed"
+        + (f", {summary.skipped:,} already on disk" if summary.skipped else ""),
+        f"throughput    {summary.rollouts_per_s:,.2f} rollouts/s, "
+        f"{summary.output_tokens_per_s:,.1f} output tokens/s over {summary.elapsed_s:,.1f} s",
+        f"mean reward   {reward}",
+        "",
+        f"{'stage':<12}{'p50 ms':>12}{'p95 ms':>12}{'mean ms':>12}",
+    ]
+    for stage in STAGES:
+        latency = summary.latency_s[stage]
+        if latency.count:
+            lines.append(
+                f"{stage:<12}{_ms(latency.p50):>12}{_ms(latency.p95):>12}{_ms(latency.mean):>12}"
+            )
+    if summary.errors_by_class:
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(summary.errors_by_class.items()))
+        lines.append(f"\nerrors        {errors}")
+    if summary.retries_by_class:
+        retries = ", ".join(f"{k}: {v}" for k, v in sorted(summary.retries_by_class.items()))
+        lines.append(f"retries       {retries}")
+    if summary.output:
+        lines.append(f"output        {summary.output}")
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Responses-API shaped objects, as NeMo Gym rows carry them.
+
+Backends speak chat/completions; rows store a Responses-style `response` so that
+NeMo Gym's own tools (and its verifiers) read our output unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def build_response(
+    *,
+    response_id: str,
+    model: str,
+    text: str,
+    tool_calls: list[dict[str, Any]] | None,
+    input_tokens: int,
+    output_tokens: int,
+    finish_reason: str | None,
+) -> dict[str, Any]:
+    """A Responses-API `response` object from one chat/completions answer."""
+    output: list[dict[str, Any]] = []
+    for call in tool_calls or ():
+        function = call.get("function") or {}
+        output.append(
+            {
+                "type": "function_call",
+                "id": call.get("id", ""),
+                "call_id": call.get("id", ""),
+                "name": function.get("name", ""),
+                "arguments": function.get("arguments", ""),
+                "status": "completed",
+            }
+        )
+    if text or not output:
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{response_id}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [
+                    {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+                ],
+            }
+        )
+    return {
+        "id": f"resp_{response_id}",
+        "object": "response",
+        "created_at": time.time(),
+        "model": model,
+        "status": "incomplete" if finish_reason == "length" else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if finish_reason == "length" else None,
+        "error": None,
+        "output": output,
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
+
+
+def response_text(response: dict[str, Any] | None) -> str:
+    """All assistant output text of a Responses-API object, joined."""
+    if not response:
+        return ""
+    parts: list[str] = []
+    for item in response.get("output") or ():
+        if item.get("type") == "message":
+            for content in item.get("content") or ():
+                text = content.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+    return "".join(parts)
