@@ -1,0 +1,239 @@
+"""`autotune collect` end to end: NeMo Gym data on the simulator, resume after kill -9,
+and bad input ending in one sentence."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, autotune, read_rows, server_process
+
+# Built-in verifier for each NeMo Gym example that has reference rollouts.
+VERIFIER_FOR = {"string_match": "boxed", "mcqa": "mcqa", "code_gen": "code"}
+
+
+@pytest.fixture(scope="module")
+def sim_url() -> Iterator[str]:
+    with server_process("autotune.servers.sim", "--time-scale", "0.02") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def null_url() -> Iterator[str]:
+    with server_process("autotune.servers.null") as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["string_match", "mcqa", "code_gen", "math_with_judge", "example_single_tool_call"],
+)
+def test_nemo_gym_examples_collect_with_reference_keys(
+    name: str, sim_url: str, nemo_gym_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "rollouts.jsonl"
+    verifier = VERIFIER_FOR.get(name, "boxed" if name == "math_with_judge" else "none")
+    result = autotune(
+        "collect",
+        "--input",
+        str(nemo_gym_data / f"{name}.example.jsonl"),
+        "--base-url",
+        sim_url,
+        "--verifier",
+        verifier,
+        "--num-repeats",
+        "2",
+        "--output",
+        str(out),
+        "--json",
+        "--quiet",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = read_rows(out)
+    assert sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows) == [
+        (t, r) for t in range(5) for r in range(2)
+    ]
+    reference = nemo_gym_data / f"{name}.example_rollouts.jsonl"
+    if reference.exists():
+        expected_keys = set(read_rows(reference)[0])
+        for row in rows:
+            assert expected_keys <= set(row), expected_keys - set(row)
+    for row in rows:
+        assert row["response"]["output"], row
+        timings = row["_autotune"]["timings"]
+        assert timings["queued"] <= timings["model_start"] <= timings["first_token"]
+        assert timings["first_token"] <= timings["model_end"] <= timings["verify_start"]
+        assert timings["verify_start"] <= timings["verify_end"]
+        assert row["_autotune"]["simulated"] is True
+
+
+def test_kill_9_then_resume_loses_and_repeats_nothing(null_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.jsonl"
+    args = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "collect",
+        "--base-url",
+        null_url,
+        "--model",
+        "null",
+        "--synthetic",
+        "5000",
+        "--verifier",
+        "exact",
+        "--parallelism",
+        "32",
+        "--output",
+        str(out),
+        "--quiet",
+    ]
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while (not out.exists() or out.stat().st_size < 300_000) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    partial = read_rows_tolerant(out)
+    assert 0 < len(partial) < 5000, "the kill must land mid-run"
+
+    resumed = autotune(
+        "collect",
+        "--base-url",
+        null_url,
+        "--model",
+        "null",
+        "--synthetic",
+        "5000",
+        "--verifier",
+        "exact",
+        "--parallelism",
+        "32",
+        "--output",
+        str(out),
+        "--resume",
+        "--quiet",
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    rows = read_rows(out)
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
+    assert len(keys) == 5000
+    assert set(keys) == {(t, 0) for t in range(5000)}
+
+
+def read_rows_tolerant(path: Path) -> list[bytes]:
+    """Complete lines only: the kill may cut the last one short."""
+    return [line for line in path.read_bytes().split(b"\n")[:-1] if line]
+
+
+def _one_sentence_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("autotune: error:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_malformed_jsonl_names_the_line(tmp_path: Path, null_url: str) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": oops}\n')
+    line = _one_sentence_error(autotune("collect", "--input", str(tasks), "--base-url", null_url))
+    assert "line 3" in line and "not valid JSON" in line
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    line = _one_sentence_error(autotune("collect", "--input", str(tmp_path / "missing.jsonl")))
+    assert "does not exist" in line
+
+
+def test_refused_connection_is_one_sentence() -> None:
+    line = _one_sentence_error(
+        autotune("collect", "--synthetic", "3", "--base-url", "http://127.0.0.1:9/v1")
+    )
+    assert "cannot reach the model server at http://127.0.0.1:9/v1" in line
+
+
+def test_silent_server_fails_within_5_s() -> None:
+    # A socket that completes the TCP handshake (the kernel's backlog) but never answers.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        started = time.monotonic()
+        line = _one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", url))
+        elapsed = time.monotonic() - started
+    assert "cannot reach the model server" in line
+    assert elapsed < 5 + 3  # the 5 s preflight plus interpreter start-up on a loaded machine
+
+
+def test_invalid_verifier_spec(null_url: str) -> None:
+    line = _one_sentence_error(
+        autotune("collect", "--synthetic", "3", "--base-url", null_url, "--verifier", "nonsense")
+    )
+    assert "unknown verifier 'nonsense'" in line
+
+
+def test_raising_verifier_sends_rollouts_to_failures(null_url: str, tmp_path: Path) -> None:
+    verifier = tmp_path / "flaky.py"
+    verifier.write_text(
+        "def score(row):\n"
+        "    if row['_ng_task_index'] % 2:\n"
+        "        raise ZeroDivisionError('odd task')\n"
+        "    return 1.0\n"
+    )
+    out = tmp_path / "out.jsonl"
+    result = autotune(
+        "collect",
+        "--synthetic",
+        "20",
+        "--base-url",
+        null_url,
+        "--model",
+        "null",
+        "--verifier",
+        f"{verifier}:score",
+        "--verifier-workers",
+        "2",
+        "--output",
+        str(out),
+        "--json",
+        "--quiet",
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(r["_ng_task_index"] for r in read_rows(out)) == list(range(0, 20, 2))
+    failures = read_rows(tmp_path / "out_failures.jsonl")
+    assert sorted(f["_ng_task_index"] for f in failures) == list(range(1, 20, 2))
+    assert {f["failure_class"] for f in failures} == {"verifier_error"}
+    assert all("ZeroDivisionError" in str(f["message"]) for f in failures)
+
+
+def test_api_key_never_reaches_output(null_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    secret = "sk-test-DO-NOT-LEAK-1234"
+    result = autotune(
+        "-v",
+        "collect",
+        "--synthetic",
+        "5",
+        "--base-url",
+        null_url,
+        "--model",
+        "null",
+        "--verifier",
+        "exact",
+        "--output",
+        str(out),
+        "--json",
+        env={"OPENAI_API_KEY": secret},
+    )
+    assert result.returncode == 0, result.stderr
+    assert secret not in result.stdout + result.stderr
+    assert secret.encode() not in out.read_bytes()
