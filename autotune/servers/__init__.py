@@ -1,0 +1,1 @@
+"""Model servers autotune can launch, health-check and stop: `launcher` (any process), `sim/`."""
