@@ -8,104 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
-import aiohttp
-
 from autotune.backends.openai import OpenAIBackend
-from autotune.config import CollectConfig, TargetConfig
-from autotune.engine import Engine, RunStats
-from autotune.errors import CollectionError, ServerUnreachable
+from autotune.config import CollectConfig
+from autotune.engine import Engine, EngineObserver, RunStats
+from autotune.errors import CollectionError
 from autotune.results import CollectSummary
 from autotune.store import RolloutSink
+from autotune.target import Target, api_key, connect
 from autotune.verifiers import VerifierOptions, load_verifier
 from autotune.workload import Workload, rollout_key, work_items
 
 log = logging.getLogger("autotune")
 
-PREFLIGHT_TIMEOUT_S = 5.0
 SIM_DEFAULT_ARGS = ("--time-scale", "1.0")
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A reachable server: its base URL, model name and whether it is the simulator."""
-
-    base_url: str
-    model: str
-    simulated: bool
-
-
-@asynccontextmanager
-async def open_session(target: TargetConfig) -> AsyncIterator[aiohttp.ClientSession]:
-    """One client session for the run: pooled keep-alive connections, no cookie jar."""
-    connector = aiohttp.TCPConnector(limit=target.pool_limit, limit_per_host=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(
-        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), raise_for_status=False
-    ) as session:
-        yield session
-
-
-@asynccontextmanager
-async def embedded_server(target: TargetConfig) -> AsyncIterator[str | None]:
-    """Yields the base URL: the configured one, or a freshly started simulated server."""
-    if target.base_url is not None:
-        yield target.base_url
-        return
-    from autotune.servers.launcher import ServerProcess, free_port, sim_command
-
-    port = free_port()
-    command = sim_command([*SIM_DEFAULT_ARGS, *target.sim_args], port)
-    log.info("starting the embedded SIMULATED vLLM-like server on port %d", port)
-    async with ServerProcess(
-        command, health_url=f"http://127.0.0.1:{port}/health", startup_timeout_s=30.0
-    ):
-        yield f"http://127.0.0.1:{port}/v1"
-
-
-async def resolve_target(
-    session: aiohttp.ClientSession, base_url: str, model: str | None, api_key: str | None
-) -> Target:
-    """Checks the server answers (within 5 s) and picks the model it serves if none is named."""
-    url = base_url.rstrip("/") + "/models"
-    timeout = aiohttp.ClientTimeout(total=PREFLIGHT_TIMEOUT_S)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with session.get(url, timeout=timeout, headers=headers) as resp:
-            simulated = resp.headers.get("x-autotune-simulated") == "true"
-            payload: dict[str, Any] = await resp.json() if resp.status == 200 else {}
-    except (aiohttp.ClientConnectionError, TimeoutError) as error:
-        reason = str(error) or "no answer within 5 s"
-        raise ServerUnreachable(
-            f"cannot reach the model server at {base_url} ({reason}); start it or fix --base-url."
-        ) from None
-    except (aiohttp.ContentTypeError, ValueError):
-        payload = {}
-    if model is None:
-        models = [entry.get("id") for entry in payload.get("data") or () if entry.get("id")]
-        if not models:
-            raise ServerUnreachable(
-                f"the server at {base_url} lists no model at /models; pass --model NAME."
-            )
-        model = str(models[0])
-    return Target(base_url, model, simulated or model.startswith("sim/"))
-
-
-def _api_key(target: TargetConfig) -> str | None:
-    """The API key, from the environment only: it is never logged, printed or saved."""
-    return os.environ.get(target.api_key_env) or None
-
-
-class Progress(Protocol):
-    """What the engine reports progress to (the CLI's progress bar)."""
+class Progress(EngineObserver, Protocol):
+    """The CLI's progress bar: told the total, then of every finished rollout."""
 
     def set_total(self, total: int) -> None: ...
-
-    def tick(self) -> None: ...
 
 
 async def collect(config: CollectConfig, progress: Progress | None = None) -> CollectSummary:
@@ -142,15 +66,12 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
     if progress is not None:
         progress.set_total(todo)
     try:
-        async with (
-            embedded_server(target_config) as base_url,
-            open_session(target_config) as session,
-        ):
-            assert base_url is not None
-            api_key = _api_key(target_config)
-            target = await resolve_target(session, base_url, target_config.model, api_key)
+        async with connect(target_config, SIM_DEFAULT_ARGS) as (session, target):
             backend = OpenAIBackend(
-                session, replace(target_config, base_url=target.base_url), target.model, api_key
+                session,
+                replace(target_config, base_url=target.base_url),
+                target.model,
+                api_key(target_config),
             )
             verifier = await load_verifier(
                 config.verifier,
@@ -162,7 +83,7 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
                 verifier,
                 sink,
                 parallelism=max(1, min(parallelism, todo)),
-                on_finished=progress.tick if progress is not None else None,
+                observer=progress,
                 extra_row_fields={"simulated": True} if target.simulated else None,
             )
             try:

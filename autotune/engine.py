@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.backends import Generation, ModelBackend, ModelCallError
 from autotune.responses import build_response
@@ -30,6 +30,14 @@ AGENT_REF = {"name": "autotune"}
 
 # A rollout waiting for the verifier: (item, generation, row so far, queued time).
 _VerifyJob = tuple[WorkItem, Generation, dict[str, Any], float]
+
+
+class EngineObserver(Protocol):
+    """Told of every finished rollout: the progress bar, a probe's steady-state meter."""
+
+    def rollout_done(self, timings: dict[str, float | None], output_tokens: int) -> None: ...
+
+    def rollout_failed(self, failure_class: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -62,14 +70,14 @@ class Engine:
         verifier: Verifier,
         sink: RolloutSink,
         parallelism: int,
-        on_finished: Callable[[], Any] | None = None,
+        observer: EngineObserver | None = None,
         extra_row_fields: dict[str, Any] | None = None,
     ) -> None:
         self._backend = backend
         self._verifier = verifier
         self._sink = sink
         self._parallelism = parallelism
-        self._on_finished = on_finished
+        self._observer = observer
         self._extra = extra_row_fields or {}
         self._consecutive_connection_failures = 0
         self._stopping = False
@@ -191,8 +199,12 @@ class Engine:
         add("verify_wait", verify_start - model_end)
         add("verify", verify_end - verify_start)
         add("total", verify_end - queued)
-        if self._on_finished is not None:
-            self._on_finished()
+        if self._observer is not None:
+            self._observer.rollout_done(timings, generation.output_tokens)
+
+    def stop(self) -> None:
+        """Finish the rollouts in flight, start no new one (a probe has measured enough)."""
+        self._stopping = True
 
     def _model_failed(self, item: WorkItem, error: ModelCallError, queued: float) -> None:
         now = time.time()
@@ -234,8 +246,8 @@ class Engine:
         if response is not None:
             failure["response"] = response
         self._sink.write_failure(failure)
-        if self._on_finished is not None:
-            self._on_finished()
+        if self._observer is not None:
+            self._observer.rollout_failed(failure_class)
 
 
 def _timings(

@@ -15,7 +15,11 @@ class _Progress:
     def __init__(self, bar: Any) -> None:
         self._bar = bar
 
-    def tick(self) -> None:
+    def rollout_done(self, timings: dict[str, float | None], output_tokens: int) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def rollout_failed(self, failure_class: str) -> None:
         if self._bar is not None:
             self._bar.update(1)
 

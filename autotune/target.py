@@ -1,0 +1,107 @@
+"""The model server a job talks to: the configured one, or the embedded simulator.
+
+Shared by every job (collect, diagnose, sweep, bench): one place starts the
+simulated server when no base URL is given, checks that the server answers (within
+5 s), and picks the model it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from autotune.config import TargetConfig
+from autotune.errors import ServerUnreachable
+
+log = logging.getLogger("autotune")
+
+PREFLIGHT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A reachable server: its base URL, model name and whether it is the simulator."""
+
+    base_url: str
+    model: str
+    simulated: bool
+
+
+@asynccontextmanager
+async def open_session(target: TargetConfig) -> AsyncIterator[aiohttp.ClientSession]:
+    """One client session for the run: pooled keep-alive connections, no cookie jar."""
+    connector = aiohttp.TCPConnector(limit=target.pool_limit, limit_per_host=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(
+        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), raise_for_status=False
+    ) as session:
+        yield session
+
+
+@asynccontextmanager
+async def embedded_server(
+    target: TargetConfig, default_sim_args: Sequence[str] = ()
+) -> AsyncIterator[str]:
+    """Yields the base URL: the configured one, or a freshly started simulated server."""
+    if target.base_url is not None:
+        yield target.base_url
+        return
+    from autotune.servers.launcher import ServerProcess, free_port, sim_command
+
+    port = free_port()
+    command = sim_command([*default_sim_args, *target.sim_args], port)
+    log.info("starting the embedded SIMULATED vLLM-like server on port %d", port)
+    async with ServerProcess(
+        command, health_url=f"http://127.0.0.1:{port}/health", startup_timeout_s=30.0
+    ):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+async def resolve_target(
+    session: aiohttp.ClientSession, base_url: str, model: str | None, api_key: str | None
+) -> Target:
+    """Checks the server answers (within 5 s) and picks the model it serves if none is named."""
+    url = base_url.rstrip("/") + "/models"
+    timeout = aiohttp.ClientTimeout(total=PREFLIGHT_TIMEOUT_S)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with session.get(url, timeout=timeout, headers=headers) as resp:
+            simulated = resp.headers.get("x-autotune-simulated") == "true"
+            payload: dict[str, Any] = await resp.json() if resp.status == 200 else {}
+    except (aiohttp.ClientConnectionError, TimeoutError) as error:
+        reason = str(error) or "no answer within 5 s"
+        raise ServerUnreachable(
+            f"cannot reach the model server at {base_url} ({reason}); start it or fix --base-url."
+        ) from None
+    except (aiohttp.ContentTypeError, ValueError):
+        payload = {}
+    if model is None:
+        models = [entry.get("id") for entry in payload.get("data") or () if entry.get("id")]
+        if not models:
+            raise ServerUnreachable(
+                f"the server at {base_url} lists no model at /models; pass --model NAME."
+            )
+        model = str(models[0])
+    return Target(base_url, model, simulated or model.startswith("sim/"))
+
+
+def api_key(target: TargetConfig) -> str | None:
+    """The API key, from the environment only: it is never logged, printed or saved."""
+    return os.environ.get(target.api_key_env) or None
+
+
+@asynccontextmanager
+async def connect(
+    target: TargetConfig, default_sim_args: Sequence[str] = ()
+) -> AsyncIterator[tuple[aiohttp.ClientSession, Target]]:
+    """A session and a checked target; the embedded simulator lives as long as this."""
+    async with (
+        embedded_server(target, default_sim_args) as base_url,
+        open_session(target) as session,
+    ):
+        yield session, await resolve_target(session, base_url, target.model, api_key(target))

@@ -1,0 +1,239 @@
+"""The HTML report toolkit: pure builders unit-tested, whole pages rendered in Chromium.
+
+The browser tests check what a reviewer relies on: the page shows what it should, logs no
+error, and loads nothing from the network. Negative controls prove the harness can fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.report import html as h
+from autotune.report.plots import bar_chart_stacked, time_series
+from tests.browser import VIEWPORT, RenderResult, render
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+HOSTILE = "<script>alert(\"pwned\")</script> & 'quoted'"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk (the first chunk, right after the signature)."""
+    assert data[:8] == PNG_SIGNATURE
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+# --- pure builders -------------------------------------------------------------------------
+
+
+def test_table_escapes_every_cell_column_and_caption() -> None:
+    out = h.table([HOSTILE, "n"], [[HOSTILE, 1], ["ok", 2]], caption=HOSTILE)
+    assert "<script>" not in out
+    assert out.count("&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt; &amp; &#x27;") == 3
+
+
+def test_table_formats_numbers_and_right_aligns_numeric_columns() -> None:
+    out = h.table(["name", "rate"], [["a", 1234567], ["b", 0.123456], ["c", None]])
+    assert "<td>a</td>" in out
+    assert '<td class="num">1,234,567</td>' in out
+    assert '<td class="num">0.1235</td>' in out
+    assert '<th class="num">rate</th>' in out
+    assert "<td>—</td>" in out
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.0, "0"),
+        (12345.6, "12,346"),
+        (12.3456, "12.35"),
+        (float("nan"), "—"),
+        (float("inf"), "∞"),
+        (True, "yes"),
+        (-42, "-42"),
+        ("text", "text"),
+    ],
+)
+def test_format_value(value: object, text: str) -> None:
+    assert h.format_value(value) == text
+
+
+def test_table_rejects_a_ragged_row() -> None:
+    with pytest.raises(ValueError, match="row 1 has 1 cells"):
+        h.table(["a", "b"], [[1, 2], [3]])
+
+
+def test_image_is_an_inline_data_uri_with_escaped_alt() -> None:
+    png = PNG_SIGNATURE + b"rest of the file"
+    out = h.image(png, alt='a "quoted" <alt>')
+    match = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', out)
+    assert match is not None
+    assert base64.b64decode(match.group(1)) == png
+    assert 'alt="a &quot;quoted&quot; &lt;alt&gt;"' in out
+
+
+def test_image_rejects_bytes_that_are_not_png() -> None:
+    with pytest.raises(ValueError, match="PNG"):
+        h.image(b"GIF89a...", alt="x")
+
+
+def test_callout_escapes_and_checks_its_kind() -> None:
+    assert h.callout("<b>", "warning") == '<div class="callout warning">&lt;b&gt;</div>'
+    with pytest.raises(ValueError, match="callout kind"):
+        h.callout("x", "danger")  # type: ignore[arg-type]
+
+
+def test_page_is_self_contained_and_escapes_title_and_banner(tmp_path: Path) -> None:
+    doc = h.page(HOSTILE, [h.section(HOSTILE, h.paragraph(HOSTILE))], banner=HOSTILE)
+    assert f'<meta http-equiv="Content-Security-Policy" content="{h.CSP}">' in doc
+    assert "<script" not in doc
+    assert not re.search(r'(?:src|href)="(?!data:)', doc)  # nothing to fetch
+    path = h.write_report(tmp_path / "out", doc)
+    assert path == tmp_path / "out" / "index.html"
+    assert path.read_text(encoding="utf-8") == doc
+    assert [p.name for p in path.parent.iterdir()] == ["index.html"]
+
+
+def test_plots_return_png_and_check_their_input() -> None:
+    bars = bar_chart_stacked(["p1", "p2"], {"model": [1.0, 2.0], "verify": [0.5, 0.2]}, "s", "t")
+    line = time_series({"kv": ([0.0, 1.0, 2.0], [0.1, 0.5, 0.4])}, "fraction", "t")
+    for png in (bars, line):
+        width, height = png_size(png)
+        assert 400 < width < 2000 and 200 < height < 1000
+    with pytest.raises(ValueError, match="series 'model' has 1 values for 2 categories"):
+        bar_chart_stacked(["p1", "p2"], {"model": [1.0]}, "s", "t")
+    with pytest.raises(ValueError, match="2 x values and 1 y values"):
+        time_series({"kv": ([0.0, 1.0], [0.1])}, "y", "t")
+
+
+def test_importing_the_toolkit_does_not_import_matplotlib() -> None:
+    code = (
+        "import sys, autotune.report.html, autotune.report.plots; "
+        "sys.exit('matplotlib' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- rendered in Chromium ------------------------------------------------------------------
+
+
+def full_page() -> str:
+    """A page using every element, with user text that would run if it were not escaped."""
+    stages = bar_chart_stacked(
+        ["p=4", "p=16", "p=64"],
+        {"queued": [0.01, 0.05, 0.9], "model": [1.2, 1.4, 2.1], "verify": [0.3, 0.3, 0.35]},
+        ylabel="seconds per rollout",
+        title="Latency by stage",
+    )
+    kv = time_series(
+        {
+            "kv cache": ([0, 1, 2, 3, 4], [0.1, 0.4, 0.7, 0.9, 0.95]),
+            "running/64": ([0, 1, 2, 3, 4], [0.2, 0.6, 0.9, 1.0, 1.0]),
+        },
+        ylabel="fraction",
+        title="Server telemetry",
+    )
+    return h.page(
+        "Diagnosis: model-bound",
+        [
+            h.section(
+                "Verdict",
+                h.callout("Model-bound: the server is saturated at parallelism 16.", "verdict"),
+                h.callout("Only 3 probes ran; intervals are wide.", "warning"),
+                h.callout("Figures from the simulated server.", "info"),
+            ),
+            h.section(
+                "Probes",
+                h.table(
+                    ["task", "parallelism", "rollouts/s", "p95 latency (s)"],
+                    [
+                        [HOSTILE, 4, 3.52, 1.61],
+                        ["math", 16, 1234.5, 2.003],
+                        ["code", 64, 1250.25, 3.5],
+                    ],
+                    caption="One row per probe",
+                ),
+                h.image(stages, alt="Stacked latency by stage"),
+                h.image(kv, alt="Telemetry over time"),
+            ),
+            h.section(
+                "Run",
+                h.definition_list([("model", "tiny-llama"), ("machine", "2 cores, no GPU")]),
+                h.paragraph("Rebuilt from results.json."),
+            ),
+        ],
+        banner="SIMULATED — these figures come from autotune's simulated server",
+        subtitle="results.json · schema 1",
+    )
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> RenderResult:
+    out = tmp_path_factory.mktemp("report")
+    path = h.write_report(out, full_page())
+    return render(path, out / "screenshot.png")
+
+
+def test_report_renders_without_errors_or_network(rendered: RenderResult) -> None:
+    assert rendered.console_errors == []
+    assert rendered.failed_or_external_requests == []
+
+
+def test_report_shows_its_text_with_user_text_escaped(rendered: RenderResult) -> None:
+    for expected in (
+        "SIMULATED — these figures come",
+        "Diagnosis: model-bound",
+        "Model-bound: the server is saturated",
+        "Only 3 probes ran",
+        "One row per probe",
+        HOSTILE,  # shown as text, so it was escaped and never ran
+        "1,234",
+        "1,250",
+        "tiny-llama",
+        "2 cores, no GPU",
+        "Rebuilt from results.json.",
+    ):
+        assert expected in rendered.text
+
+
+def test_report_screenshot_is_a_full_page_png(rendered: RenderResult) -> None:
+    data = rendered.screenshot.read_bytes()
+    assert len(data) > 5_000
+    width, height = png_size(data)
+    assert width == VIEWPORT[0]
+    assert 900 <= height < 16_000  # two plots and a table: longer than one screen
+
+
+def test_harness_reports_an_external_request(tmp_path: Path) -> None:
+    page = tmp_path / "external.html"
+    page.write_text('<!DOCTYPE html><p>hi</p><img src="http://127.0.0.1:9/x.png" alt="x">')
+    result = render(page, tmp_path / "external.png")
+    assert "external: http://127.0.0.1:9/x.png" in result.failed_or_external_requests
+    assert any(
+        r.startswith("failed: http://127.0.0.1:9/x.png") for r in result.failed_or_external_requests
+    )
+
+
+def test_harness_reports_a_console_error(tmp_path: Path) -> None:
+    page = tmp_path / "boom.html"  # no CSP here, or the inline script would be refused
+    page.write_text('<!DOCTYPE html><p>hi</p><script>console.error("boom")</script>')
+    result = render(page, tmp_path / "boom.png")
+    assert result.console_errors == ["boom"]
+    assert result.failed_or_external_requests == []
+    assert result.text == "hi"
+
+
+def test_the_policy_blocks_and_the_harness_reports_what_slips_into_a_page(tmp_path: Path) -> None:
+    leak = h.section("leak", '<img src="http://127.0.0.1:9/x.png" alt="x">')
+    path = h.write_report(tmp_path, h.page("t", [leak]))
+    result = render(path, tmp_path / "leak.png")
+    assert any("Content Security Policy" in e for e in result.console_errors)
+    assert "failed: http://127.0.0.1:9/x.png (csp)" in result.failed_or_external_requests
