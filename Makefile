@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint bench-overhead bench-rss clean
+.PHONY: setup demo test lint bench-overhead bench-rss bench-diagnose clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,7 @@ setup: $(STAMP)
 demo: setup
 	rm -f reports/demo/rollouts.jsonl reports/demo/rollouts_failures.jsonl
 	$(BIN)/autotune collect --output reports/demo/rollouts.jsonl --parallelism 64
+	$(BIN)/autotune diagnose --report reports/demo/diagnose
 
 lint: setup
 	$(BIN)/ruff check autotune tests benchmarks
@@ -30,6 +31,9 @@ bench-overhead: setup
 
 bench-rss: setup
 	$(BIN)/python benchmarks/peak_rss.py
+
+bench-diagnose: setup
+	$(BIN)/python benchmarks/diagnose_time.py
 
 clean:
 	rm -rf $(VENV) reports/demo .pytest_cache .ruff_cache

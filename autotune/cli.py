@@ -198,6 +198,44 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from autotune.collect import run_async
+    from autotune.diagnose import DiagnoseConfig, diagnose, save_result
+    from autotune.report import diagnose_report
+    from autotune.report.terminal import diagnose_text
+
+    config = DiagnoseConfig(
+        collect=collect_config(args),
+        low=args.low,
+        high=args.high,
+        min_s=args.min_s,
+        max_s=args.max_s,
+    )
+    result = run_async(diagnose(config))
+    if args.json == "-":
+        print(json.dumps(result, indent=2))
+    else:
+        print(diagnose_text(result))
+    if args.json and args.json != "-":
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    if args.report:
+        save_result(result, args.report)
+        page = diagnose_report.write(result, args.report)
+        print(f"report: {page}", file=sys.stderr)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from autotune.diagnose import load_result
+    from autotune.report import diagnose_report
+
+    result = load_result(args.directory)
+    directory = args.directory if args.directory.is_dir() else args.directory.parent
+    print(diagnose_report.write(result, args.out or directory))
+    return 0
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
     from autotune.store import merge_rollouts
 
@@ -237,6 +275,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     collect.set_defaults(handler=_cmd_collect)
+
+    diagnose = commands.add_parser(
+        "diagnose", help="paired low/high parallelism probes → a bottleneck verdict"
+    )
+    add_workload_arguments(diagnose)
+    add_target_arguments(diagnose)
+    probes = diagnose.add_argument_group("probes")
+    probes.add_argument("--low", type=_positive_int, default=5, help="low probe parallelism")
+    probes.add_argument("--high", type=_positive_int, default=20, help="high probe parallelism")
+    probes.add_argument("--min-s", type=float, default=3.0, help="shortest steady-state window")
+    probes.add_argument("--max-s", type=float, default=20.0, help="time cap per probe")
+    probes.add_argument("--json", metavar="PATH", help="write the result as JSON (- for stdout)")
+    probes.add_argument("--report", type=Path, metavar="DIR", help="write an HTML report here")
+    diagnose.set_defaults(
+        handler=_cmd_diagnose,
+        parallelism=None,
+        output=None,
+        resume=False,
+        quiet=True,
+        num_repeats=1,
+    )
+
+    report = commands.add_parser("report", help="render a report again from its saved results")
+    report.add_argument("directory", type=Path, help="a --report directory (or its JSON file)")
+    report.add_argument("--out", type=Path, help="write the page here instead")
+    report.set_defaults(handler=_cmd_report)
 
     merge = commands.add_parser("merge", help="join shard outputs without duplicates")
     merge.add_argument("shards", nargs="+", type=Path)

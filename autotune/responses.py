@@ -52,7 +52,9 @@ def build_response(
         "created_at": time.time(),
         "model": model,
         "status": "incomplete" if finish_reason == "length" else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if finish_reason == "length" else None,
+        "incomplete_details": {"reason": "max_output_tokens"}
+        if finish_reason == "length"
+        else None,
         "error": None,
         "output": output,
         "usage": {

@@ -154,3 +154,18 @@ async def test_connection_refused_is_classified() -> None:
     with pytest.raises(ModelCallError) as caught:
         await _generate("http://127.0.0.1:9/v1", stream=False, max_retries=1)
     assert caught.value.failure_class == "connection"
+
+
+async def test_stream_cut_off_mid_answer_is_a_connection_failure(serve: Callable[..., Any]) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response.content_length = 10_000  # promise more than is sent, then hang up
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    with pytest.raises(ModelCallError) as caught:
+        await _generate(await serve(handler), max_retries=0)
+    assert caught.value.failure_class == "connection"

@@ -134,7 +134,8 @@ class OpenAIBackend:
             raise _Retry(
                 "timeout", f"no answer within the timeout ({error or 'timed out'})"
             ) from None
-        except aiohttp.ClientConnectionError as error:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
+            # Refused, reset, or cut off mid-answer (a server that died while streaming).
             raise _Retry("connection", f"connection failed ({error})") from None
         except orjson.JSONDecodeError as error:
             raise ModelCallError(

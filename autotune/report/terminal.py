@@ -78,3 +78,40 @@ def collect_summary_text(summary: CollectSummary) -> str:
     if summary.output:
         lines.append(f"output        {summary.output}")
     return "\n".join(lines)
+
+
+def diagnose_text(result: dict[str, Any]) -> str:
+    """The terminal summary of a diagnosis: verdict, probe table, evidence, next step."""
+    from autotune.report.diagnose_report import probe_rows
+
+    lines = []
+    if result["target"]["simulated"]:
+        lines.append("SIMULATED: measured on autotune's simulated vLLM-like server.")
+    leaning = " (leaning; a sweep should decide)" if result["leaning"] else ""
+    lines.append(
+        f"verdict: {result['verdict']}{leaning}  —  throughput ×{result['speedup']:.2f} "
+        f"for ×{result['parallelism_ratio']:.2g} parallelism"
+    )
+    columns, rows = probe_rows(result)
+    shown = [0, 1, 2, 4, 5, 6, 7, 8, 11]
+    widths = [max(len(columns[i]), 10) for i in shown]
+    lines.append("")
+    lines.append("  ".join(columns[i].rjust(w) for i, w in zip(shown, widths, strict=True)))
+    for row in rows:
+        cells = []
+        for i, w in zip(shown, widths, strict=True):
+            value = row[i]
+            text = (
+                "-"
+                if value is None
+                else f"{value:,.1f}"
+                if isinstance(value, float)
+                else str(value)
+            )
+            cells.append(text.rjust(w))
+        lines.append("  ".join(cells))
+    lines.append("\nevidence:")
+    lines += [f"  - {e['text']}" for e in result["evidence"]]
+    lines.append(f"\nnext step: {result['next_step']}")
+    lines += [f"note: {note}" for note in result["notes"]]
+    return "\n".join(lines)

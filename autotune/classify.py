@@ -1,0 +1,419 @@
+"""Bottleneck verdicts from a low and a high parallelism probe: pure rules, no I/O.
+
+Order of the rules: a probe that failed (`unstable`) or was throttled (`rate-limited`)
+says nothing about scaling, and a saturated client (`client-bound`) hides the server, so
+those are checked first. Then scaling decides: throughput that grew about as much as
+the NeMo Gym guide asks (2× for 4× parallelism) is `parallelism-bound`; throughput that
+barely moved is saturated somewhere, and the stage whose saturation signals were
+measured (verifier busy and queueing, or model latency growing as Little's law
+predicts, server queueing, KV cache full, GPU busy) is named. In between, the verdict
+names what it leans to and says a sweep is the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.probe import ProbeResult
+
+VERDICTS = (
+    "parallelism-bound",
+    "model-bound",
+    "verifier-bound",
+    "rate-limited",
+    "client-bound",
+    "unstable",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Every number a rule compares against; each is configurable."""
+
+    scaling_fraction: float = 1 / 3  # parallelism-bound: speedup ≥ 1 + f·(ratio − 1)
+    flat_gain: float = 0.20  # saturated: speedup < 1 + flat_gain
+    max_error_rate: float = 0.05
+    client_cpu_fraction: float = 0.85  # of one core
+    client_loop_lag_ms: float = 150.0
+    limiter_wait_share: float = 0.20
+    verifier_busy_fraction: float = 0.80
+    verifier_capacity_use: float = 0.80  # throughput ÷ verifier capacity
+    verify_wait_growth: float = 2.0
+    littles_law_match: float = 0.60  # observed model-latency growth ÷ predicted
+    server_waiting: float = 0.5  # mean requests waiting in the server's queue
+    kv_cache_full: float = 0.90
+    gpu_busy_pct: float = 80.0
+
+    def parallelism_bound_speedup(self, ratio: float) -> float:
+        return 1 + self.scaling_fraction * (ratio - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One measured number beside the threshold it was compared with."""
+
+    name: str
+    value: float
+    threshold: float
+    comparison: str  # ">=" or "<" or ">"
+    met: bool
+    meaning: str
+
+    def text(self) -> str:
+        mark = "yes" if self.met else "no"
+        return (
+            f"{self.name} = {self.value:.3g} (threshold {self.comparison} {self.threshold:.3g}: "
+            f"{mark}) — {self.meaning}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    verdict: str
+    leaning: bool  # True between "barely moved" and "scaled": a sweep should decide
+    speedup: float
+    parallelism_ratio: float
+    evidence: list[Evidence]
+    next_step: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["evidence"] = [dict(asdict(e), text=e.text()) for e in self.evidence]
+        return data
+
+
+def _check(name: str, value: float, comparison: str, threshold: float, meaning: str) -> Evidence:
+    met = {
+        ">=": value >= threshold,
+        ">": value > threshold,
+        "<": value < threshold,
+    }[comparison]
+    return Evidence(name, float(value), float(threshold), comparison, met, meaning)
+
+
+def _metric(probe: ProbeResult, source: str, name: str, stat: str) -> float | None:
+    value = probe.telemetry.get(f"{source}/{name}", {}).get(stat)
+    return None if value is None else float(value)
+
+
+def _instability(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evidence]:
+    return [
+        _check(
+            "high probe error rate",
+            high.error_rate,
+            ">",
+            th.max_error_rate,
+            f"share of rollouts at parallelism {high.parallelism} that failed ({_classes(high)})",
+        ),
+        _check(
+            "high probe stopped because the server died",
+            float(high.stop_reason == "server died"),
+            ">=",
+            1.0,
+            "model calls stopped connecting during the probe",
+        ),
+        _check(
+            "low probe error rate",
+            low.error_rate,
+            ">",
+            th.max_error_rate,
+            f"share of rollouts at parallelism {low.parallelism} that failed",
+        ),
+    ]
+
+
+def _classes(probe: ProbeResult) -> str:
+    if not probe.errors_by_class:
+        return "no errors"
+    return ", ".join(f"{k}: {v}" for k, v in sorted(probe.errors_by_class.items()))
+
+
+def _rate_limit(high: ProbeResult, th: Thresholds) -> list[Evidence]:
+    return [
+        _check(
+            "HTTP 429 responses in the high probe",
+            high.rate_limited_responses,
+            ">",
+            0,
+            "the endpoint refused requests for exceeding its rate",
+        ),
+        _check(
+            "Retry-After headers seen",
+            high.retry_after_seen,
+            ">",
+            0,
+            "the endpoint asked the client to back off",
+        ),
+        _check(
+            "share of slot time waiting on the client's --rpm/--tpm limiter",
+            high.limiter_wait_share,
+            ">=",
+            th.limiter_wait_share,
+            "the client's own rate limit holds requests back",
+        ),
+    ]
+
+
+def _client(high: ProbeResult, th: Thresholds) -> list[Evidence]:
+    evidence = []
+    cpu = _metric(high, "client", "cpu_fraction", "mean")
+    if cpu is not None:
+        evidence.append(
+            _check(
+                "client CPU (cores) during the high probe",
+                cpu,
+                ">=",
+                th.client_cpu_fraction,
+                "the harness's own process is busy",
+            )
+        )
+    lag = _metric(high, "client", "loop_lag_ms", "max")
+    if lag is not None:
+        evidence.append(
+            _check(
+                "client event-loop lag, ms (max)",
+                lag,
+                ">=",
+                th.client_loop_lag_ms,
+                "the harness reacts late to finished I/O",
+            )
+        )
+    return evidence
+
+
+def _verifier(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evidence]:
+    evidence = []
+    if high.verifier_capacity is not None and high.verifier_busy_fraction is not None:
+        evidence.append(
+            _check(
+                "verifier workers busy (fraction)",
+                high.verifier_busy_fraction,
+                ">=",
+                th.verifier_busy_fraction,
+                f"{high.verifier_capacity} workers verifying nearly all the time",
+            )
+        )
+    if high.verifier_capacity_rps:
+        evidence.append(
+            _check(
+                "throughput ÷ verifier capacity",
+                high.rollouts_per_s / high.verifier_capacity_rps,
+                ">=",
+                th.verifier_capacity_use,
+                f"capacity = workers ÷ mean verify time = "
+                f"{high.verifier_capacity_rps:.3g} rollouts/s",
+            )
+        )
+    low_wait = low.latency_s["verify_wait"].mean or 0.0
+    high_wait = high.latency_s["verify_wait"].mean or 0.0
+    if high_wait > 0.005:
+        evidence.append(
+            _check(
+                "verifier queue wait growth (high ÷ low)",
+                high_wait / max(low_wait, 1e-4),
+                ">=",
+                th.verify_wait_growth,
+                f"rollouts wait {high_wait * 1000:.0f} ms for a verifier",
+            )
+        )
+    return evidence
+
+
+def _model(
+    low: ProbeResult, high: ProbeResult, speedup: float, ratio: float, th: Thresholds
+) -> list[Evidence]:
+    evidence = []
+    low_model = low.latency_s["model"].mean
+    high_model = high.latency_s["model"].mean
+    if low_model and high_model:
+        predicted = ratio / max(speedup, 1e-9)  # Little's law at fixed in-flight count
+        evidence.append(
+            _check(
+                "model latency growth ÷ Little's-law prediction",
+                (high_model / low_model) / predicted,
+                ">=",
+                th.littles_law_match,
+                f"model latency {low_model:.3g} s → {high_model:.3g} s; "
+                f"a saturated server predicts ×{predicted:.2f}",
+            )
+        )
+    waiting = _metric(high, "server", "vllm:num_requests_waiting", "mean")
+    if waiting is not None:
+        evidence.append(
+            _check(
+                "server requests waiting (mean)",
+                waiting,
+                ">=",
+                th.server_waiting,
+                "vLLM queues requests it cannot schedule",
+            )
+        )
+    kv = _metric(high, "server", "vllm:kv_cache_usage_perc", "max")
+    if kv is not None:
+        evidence.append(
+            _check(
+                "server KV cache usage (max)", kv, ">=", th.kv_cache_full, "the KV cache is full"
+            )
+        )
+    preemptions = _metric(high, "server", "vllm:num_preemptions_total", "delta")
+    if preemptions is not None:
+        evidence.append(
+            _check(
+                "server preemptions during the probe",
+                preemptions,
+                ">",
+                0,
+                "sequences were evicted for lack of KV cache",
+            )
+        )
+    gpu = _metric(high, "gpu", "gpu_util_pct_mean", "mean")
+    if gpu is not None:
+        evidence.append(
+            _check(
+                "GPU utilisation, % (mean)",
+                gpu,
+                ">=",
+                th.gpu_busy_pct,
+                "a kernel ran most of the time",
+            )
+        )
+    return evidence
+
+
+def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) -> Verdict:
+    """The verdict for a low/high probe pair, with the evidence that decided it."""
+    th = th or Thresholds()
+    ratio = high.parallelism / low.parallelism
+    speedup = high.rollouts_per_s / low.rollouts_per_s if low.rollouts_per_s > 0 else 0.0
+
+    def verdict(word: str, evidence: list[Evidence], step: str, leaning: bool = False) -> Verdict:
+        return Verdict(word, leaning, speedup, ratio, evidence, step, _notes(low, high))
+
+    unstable = _instability(low, high, th)
+    if any(e.met for e in unstable):
+        return verdict(
+            "unstable",
+            unstable,
+            f"lower parallelism: at {high.parallelism} the run failed "
+            f"({_classes(high)}); at {low.parallelism} it "
+            + (
+                "also failed; check the server's log first."
+                if unstable[2].met
+                else f"held ({low.rollouts_per_s:.3g} rollouts/s). "
+                "Check the server's log (out of memory?), then run `autotune sweep` "
+                f"with parallelism at most {high.parallelism // 2}."
+            ),
+        )
+    limited = _rate_limit(high, th)
+    if any(e.met for e in limited):
+        return verdict(
+            "rate-limited",
+            limited,
+            f"the endpoint's rate limit caps throughput near "
+            f"{high.rollouts_per_s:.3g} rollouts/s: raise the limit with the provider, "
+            "or set --rpm/--tpm just under it so requests queue in the client "
+            "instead of failing and backing off.",
+        )
+    scaling = _check(
+        "speedup (high ÷ low throughput)",
+        speedup,
+        ">=",
+        th.parallelism_bound_speedup(ratio),
+        f"parallelism ×{ratio:.2g}: {low.rollouts_per_s:.3g} → "
+        f"{high.rollouts_per_s:.3g} rollouts/s",
+    )
+    client = _client(high, th)
+    if not scaling.met and any(e.met for e in client):
+        return verdict(
+            "client-bound",
+            [scaling, *client],
+            "the harness itself is the limit, not the server: split the run across "
+            "processes or machines (`--shard i/N`), use a cheaper verifier, or run "
+            "the client on a less loaded machine.",
+        )
+    if scaling.met:
+        return verdict(
+            "parallelism-bound",
+            [scaling],
+            f"raise parallelism above {high.parallelism}: throughput grew "
+            f"×{speedup:.2f} for ×{ratio:.2g} parallelism. Run `autotune sweep` "
+            "to find the knee and take 80% of the peak.",
+        )
+    flat = speedup < 1 + th.flat_gain
+    verifier = _verifier(low, high, th)
+    model = _model(low, high, speedup, ratio, th)
+    stage, evidence, step = _saturated_stage(low, high, verifier, model)
+    if flat:
+        return verdict(stage, [scaling, *evidence], step)
+    return verdict(
+        stage,
+        [scaling, *evidence],
+        f"throughput grew ×{speedup:.2f}, between 'barely moved' "
+        f"(< ×{1 + th.flat_gain:.2f}) and 'scales' (≥ ×"
+        f"{th.parallelism_bound_speedup(ratio):.2f}); it leans to {stage}. "
+        f"Run `autotune sweep` next. {step}",
+        leaning=True,
+    )
+
+
+def _saturated_stage(
+    low: ProbeResult, high: ProbeResult, verifier: list[Evidence], model: list[Evidence]
+) -> tuple[str, list[Evidence], str]:
+    """Which stage's saturation was measured; ties go to where latency grew most."""
+    verifier_score = sum(e.met for e in verifier)
+    model_score = sum(e.met for e in model)
+    if verifier_score == model_score:
+        model_growth = (high.latency_s["model"].mean or 0) - (low.latency_s["model"].mean or 0)
+        verify_growth = sum(
+            (high.latency_s[s].mean or 0) - (low.latency_s[s].mean or 0)
+            for s in ("verify_wait", "verify")
+        )
+        verifier_score, model_score = float(verify_growth > model_growth), 0.5
+    if verifier_score > model_score:
+        per_worker = 1 / high.latency_s["verify"].mean if high.latency_s["verify"].mean else 0.0
+        return (
+            "verifier-bound",
+            verifier,
+            (
+                f"add verifier workers (--verifier-workers, now {high.verifier_capacity}): "
+                f"each adds about {per_worker:.3g} rollouts/s (one worker verifies one rollout "
+                f"per {(high.latency_s['verify'].mean or 0) * 1000:.0f} ms), "
+                "or make the verifier cheaper."
+            ),
+        )
+    kv = next((e for e in model if e.name.startswith("server KV") and e.met), None)
+    step = (
+        f"the model server is saturated near {high.rollouts_per_s:.3g} rollouts/s: raise "
+        "max_num_seqs (vLLM --max-num-seqs) if the GPU has room, or add a replica; "
+        "run `autotune sweep` over the server's knobs."
+    )
+    if kv is not None:
+        step += (
+            " The KV cache is full: raise --gpu-memory-utilization or "
+            "--tensor-parallel-size before max_num_seqs."
+        )
+    return "model-bound", model, step
+
+
+def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
+    notes = []
+    for probe in (low, high):
+        check = probe.token_check
+        if check and check.get("mismatch"):
+            notes.append(
+                f"at parallelism {probe.parallelism} the client counted "
+                f"{check['client_tokens_per_s']:.0f} output tokens/s but the server's "
+                f"vllm:generation_tokens_total says {check['server_tokens_per_s']:.0f} "
+                f"({check['relative_difference']:.0%} apart; over 10%)."
+            )
+        if probe.stop_reason == "time cap":
+            lo, hi = probe.rollouts_per_s_ci
+            notes.append(
+                f"the probe at parallelism {probe.parallelism} hit its time cap before its "
+                f"interval narrowed to ±5% (95% CI {lo:.3g}–{hi:.3g} rollouts/s)."
+            )
+    for name, reason in high.telemetry_unavailable.items():
+        notes.append(f"{name}: {reason}")
+    return notes

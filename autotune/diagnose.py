@@ -1,0 +1,137 @@
+"""`autotune diagnose`: a low and a high parallelism probe of one workload → a verdict.
+
+Both probes run the same tasks with the same output limits against the same server,
+so they differ only in parallelism. The verdict comes from `classify`, from what was
+measured; the result is saved as JSON and every report is rebuilt from that file.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from autotune import __version__
+from autotune.backends.openai import OpenAIBackend
+from autotune.classify import Thresholds, classify
+from autotune.config import CollectConfig
+from autotune.errors import CollectionError, UsageError
+from autotune.probe import ProbeSettings, run_probe
+from autotune.results import SCHEMA_VERSION
+from autotune.target import api_key, connect
+from autotune.verifiers import VerifierOptions, load_verifier
+from autotune.workload import Workload
+
+# The embedded default runs 20× faster than real time, so a diagnosis takes seconds.
+SIM_DEFAULT_ARGS = ("--time-scale", "0.05")
+RESULT_FILE = "diagnose.json"
+MAX_PROBE_TASKS = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnoseConfig:
+    """The workload and target (as for collect), the two parallelisms, and the rules."""
+
+    collect: CollectConfig
+    low: int = 5
+    high: int = 20
+    min_s: float = 3.0
+    max_s: float = 20.0
+    target_halfwidth: float = 0.05
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low < self.high:
+            raise UsageError(
+                f"--low {self.low} must be at least 1 and below --high {self.high}."
+            )
+
+
+async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
+    """Runs both probes and returns the saved-result dict (see RESULT_FILE)."""
+    collect = config.collect
+    workload = Workload(collect.input, collect.synthetic, collect.limit, 1, collect.shard)
+    start, stop = workload.task_range()
+    tasks = list(workload.tasks(start, min(stop, start + MAX_PROBE_TASKS)))
+    if not tasks:
+        raise UsageError("the task file holds no task; pass a file with at least one line.")
+    target_config = collect.target
+    if target_config.base_url is None and collect.input is None and not target_config.extra_body:
+        target_config = replace(target_config, extra_body={"ignore_eos": True})
+    async with connect(target_config, SIM_DEFAULT_ARGS) as (session, target):
+        backend = OpenAIBackend(
+            session, replace(target_config, base_url=target.base_url), target.model,
+            api_key(target_config),
+        )
+        verifier = await load_verifier(
+            collect.verifier,
+            VerifierOptions(workers=collect.verifier_workers, cost_ms=collect.verifier_cost_ms),
+            session,
+        )
+        probes = []
+        try:
+            for parallelism in (config.low, config.high):
+                settings = ProbeSettings(
+                    parallelism=parallelism, min_s=config.min_s, max_s=config.max_s,
+                    target_halfwidth=config.target_halfwidth,
+                )
+                probe = await run_probe(settings, tasks, backend, verifier, session,
+                                        target.base_url)
+                probes.append(probe)
+                if parallelism == config.low and probe.completed == 0:
+                    raise CollectionError(
+                        f"no rollout completed at parallelism {parallelism} "
+                        f"({_errors(probe.errors_by_class)}); check the server and the "
+                        "workload with `autotune collect --limit 5` first."
+                    )
+        finally:
+            await verifier.aclose()
+    verdict = classify(probes[0], probes[1], config.thresholds)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "diagnose",
+        "created_at": time.time(),
+        **verdict.to_dict(),
+        "probes": [probe.to_dict() for probe in probes],
+        "target": {"base_url": target.base_url, "model": target.model,
+                   "simulated": target.simulated, "api": target_config.api,
+                   "stream": target_config.stream},
+        "workload": {"input": str(collect.input) if collect.input else None,
+                     "tasks": len(tasks), "verifier": collect.verifier,
+                     "verifier_workers": collect.verifier_workers},
+        "settings": {"low": config.low, "high": config.high, "min_s": config.min_s,
+                     "max_s": config.max_s, "target_halfwidth": config.target_halfwidth,
+                     "thresholds": asdict(config.thresholds)},
+        "machine": {"host": platform.node(), "python": platform.python_version(),
+                    "autotune": __version__},
+    }
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "no error recorded"
+
+
+def save_result(result: dict[str, Any], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RESULT_FILE
+    path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return path
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    """A saved diagnosis (a file, or a report directory holding diagnose.json)."""
+    if path.is_dir():
+        path = path / RESULT_FILE
+    try:
+        result = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist; pass a diagnose --report directory.") from None
+    except orjson.JSONDecodeError as error:
+        raise UsageError(f"{path} is not valid JSON ({error}).") from None
+    if not isinstance(result, dict) or result.get("kind") != "diagnose":
+        raise UsageError(f"{path} is not a saved diagnosis.")
+    return result

@@ -1,0 +1,276 @@
+"""A probe: one workload at one parallelism against one server, measured in steady state.
+
+Not "time for 100 rollouts": the probe cycles through its tasks for as long as it needs,
+discards the warm-up (until every slot has finished a rollout, and at least
+`warmup_s`), stops once the throughput's 95% interval is within ±`target_halfwidth`
+(or at `max_s`), and counts only completions before that stop, so the drain at the
+end (the last rollouts finishing with slots idle) never dilutes the figure.
+Diagnose, sweep and bench are all made of probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from autotune.backends import ModelBackend
+from autotune.engine import Engine
+from autotune.results import STAGES, StageLatency
+from autotune.stats import batch_means_rate, mean
+from autotune.store import RolloutSink
+from autotune.telemetry import Sample, summarise
+from autotune.telemetry.client import ClientSampler
+from autotune.telemetry.gpu import GpuSampler
+from autotune.telemetry.prometheus import PrometheusSampler
+from autotune.telemetry.recorder import TelemetryRecorder
+from autotune.verifiers import Verifier
+from autotune.workload import Task, WorkItem
+
+CHECK_EVERY_S = 0.25
+TOKEN_MISMATCH_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    """How long and how precisely to measure."""
+
+    parallelism: int
+    warmup_s: float = 1.0
+    min_s: float = 3.0
+    max_s: float = 20.0
+    target_halfwidth: float = 0.05
+    telemetry_interval_s: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """Everything one probe measured; plain data, saved as JSON."""
+
+    parallelism: int
+    rollouts_per_s: float
+    rollouts_per_s_ci: tuple[float, float]
+    output_tokens_per_s: float
+    error_rate: float
+    completed: int
+    failed: int
+    measured_s: float
+    warmup_s: float
+    stop_reason: str  # converged | time cap | server died
+    latency_s: dict[str, StageLatency]
+    errors_by_class: dict[str, int]
+    rate_limited_responses: int
+    retry_after_seen: int
+    limiter_wait_share: float
+    verifier_capacity: int | None
+    verifier_busy_fraction: float | None
+    verifier_capacity_rps: float | None
+    mean_in_flight_model: float | None
+    telemetry: dict[str, dict[str, float]]  # "source/metric" → mean, max (, delta)
+    telemetry_unavailable: dict[str, str]
+    token_check: dict[str, float] | None
+    series: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Meter:
+    """Engine observer that keeps what steady-state estimation needs, compactly."""
+
+    def __init__(self) -> None:
+        self.done_at: list[float] = []
+        self.timings: list[dict[str, float | None]] = []
+        self.tokens: list[int] = []
+        self.failed_at: list[tuple[float, str]] = []
+
+    def rollout_done(self, timings: dict[str, float | None], output_tokens: int) -> None:
+        self.done_at.append(time.time())
+        self.timings.append(timings)
+        self.tokens.append(output_tokens)
+
+    def rollout_failed(self, failure_class: str) -> None:
+        self.failed_at.append((time.time(), failure_class))
+
+
+def _cycle(tasks: Sequence[Task]) -> Iterator[WorkItem]:
+    """The probe's tasks over and over; each pass is a new rollout index."""
+    for rollout_index in itertools.count():
+        for task in tasks:
+            yield WorkItem(task, rollout_index)
+
+
+def metrics_url(base_url: str) -> str:
+    """vLLM serves /metrics at the root, beside /v1."""
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[: -len("/v1")]
+    return root + "/metrics"
+
+
+async def run_probe(
+    settings: ProbeSettings,
+    tasks: Sequence[Task],
+    backend: ModelBackend,
+    verifier: Verifier,
+    session: aiohttp.ClientSession,
+    base_url: str,
+) -> ProbeResult:
+    """Measure one parallelism in steady state."""
+    meter = _Meter()
+    engine = Engine(
+        backend, verifier, RolloutSink(None, resume=False), settings.parallelism, observer=meter
+    )
+    counters = backend.counters
+    before = (counters.rate_limited_responses, counters.retry_after_seen, counters.limiter_wait_s)
+    samplers = [ClientSampler(), PrometheusSampler(session, metrics_url(base_url)), GpuSampler()]
+    async with TelemetryRecorder(samplers, interval_s=settings.telemetry_interval_s) as recorder:
+        started = time.time()
+        run = asyncio.create_task(engine.run(_cycle(tasks)))
+        warm_until, stop_at, reason = await _watch(settings, meter, run, engine, started)
+        engine.stop()
+        await run
+    return _result(
+        settings,
+        meter,
+        verifier,
+        recorder.samples,
+        recorder.unavailable,
+        (started, warm_until, stop_at),
+        reason,
+        counters,
+        before,
+    )
+
+
+async def _watch(
+    settings: ProbeSettings,
+    meter: _Meter,
+    run: asyncio.Task[Any],
+    engine: Engine,
+    started: float,
+) -> tuple[float, float, str]:
+    """Wait for warm-up, then for a precise enough estimate; returns (warm, stop, reason)."""
+    warm_until: float | None = None
+    while True:
+        await asyncio.wait({run}, timeout=CHECK_EVERY_S)
+        now = time.time()
+        if run.done() or engine.stats.stopped_early:
+            return warm_until or started, now, "server died"
+        if warm_until is None:
+            if len(meter.done_at) >= settings.parallelism and now - started >= settings.warmup_s:
+                warm_until = now
+            elif now - started > settings.max_s:
+                return started, now, "time cap"  # never warmed up: measure what there is
+            continue
+        window = now - warm_until
+        if window >= settings.max_s:
+            return warm_until, now, "time cap"
+        if window >= settings.min_s:
+            estimate = batch_means_rate(meter.done_at, warm_until, now)
+            if estimate.events >= 20 and estimate.relative_halfwidth <= settings.target_halfwidth:
+                return warm_until, now, "converged"
+
+
+def _result(
+    settings: ProbeSettings,
+    meter: _Meter,
+    verifier: Verifier,
+    samples: list[Sample],
+    unavailable: dict[str, str],
+    times: tuple[float, float, float],
+    reason: str,
+    counters: Any,
+    before: tuple[int, int, float],
+) -> ProbeResult:
+    started, start, end = times  # probe start, end of warm-up, stop
+    window = max(end - start, 1e-9)
+    estimate = batch_means_rate(meter.done_at, start, end)
+    in_window = [i for i, t in enumerate(meter.done_at) if start <= t < end]
+    failures = [cls for t, cls in meter.failed_at if start <= t < end]
+    if reason == "server died":  # the failures that killed the probe count too
+        failures = [cls for t, cls in meter.failed_at if t >= start]
+    errors: dict[str, int] = {}
+    for cls in failures:
+        errors[cls] = errors.get(cls, 0) + 1
+    stage_values: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    for i in in_window:
+        _add_stages(stage_values, meter.timings[i])
+    latency = {stage: StageLatency.of(values) for stage, values in stage_values.items()}
+    tokens = sum(meter.tokens[i] for i in in_window)
+    attempts = len(in_window) + len(failures)
+    verify_busy = sum(stage_values["verify"])
+    capacity = verifier.capacity
+    mean_verify = mean(stage_values["verify"])
+    telemetry = summarise(samples, start, end)
+    client_tps = tokens / window
+    token_check = _token_check(samples, start, end, client_tps)
+    model_latency = latency["model"].mean
+    return ProbeResult(
+        parallelism=settings.parallelism,
+        rollouts_per_s=estimate.rate,
+        rollouts_per_s_ci=(estimate.low, estimate.high),
+        output_tokens_per_s=client_tps,
+        error_rate=len(failures) / attempts if attempts else (1.0 if failures else 0.0),
+        completed=len(in_window),
+        failed=len(failures),
+        measured_s=window,
+        warmup_s=start - started,
+        stop_reason=reason,
+        latency_s=latency,
+        errors_by_class=errors,
+        rate_limited_responses=counters.rate_limited_responses - before[0],
+        retry_after_seen=counters.retry_after_seen - before[1],
+        limiter_wait_share=(counters.limiter_wait_s - before[2]) / (window * settings.parallelism),
+        verifier_capacity=capacity,
+        verifier_busy_fraction=verify_busy / (window * (capacity or 1)),
+        verifier_capacity_rps=(capacity or 1) / mean_verify if mean_verify else None,
+        mean_in_flight_model=estimate.rate * model_latency if model_latency else None,
+        telemetry=telemetry,
+        telemetry_unavailable=dict(unavailable),
+        token_check=token_check,
+        series=[{"t": s.t, "source": s.source, **s.values} for s in samples],
+    )
+
+
+def _add_stages(values: dict[str, list[float]], t: dict[str, float | None]) -> None:
+    queued, start, first = t["queued"], t["model_start"], t["first_token"]
+    model_end, v_start, v_end = t["model_end"], t["verify_start"], t["verify_end"]
+    assert queued is not None and start is not None and model_end is not None
+    assert v_start is not None and v_end is not None
+    values["queue"].append(start - queued)
+    values["model"].append(model_end - start)
+    if first is not None:
+        values["ttft"].append(first - start)
+    values["verify_wait"].append(v_start - model_end)
+    values["verify"].append(v_end - v_start)
+    values["total"].append(v_end - queued)
+
+
+def _token_check(
+    samples: list[Sample], start: float, end: float, client_tps: float
+) -> dict[str, float] | None:
+    """Client output tokens/s against the server's own vllm:generation_tokens_total."""
+    name = "vllm:generation_tokens_total"
+    counter = [
+        (s.t, s.values[name])
+        for s in samples
+        if s.source == "server" and start <= s.t <= end and name in s.values
+    ]
+    if len(counter) < 2 or counter[-1][0] <= counter[0][0]:
+        return None
+    server_tps = (counter[-1][1] - counter[0][1]) / (counter[-1][0] - counter[0][0])
+    if server_tps <= 0 and client_tps <= 0:
+        return None
+    relative = abs(client_tps - server_tps) / max(server_tps, client_tps)
+    return {
+        "client_tokens_per_s": client_tps,
+        "server_tokens_per_s": server_tps,
+        "relative_difference": relative,
+        "mismatch": float(relative > TOKEN_MISMATCH_THRESHOLD),
+    }

@@ -1,0 +1,136 @@
+"""Hardware and model figures the simulated server's performance model runs on.
+
+GPU figures are the vendor datasheet numbers (dense, i.e. without 2:4 sparsity). Datasheet
+memory sizes ("80GB", "141GB") are taken as GiB: that is what the brief's vLLM-like messages
+quote, and it is within 1% of what `nvidia-smi` reports (81,559 MiB for an H100 80GB).
+Model figures come from each model's Hugging Face `config.json`; parameter counts are the
+exact totals from the safetensors index (embeddings and LM head included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfile:
+    """One accelerator: memory, bandwidths and peak dense bf16 compute."""
+
+    name: str
+    memory_bytes: int
+    hbm_bytes_per_s: float
+    bf16_flops: float  # dense (no sparsity)
+    interconnect_bytes_per_s: float  # GPU-to-GPU, both directions together, as datasheets quote
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """One dense decoder-only transformer, stored in bf16."""
+
+    name: str
+    params: int
+    layers: int
+    hidden_size: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    bytes_per_param: int
+    source: str
+
+
+GPUS: dict[str, GpuProfile] = {
+    "h100-80gb": GpuProfile(
+        name="h100-80gb",  # H100 SXM5
+        memory_bytes=80 * GiB,
+        hbm_bytes_per_s=3.35e12,
+        bf16_flops=989.4e12,  # datasheet: 1,979 TFLOPS with sparsity
+        interconnect_bytes_per_s=900e9,  # NVLink 4
+        source="NVIDIA H100 Tensor Core GPU datasheet, SXM column "
+        "(https://www.nvidia.com/en-us/data-center/h100/)",
+    ),
+    "h200": GpuProfile(
+        name="h200",  # H200 SXM
+        memory_bytes=141 * GiB,
+        hbm_bytes_per_s=4.8e12,
+        bf16_flops=989.4e12,  # datasheet: 1,979 TFLOPS with sparsity
+        interconnect_bytes_per_s=900e9,  # NVLink 4
+        source="NVIDIA H200 Tensor Core GPU datasheet, SXM column "
+        "(https://www.nvidia.com/en-us/data-center/h200/)",
+    ),
+    "a100-80gb": GpuProfile(
+        name="a100-80gb",  # A100 SXM4 80GB
+        memory_bytes=80 * GiB,
+        hbm_bytes_per_s=2.039e12,
+        bf16_flops=312e12,  # datasheet: 624 TFLOPS with sparsity
+        interconnect_bytes_per_s=600e9,  # NVLink 3
+        source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column "
+        "(https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)",
+    ),
+    "l40s": GpuProfile(
+        name="l40s",
+        memory_bytes=48 * GiB,
+        hbm_bytes_per_s=864e9,  # GDDR6
+        bf16_flops=362.05e12,  # datasheet: 733 TFLOPS with sparsity
+        interconnect_bytes_per_s=64e9,  # no NVLink: PCIe Gen4 x16
+        source="NVIDIA L40S datasheet (https://www.nvidia.com/en-us/data-center/l40s/)",
+    ),
+}
+
+MODELS: dict[str, ModelProfile] = {
+    "llama-3.2-1b": ModelProfile(
+        name="llama-3.2-1b",
+        params=1_235_814_400,  # tied embeddings
+        layers=16,
+        hidden_size=2048,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=64,
+        max_position_embeddings=131072,
+        bytes_per_param=2,
+        source="https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json",
+    ),
+    "llama-3.1-8b": ModelProfile(
+        name="llama-3.1-8b",
+        params=8_030_261_248,
+        layers=32,
+        hidden_size=4096,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        bytes_per_param=2,
+        source="https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json",
+    ),
+    "llama-3.1-70b": ModelProfile(
+        name="llama-3.1-70b",
+        params=70_553_706_496,
+        layers=80,
+        hidden_size=8192,
+        attention_heads=64,
+        kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        bytes_per_param=2,
+        source="https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json",
+    ),
+}
+
+
+def _normalise(name: str) -> str:
+    """`meta-llama/Llama-3.1-8B-Instruct` -> `llama-3.1-8b`, so real vLLM model ids work too."""
+    key = name.rsplit("/", 1)[-1].lower()
+    for prefix in ("meta-",):
+        key = key.removeprefix(prefix)
+    for suffix in ("-instruct", "-hf"):
+        key = key.removesuffix(suffix)
+    return key
+
+
+def find_model(name: str) -> ModelProfile | None:
+    """The model profile for a profile name or a Hugging Face id, or None."""
+    return MODELS.get(name) or MODELS.get(_normalise(name))

@@ -1,0 +1,454 @@
+"""Continuous batching in scaled real time: the engine behind the simulated server.
+
+One asyncio task runs engine steps. Each step is planned like vLLM V1's scheduler:
+
+1. Running decodes go first: each needs one more KV slot. While the cache cannot hold them,
+   the most recently admitted running sequence is preempted (recompute mode: it frees its
+   KV, returns to the head of the waiting queue, and later prefills prompt + generated).
+2. The token budget left (`max_num_batched_tokens` − decodes) goes to sequences still
+   mid-prefill, then to waiting requests admitted FCFS while fewer than `max_num_seqs` run
+   and the cache has room for their prompt. Long prompts are chunked across steps.
+3. The step's duration comes from `perf_model.step_time_s`; the virtual clock advances by
+   it and the task sleeps `duration × time_scale` of real time (time owed accumulates and is
+   slept once ≥ 1 ms, measured against the wall clock so CPU time is not counted twice).
+4. A prefill that completes emits the sequence's next token at the end of its step; every
+   decoding sequence emits one token per step.
+
+Cost per step is O(log n + events), not O(n): a sequence that starts decoding at step k
+with r tokens to go finishes at step k + r − 1, so finishes sit in a heap; KV usage of
+decoding sequences is Σ(base_i) + n·step, kept as two numbers. KV is counted in tokens,
+plus half a block per running sequence (the average empty tail of its last block).
+
+Histograms (TTFT, end-to-end latency, queue time) are in real seconds, measured on the
+event loop clock: that is what a client sees, whatever the time scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass
+from types import TracebackType
+
+from autotune.servers.sim.perf_model import kv_capacity_tokens, step_time_s
+from autotune.servers.sim.profiles import GpuProfile, ModelProfile
+
+_WAITING, _PREFILL, _DECODE, _DONE, _ABORTED = range(5)
+
+MIN_SLEEP_S = 0.001
+"""Real time owed before the engine sleeps; shorter sleeps cost more than they are worth."""
+
+MAX_CATCH_UP_S = 0.05
+"""How far the engine may run ahead without sleeping after the event loop made it late."""
+
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+"""vLLM's buckets for `vllm:time_to_first_token_seconds`."""
+
+LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+"""vLLM's buckets for end-to-end latency and queue time."""
+
+
+class Histogram:
+    """A Prometheus-style histogram: per-bucket counts, sum and count."""
+
+    __slots__ = ("buckets", "count", "counts", "sum")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # last: above every bound (+Inf only)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations ≤ bound) pairs, ending with (inf, count)."""
+        out: list[tuple[float, int]] = []
+        total = 0
+        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the engine simulates. `kv_capacity_tokens` overrides the memory model's figure."""
+
+    gpu: GpuProfile
+    model: ModelProfile
+    tp: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    time_scale: float = 1.0  # real seconds per simulated second; 0: as fast as possible
+    kv_capacity_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's gauges and counters."""
+
+    running: int
+    waiting: int
+    kv_usage: float  # 0..1
+    preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished_total: int
+    steps: int
+    sim_time_s: float
+
+
+class Request:
+    """One request inside the engine; the HTTP layer awaits its futures and polls tokens."""
+
+    __slots__ = (
+        "_engine",
+        "admitted_at",
+        "arrival",
+        "base",
+        "decode_start",
+        "epoch",
+        "finished",
+        "first_token",
+        "output_tokens",
+        "prefill_done",
+        "prefill_len",
+        "prompt_tokens",
+        "rid",
+        "state",
+        "tokens_before",
+    )
+
+    def __init__(self, engine: SimEngine, rid: int, prompt_tokens: int, output_tokens: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._engine = engine
+        self.rid = rid
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.first_token: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self.arrival = loop.time()
+        self.admitted_at: float | None = None
+        self.state = _WAITING
+        self.epoch = 0
+        self.tokens_before = 0  # tokens emitted before the current admission
+        self.prefill_len = 0
+        self.prefill_done = 0
+        self.decode_start = 0  # step whose end emitted the first token of this admission
+        self.base = 0  # KV tokens after step s while decoding = base + s
+
+    def tokens_done(self) -> int:
+        """Output tokens generated so far (what a stream may have sent)."""
+        if self.state == _DECODE:
+            done = self.tokens_before + self._engine.steps - self.decode_start + 1
+            return min(done, self.output_tokens)
+        if self.state == _DONE:
+            return self.output_tokens
+        return self.tokens_before
+
+    @property
+    def done(self) -> bool:
+        return self.state >= _DONE
+
+    def abort(self) -> None:
+        """Drop the request (client went away); frees its KV at once."""
+        self._engine.abort(self)
+
+
+class SimEngine:
+    """The simulated engine; use `async with SimEngine(cfg) as engine:` then `submit()`."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.kv_capacity = config.kv_capacity_tokens or kv_capacity_tokens(
+            config.gpu, config.model, config.tp, config.gpu_memory_utilization, config.block_size
+        )
+        self._half_block = config.block_size // 2
+        self._waiting: deque[tuple[int, Request]] = deque()
+        self._n_waiting = 0
+        self._running: dict[int, Request] = {}  # insertion order = admission order
+        self._prefilling: deque[tuple[int, Request]] = deque()
+        self._finish_heap: list[tuple[int, int, int, Request]] = []
+        self._kv_prefill = 0  # KV reserved by sequences not yet decoding
+        self._decode_base = 0  # Σ base over decoding sequences
+        self._n_decode = 0
+        self._next_rid = 0
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._debt = 0.0
+        self._last_real = 0.0
+        self.steps = 0
+        self.sim_time_s = 0.0
+        self.preemptions_total = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_finished_total = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.e2e_latency = Histogram(LATENCY_BUCKETS)
+        self.queue_time = Histogram(LATENCY_BUCKETS)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+
+    async def aclose(self) -> None:
+        """Stop stepping and cancel every pending request's futures."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # not `await task`: a cancel of our caller must propagate
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        self._cancel_pending()
+
+    def _cancel_pending(self) -> None:
+        for req in [r for _, r in self._waiting] + list(self._running.values()):
+            req.first_token.cancel()
+            req.finished.cancel()
+
+    async def __aenter__(self) -> SimEngine:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def max_request_tokens(self) -> int:
+        """The largest prompt + output one request may have and still fit the KV cache."""
+        return self.kv_capacity - self._half_block
+
+    def submit(self, prompt_tokens: int, output_tokens: int) -> Request:
+        """Queue a request; raises ValueError if it could never fit the KV cache."""
+        if prompt_tokens < 1 or output_tokens < 1:
+            raise ValueError("prompt_tokens and output_tokens must both be at least 1")
+        if prompt_tokens + output_tokens > self.max_request_tokens():
+            raise ValueError(
+                f"request of {prompt_tokens + output_tokens} tokens exceeds the KV cache "
+                f"({self.kv_capacity} tokens)"
+            )
+        req = Request(self, self._next_rid, prompt_tokens, output_tokens)
+        self._next_rid += 1
+        self._waiting.append((0, req))
+        self._n_waiting += 1
+        self._wakeup.set()
+        return req
+
+    def abort(self, req: Request) -> None:
+        if req.state == _WAITING:
+            self._n_waiting -= 1
+        elif req.state == _PREFILL:
+            del self._running[req.rid]
+            self._kv_prefill -= req.prefill_len + 1
+        elif req.state == _DECODE:
+            req.tokens_before = req.tokens_done()
+            del self._running[req.rid]
+            self._n_decode -= 1
+            self._decode_base -= req.base
+        else:
+            return
+        req.state = _ABORTED
+        req.epoch += 1
+        req.first_token.cancel()
+        req.finished.cancel()
+
+    # -- gauges ----------------------------------------------------------------------------
+
+    def _kv_used(self) -> int:
+        decode_tokens = self._decode_base + self._n_decode * self.steps
+        return self._kv_prefill + decode_tokens + len(self._running) * self._half_block
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self._running),
+            waiting=self._n_waiting,
+            kv_usage=min(1.0, self._kv_used() / self.kv_capacity),
+            preemptions_total=self.preemptions_total,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            requests_finished_total=self.requests_finished_total,
+            steps=self.steps,
+            sim_time_s=self.sim_time_s,
+        )
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        finally:  # also on a bug: never leave a client awaiting a future that cannot finish
+            self._cancel_pending()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        scale = self.config.time_scale
+        self._last_real = loop.time()
+        while True:
+            if not self._running and not self._n_waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                self._debt = 0.0
+                self._last_real = loop.time()
+                continue
+            planned = self._plan_step()
+            if planned is None:  # nothing can run (cannot happen with valid requests)
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            duration, decodes, completing = planned
+            if scale > 0:
+                now = loop.time()
+                self._debt += duration * scale - (now - self._last_real)
+                self._last_real = now
+                self._debt = max(self._debt, -MAX_CATCH_UP_S)
+                if self._debt >= MIN_SLEEP_S:
+                    await asyncio.sleep(self._debt)
+                    now = loop.time()
+                    self._debt -= now - self._last_real
+                    self._last_real = now
+                else:
+                    await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(0)
+            self._end_step(duration, decodes, completing, loop.time())
+
+    def _preempt_last(self) -> None:
+        """Recompute-mode preemption of the most recently admitted running sequence."""
+        _, req = self._running.popitem()
+        if req.state == _DECODE:
+            req.tokens_before = req.tokens_done()
+            self._n_decode -= 1
+            self._decode_base -= req.base
+        else:
+            self._kv_prefill -= req.prefill_len + 1
+        req.state = _WAITING
+        req.epoch += 1
+        self._waiting.appendleft((req.epoch, req))
+        self._n_waiting += 1
+        self.preemptions_total += 1
+
+    def _plan_step(self) -> tuple[float, int, list[tuple[int, Request]]] | None:
+        cfg = self.config
+        cap = self.kv_capacity
+        while self._n_decode and self._kv_used() + self._n_decode > cap:
+            self._preempt_last()
+        decodes = self._n_decode
+        context = self._decode_base + decodes * self.steps
+        budget = cfg.max_num_batched_tokens - decodes
+        prefill_tokens = 0
+        completing: list[tuple[int, Request]] = []
+
+        pf = self._prefilling
+        while pf and budget > 0:
+            epoch, req = pf[0]
+            if req.epoch != epoch or req.state != _PREFILL:
+                pf.popleft()
+                continue
+            chunk = min(req.prefill_len - req.prefill_done, budget)
+            req.prefill_done += chunk
+            context += req.prefill_done
+            budget -= chunk
+            prefill_tokens += chunk
+            if req.prefill_done < req.prefill_len:
+                break
+            pf.popleft()
+            completing.append((epoch, req))
+
+        waiting = self._waiting
+        now: float | None = None
+        while self._n_waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
+            epoch, req = waiting[0]
+            if req.epoch != epoch or req.state != _WAITING:
+                waiting.popleft()
+                continue
+            length = req.prompt_tokens + req.tokens_before
+            if self._kv_used() + decodes + length + 1 + self._half_block > cap:
+                break
+            waiting.popleft()
+            self._n_waiting -= 1
+            req.state = _PREFILL
+            req.prefill_len = length
+            req.prefill_done = 0
+            self._kv_prefill += length + 1
+            self._running[req.rid] = req
+            if req.admitted_at is None:
+                if now is None:
+                    now = asyncio.get_running_loop().time()
+                req.admitted_at = now
+                self.queue_time.observe(now - req.arrival)
+                self.prompt_tokens_total += req.prompt_tokens
+            chunk = min(length, budget)
+            req.prefill_done = chunk
+            context += chunk
+            budget -= chunk
+            prefill_tokens += chunk
+            if chunk < length:
+                pf.append((req.epoch, req))
+            else:
+                completing.append((req.epoch, req))
+
+        if not decodes and not prefill_tokens:
+            return None
+        duration = step_time_s(cfg.gpu, cfg.model, cfg.tp, decodes, prefill_tokens, context)
+        return duration, decodes, completing
+
+    def _end_step(
+        self, duration: float, decodes: int, completing: list[tuple[int, Request]], now: float
+    ) -> None:
+        step = self.steps + 1
+        self.steps = step
+        self.sim_time_s += duration
+        emitted = decodes
+        heap = self._finish_heap
+        for epoch, req in completing:
+            if req.epoch != epoch or req.state != _PREFILL:
+                continue  # aborted while the step ran
+            req.state = _DECODE
+            req.decode_start = step
+            req.base = req.prefill_len + 1 - step
+            self._kv_prefill -= req.prefill_len + 1
+            self._decode_base += req.base
+            self._n_decode += 1
+            heapq.heappush(
+                heap, (step + req.output_tokens - req.tokens_before - 1, req.rid, epoch, req)
+            )
+            emitted += 1
+            if req.tokens_before == 0:
+                if not req.first_token.done():  # an awaiting task may have been cancelled
+                    req.first_token.set_result(None)
+                self.ttft.observe(now - req.arrival)
+        self.generation_tokens_total += emitted
+        while heap and heap[0][0] <= step:
+            _, _, epoch, req = heapq.heappop(heap)
+            if req.epoch != epoch or req.state != _DECODE:
+                continue
+            req.state = _DONE
+            del self._running[req.rid]
+            self._n_decode -= 1
+            self._decode_base -= req.base
+            self.requests_finished_total += 1
+            self.e2e_latency.observe(now - req.arrival)
+            if not req.finished.done():
+                req.finished.set_result(None)

@@ -1,0 +1,145 @@
+"""GPU utilisation, memory and power from NVML, when there is a GPU.
+
+`pynvml` (package nvidia-ml-py) is imported only here and only when asked for, so the
+CLI starts fast; without a GPU or driver every function degrades to "no GPU telemetry".
+NVML calls block but take microseconds, so they run on the event loop. Total energy
+(~4 ms a call) is deliberately not read. NVML's "utilisation" is the share of time any
+kernel ran, not SM occupancy: a GPU at 100% may still have room.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+_GIB = float(1 << 30)
+
+
+def _init_nvml() -> tuple[ModuleType | None, str | None]:
+    """(pynvml, None) with NVML initialised, or (None, why not) — never raises."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return None, f"no GPU telemetry: the nvidia-ml-py package is not installed ({exc})"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return None, f"no GPU telemetry: NVML is not available ({exc})"
+    return pynvml, None
+
+
+def _text(value: str | bytes) -> str:
+    """Older NVML bindings return bytes."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _read(nvml: ModuleType, call: Callable[[Any], Any], handle: Any) -> Any:
+    """One NVML reading, or None where the device cannot give it (or fell off the bus)."""
+    try:
+        return call(handle)
+    except nvml.NVMLError:
+        return None
+
+
+def gpu_count() -> int:
+    """How many GPUs NVML sees; 0 without NVML."""
+    nvml, _ = _init_nvml()
+    if nvml is None:
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except nvml.NVMLError:
+        return 0
+    finally:
+        nvml.nvmlShutdown()
+
+
+def gpu_inventory() -> list[dict[str, Any]]:
+    """Each GPU's index, name, memory_total_gib and driver_version, for result records."""
+    nvml, _ = _init_nvml()
+    if nvml is None:
+        return []
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        inventory = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            inventory.append(
+                {
+                    "index": index,
+                    "name": _text(nvml.nvmlDeviceGetName(handle)),
+                    "memory_total_gib": nvml.nvmlDeviceGetMemoryInfo(handle).total / _GIB,
+                    "driver_version": driver,
+                }
+            )
+        return inventory
+    except nvml.NVMLError:
+        return []
+    finally:
+        nvml.nvmlShutdown()
+
+
+class GpuSampler:
+    """Per-GPU `gpu{i}_util_pct`, `gpu{i}_mem_used_gib`, `gpu{i}_power_w`, plus
+    `gpu_util_pct_mean`, `gpu_mem_used_gib_total` and `gpu_power_w_total`.
+
+    A reading a device does not support (power on some boards, utilisation on MIG
+    slices) is left out rather than faked as zero.
+    """
+
+    name = "gpu"
+
+    def __init__(self) -> None:
+        self.available = False
+        self.reason: str | None = None
+        self._handles: list[Any] = []
+        self._nvml, self.reason = _init_nvml()
+        if self._nvml is None:
+            return
+        try:
+            count = self._nvml.nvmlDeviceGetCount()
+            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except self._nvml.NVMLError as exc:
+            self.reason = f"no GPU telemetry: NVML cannot list the GPUs ({exc})"
+        if not self._handles:
+            self.reason = self.reason or "no GPU telemetry: NVML sees no GPU"
+            self._shutdown()
+            return
+        self.available = True
+
+    async def sample(self) -> dict[str, float] | None:
+        nvml = self._nvml
+        if nvml is None:
+            return None
+        values: dict[str, float] = {}
+        utils: list[float] = []
+        mems: list[float] = []
+        powers: list[float] = []
+        for i, handle in enumerate(self._handles):
+            if (rates := _read(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)) is not None:
+                values[f"gpu{i}_util_pct"] = float(rates.gpu)
+                utils.append(rates.gpu)
+            if (memory := _read(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)) is not None:
+                values[f"gpu{i}_mem_used_gib"] = memory.used / _GIB
+                mems.append(memory.used / _GIB)
+            if (milliwatts := _read(nvml, nvml.nvmlDeviceGetPowerUsage, handle)) is not None:
+                values[f"gpu{i}_power_w"] = milliwatts / 1000
+                powers.append(milliwatts / 1000)
+        if utils:
+            values["gpu_util_pct_mean"] = sum(utils) / len(utils)
+        if mems:
+            values["gpu_mem_used_gib_total"] = sum(mems)
+        if powers:
+            values["gpu_power_w_total"] = sum(powers)
+        return values or None
+
+    async def aclose(self) -> None:
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._nvml is not None:
+            nvml, self._nvml = self._nvml, None
+            with contextlib.suppress(nvml.NVMLError):  # NVML counts inits: nothing leaks
+                nvml.nvmlShutdown()

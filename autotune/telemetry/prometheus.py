@@ -1,0 +1,146 @@
+"""The model server's own view of its load, scraped from a vLLM-style `/metrics`.
+
+Queue depth, KV-cache pressure and preemptions are what tell "the server is full" from
+"the client sends too little"; the client cannot see them. A server without metrics is
+common (hosted APIs, other engines), so the sampler gives up after the first failed
+scrape with a reason, never retries in a loop, never raises.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection
+
+import aiohttp
+
+REPORTED = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+    "autotune_simulated",  # 1 from autotune's simulated server: nothing here is a real GPU
+)
+"""What the sampler reports, under these names."""
+
+_KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # the name before vLLM's V1 engine
+_AVERAGED = ("vllm:kv_cache_usage_perc", _KV_USAGE_OLD)  # a fraction per engine: mean, not sum
+_WANTED = frozenset((*REPORTED, _KV_USAGE_OLD))
+_MAX_FAILURES = 3  # consecutive failed scrapes, after a good one, before giving up
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LE = re.compile(r'(?:^|,)\s*le="([^"]*)"')
+
+
+def parse_prometheus(
+    text: str, average: Collection[str] = (), names: Collection[str] | None = None
+) -> dict[str, float]:
+    """Each metric in Prometheus text format, summed over its label sets.
+
+    Histogram buckets stay apart per bound, keyed `name_bucket{le="0.5"}`. Names in
+    `average` are averaged over their label sets instead (a per-engine fraction). Given
+    `names`, only those metrics are read: a vLLM scrape is ~1,000 lines of buckets and
+    this keeps a scrape well under a millisecond. NaN samples are skipped; lines that are
+    not samples (comments, garbage) are ignored, so an empty result means the text was
+    not Prometheus.
+    """
+    prefixes = tuple(names) if names is not None else ""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.startswith(prefixes) or line.startswith("#"):
+            continue
+        brace = line.find("{")
+        if brace == -1:
+            name, _, rest = line.partition(" ")
+            labels = ""
+        else:
+            close = line.rfind("}")  # label values may hold '}', what follows cannot
+            name, labels, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
+        if (names is not None and name not in names) or not _NAME.fullmatch(name):
+            continue
+        try:
+            value = float(rest.split(maxsplit=1)[0])  # a timestamp may follow
+        except (ValueError, IndexError):
+            continue
+        if math.isnan(value):
+            continue
+        if labels and name.endswith("_bucket") and (le := _LE.search(labels)):
+            name = f'{name}{{le="{le.group(1)}"}}'
+        sums[name] = sums.get(name, 0.0) + value
+        counts[name] = counts.get(name, 0) + 1
+    for name in average:
+        if name in sums:
+            sums[name] /= counts[name]
+    return sums
+
+
+class PrometheusSampler:
+    """Scrapes `metrics_url` (e.g. `http://host:8000/metrics`) through the caller's session."""
+
+    name = "server"
+
+    def __init__(
+        self, session: aiohttp.ClientSession, metrics_url: str, *, timeout_s: float = 2.0
+    ) -> None:
+        self.available = True
+        self.reason: str | None = None
+        self._session = session
+        self._url = metrics_url
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._answered = False
+        self._failures = 0
+
+    async def sample(self) -> dict[str, float] | None:
+        if not self.available:
+            return None
+        result = await self._scrape()
+        if isinstance(result, str):
+            self._fail(result)
+            return None
+        self._answered = True
+        self._failures = 0
+        return result
+
+    async def _scrape(self) -> dict[str, float] | str:
+        """The reported values, or why there are none."""
+        try:
+            async with self._session.get(self._url, timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    return f"{self._url} answered HTTP {resp.status}"
+                text = await resp.text(errors="replace")
+        except TimeoutError:
+            return f"{self._url} did not answer within {self._timeout.total:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"cannot reach {self._url} ({str(exc) or type(exc).__name__})"
+        metrics = parse_prometheus(text, average=_AVERAGED, names=_WANTED)
+        if "vllm:kv_cache_usage_perc" not in metrics and _KV_USAGE_OLD in metrics:
+            metrics["vllm:kv_cache_usage_perc"] = metrics[_KV_USAGE_OLD]
+        values = {name: metrics[name] for name in REPORTED if name in metrics}
+        if not values:
+            not_text = "" if parse_prometheus(text) else " (the answer is not Prometheus text)"
+            return f"{self._url} serves no vLLM metrics{not_text}"
+        return values
+
+    async def aclose(self) -> None:
+        """Nothing to release: the session belongs to the caller."""
+
+    def _fail(self, why: str) -> None:
+        """A server that never answered is given up at once; one that did, after a few."""
+        self._failures += 1
+        if not self._answered:
+            self._give_up(why)
+        elif self._failures >= _MAX_FAILURES:
+            self._give_up(f"{why}, {self._failures} times in a row")
+
+    def _give_up(self, why: str) -> None:
+        self.available = False
+        self.reason = f"no server telemetry: {why}."

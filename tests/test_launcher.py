@@ -1,0 +1,158 @@
+"""ServerProcess: start, health-check and stop real server processes (the simulator)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from autotune.errors import ServerStartupError
+from autotune.servers.launcher import ServerProcess, free_port, last_error_line, sim_command
+
+FAST = ["--time-scale", "0.01"]
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _wait_dead(proc: ServerProcess, timeout_s: float = 5.0) -> None:
+    """Wait for a process that is expected to exit on its own."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while proc.is_alive() and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def test_sim_command_and_free_port() -> None:
+    port = free_port()
+    assert 0 < port < 65536
+    assert sim_command(["--max-num-seqs", "8"], port) == [
+        sys.executable,
+        "-m",
+        "autotune.servers.sim",
+        "--max-num-seqs",
+        "8",
+        "--port",
+        str(port),
+    ]
+
+
+async def test_sim_subprocess_serves_and_stops_with_its_group(tmp_path: Path) -> None:
+    log = tmp_path / "sim.log"
+    async with ServerProcess.sim(FAST, log_path=log) as proc, aiohttp.ClientSession() as session:
+        assert proc.is_alive() and proc.pid is not None
+        pgid = os.getpgid(proc.pid)
+        assert pgid == proc.pid != os.getpgid(0)  # its own session and process group
+        payload = {"prompt": "hello", "max_tokens": 3, "ignore_eos": True}
+        async with session.post(f"{proc.base_url}/completions", json=payload) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["usage"]["completion_tokens"] == 3
+        assert "SIMULATED" in proc.log_tail(5) and "listening on" in proc.log_tail(5)
+    assert not proc.is_alive()
+    assert proc.returncode == 0  # SIGTERM is a clean shutdown for the simulator
+    assert not _group_exists(pgid)
+    assert proc.log_path == log and "listening on" in log.read_text()
+    proc.stop_sync()  # idempotent
+    await proc.stop()
+
+
+async def test_bad_config_raises_with_the_servers_own_error_line(tmp_path: Path) -> None:
+    flags = ["--model", "llama-3.1-70b", "--gpu", "h100-80gb"]
+    proc = ServerProcess.sim(flags, log_path=tmp_path / "sim.log")
+    with pytest.raises(ServerStartupError) as info:
+        await proc.start()
+    error = info.value
+    assert error.reason.startswith("ValueError: No available memory for the cache blocks")
+    assert "131.4 GiB" in error.reason
+    assert "exited with status 1" in str(error) and str(proc.log_path) in str(error)
+    assert not proc.is_alive()
+
+
+async def test_die_after_requests_kills_the_server(tmp_path: Path) -> None:
+    flags = [*FAST, "--die-after-requests", "1"]
+    async with ServerProcess.sim(flags, log_path=tmp_path / "sim.log") as proc:
+        payload = {"prompt": "hello", "max_tokens": 3}
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ClientError):
+                async with session.post(f"{proc.base_url}/completions", json=payload) as resp:
+                    await resp.read()
+        await _wait_dead(proc)
+        assert not proc.is_alive()
+        assert proc.returncode == 1
+        assert "simulated crash" in proc.log_tail(3)
+
+
+async def test_never_healthy_times_out_and_is_stopped(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    url = f"http://127.0.0.1:{free_port()}/health"
+    proc = ServerProcess(cmd, url, startup_timeout_s=0.5, log_path=tmp_path / "x.log")
+    with pytest.raises(ServerStartupError, match="did not answer"):
+        await proc.start()
+    assert proc.pid is not None and not _group_exists(proc.pid)
+
+
+async def test_cancelled_start_leaves_nothing_behind(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    url = f"http://127.0.0.1:{free_port()}/health"
+    proc = ServerProcess(cmd, url, startup_timeout_s=60, log_path=tmp_path / "x.log")
+    task = asyncio.create_task(proc.start())
+    while proc.pid is None:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not _group_exists(proc.pid)
+
+
+async def test_a_temporary_log_is_removed_only_after_a_clean_stop() -> None:
+    async with ServerProcess.sim(FAST) as proc:
+        log = proc.log_path
+        assert log is not None and log.exists()
+    assert not log.exists()
+    failing = ServerProcess.sim(["--gpu", "nope"])
+    with pytest.raises(ServerStartupError, match="Known profiles"):
+        await failing.start()
+    assert failing.log_path is not None and failing.log_path.exists()
+    failing.log_path.unlink()
+
+
+HEALTHY_BUT_STUBBORN = """
+import http.server, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+async def test_a_server_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-c", HEALTHY_BUT_STUBBORN, str(port)]
+    url = f"http://127.0.0.1:{port}/health"
+    async with ServerProcess(
+        cmd, url, startup_timeout_s=10, stop_grace_s=0.3, log_path=tmp_path / "x.log"
+    ) as proc:
+        pgid = proc.pid
+        assert pgid is not None
+    assert proc.returncode == -9
+    assert not _group_exists(pgid)
+
+
+def test_last_error_line_prefers_the_exception_line() -> None:
+    log = "INFO starting\nERROR 11-26 [core.py:1] ValueError: bad things. Fix it.\nbye\n"
+    assert last_error_line(log) == "ValueError: bad things. Fix it."
+    assert last_error_line("just\nnoise\n") == "noise"
+    assert last_error_line("") == ""
