@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import subprocess
 import sys
 import time
@@ -470,27 +469,6 @@ async def test_recorder_samples_drops_failures_and_stops_cleanly() -> None:
     stats = summarise(recorder.samples, start, end)
     assert stats["server/vllm:generation_tokens_total"]["delta"] == 10.0 * (len(ticks) - 1)
     assert "client/loop_lag_ms" in stats
-
-
-async def test_recorder_is_light(serve: Serve, session: aiohttp.ClientSession) -> None:
-    """At the default 0.5 s it must cost under 1% of a core: under 5 ms of CPU a tick.
-
-    Measured at 20 ticks a second against a large vLLM-like /metrics served by this same
-    process, so the server's own share counts against the budget too.
-    """
-    labels = f'engine="0",{MODEL}'
-    big = VLLM_METRICS + "".join(
-        f'vllm:h{h}_bucket{{le="{b}",{labels}}} {b}\n' for h in range(40) for b in range(25)
-    )
-    base = await serve(_metrics_app([(200, big)], []))
-    samplers: list[Any] = [ClientSampler(), PrometheusSampler(session, base + "/metrics")]
-    cpu_before = sum(os.times()[:2])
-    async with TelemetryRecorder(samplers, interval_s=0.05) as recorder:
-        await asyncio.sleep(0.5)
-    cpu = sum(os.times()[:2]) - cpu_before
-    ticks = len([s for s in recorder.samples if s.source == "server"])
-    assert ticks >= 8
-    assert cpu / ticks < 0.005
 
 
 # -- summarise ----------------------------------------------------------------------------
