@@ -46,9 +46,7 @@ class DiagnoseConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.low < self.high:
-            raise UsageError(
-                f"--low {self.low} must be at least 1 and below --high {self.high}."
-            )
+            raise UsageError(f"--low {self.low} must be at least 1 and below --high {self.high}.")
 
 
 async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
@@ -64,7 +62,9 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
         target_config = replace(target_config, extra_body={"ignore_eos": True})
     async with connect(target_config, SIM_DEFAULT_ARGS) as (session, target):
         backend = OpenAIBackend(
-            session, replace(target_config, base_url=target.base_url), target.model,
+            session,
+            replace(target_config, base_url=target.base_url),
+            target.model,
             api_key(target_config),
         )
         verifier = await load_verifier(
@@ -76,11 +76,14 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
         try:
             for parallelism in (config.low, config.high):
                 settings = ProbeSettings(
-                    parallelism=parallelism, min_s=config.min_s, max_s=config.max_s,
+                    parallelism=parallelism,
+                    min_s=config.min_s,
+                    max_s=config.max_s,
                     target_halfwidth=config.target_halfwidth,
                 )
-                probe = await run_probe(settings, tasks, backend, verifier, session,
-                                        target.base_url)
+                probe = await run_probe(
+                    settings, tasks, backend, verifier, session, target.base_url
+                )
                 probes.append(probe)
                 if parallelism == config.low and probe.completed == 0:
                     raise CollectionError(
@@ -97,17 +100,32 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
         "created_at": time.time(),
         **verdict.to_dict(),
         "probes": [probe.to_dict() for probe in probes],
-        "target": {"base_url": target.base_url, "model": target.model,
-                   "simulated": target.simulated, "api": target_config.api,
-                   "stream": target_config.stream},
-        "workload": {"input": str(collect.input) if collect.input else None,
-                     "tasks": len(tasks), "verifier": collect.verifier,
-                     "verifier_workers": collect.verifier_workers},
-        "settings": {"low": config.low, "high": config.high, "min_s": config.min_s,
-                     "max_s": config.max_s, "target_halfwidth": config.target_halfwidth,
-                     "thresholds": asdict(config.thresholds)},
-        "machine": {"host": platform.node(), "python": platform.python_version(),
-                    "autotune": __version__},
+        "target": {
+            "base_url": target.base_url,
+            "model": target.model,
+            "simulated": target.simulated,
+            "api": target_config.api,
+            "stream": target_config.stream,
+        },
+        "workload": {
+            "input": str(collect.input) if collect.input else None,
+            "tasks": len(tasks),
+            "verifier": collect.verifier,
+            "verifier_workers": collect.verifier_workers,
+        },
+        "settings": {
+            "low": config.low,
+            "high": config.high,
+            "min_s": config.min_s,
+            "max_s": config.max_s,
+            "target_halfwidth": config.target_halfwidth,
+            "thresholds": asdict(config.thresholds),
+        },
+        "machine": {
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "autotune": __version__,
+        },
     }
 
 
