@@ -226,13 +226,44 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    from autotune.diagnose import load_result
-    from autotune.report import diagnose_report
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from autotune.collect import run_async
+    from autotune.report.terminal import progress_bar, sweep_text
+    from autotune.study import load_study
+    from autotune.sweep import run_sweep, save_outputs
 
-    result = load_result(args.directory)
-    directory = args.directory if args.directory.is_dir() else args.directory.parent
-    print(diagnose_report.write(result, args.out or directory))
+    study = load_study(args.study)
+    with progress_bar(enabled=not args.quiet, unit="trial") as bar:
+        bar.set_total(study.budget.trials)
+
+        def on_trial(number: int, outcome: Any) -> None:
+            bar.rollout_done({}, 0)
+            knobs = ", ".join(f"{k}={v}" for k, v in outcome.knobs.items()) or "client only"
+            found = (
+                f"infeasible: {outcome.infeasible_reason}"
+                if outcome.infeasible_reason
+                else f"{outcome.value:.3g} at parallelism "
+                f"{outcome.curve['best_measured_parallelism'] if outcome.curve else '-'}"
+            )
+            bar.write(f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)")
+
+        result = run_async(
+            run_sweep(study, storage=args.storage, studies_dir=args.studies_dir, on_trial=on_trial)
+        )
+    directory = args.reports_dir / study.name
+    save_outputs(result, directory)
+    if args.json:
+        print(json.dumps(result["recommendation"], indent=2))
+    else:
+        print(sweep_text(result, directory))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from autotune.report import load_saved, render_saved
+
+    result, directory = load_saved(args.directory)
+    print(render_saved(result, args.out or directory))
     return 0
 
 
@@ -296,6 +327,21 @@ def build_parser() -> argparse.ArgumentParser:
         quiet=True,
         num_repeats=1,
     )
+
+    sweep = commands.add_parser(
+        "sweep", help="an Optuna study over parallelism and server knobs → a recommendation"
+    )
+    sweep.add_argument("study", type=Path, help="study YAML (examples in studies/)")
+    sweep.add_argument(
+        "--storage",
+        help="Optuna storage URL (default: sqlite studies/NAME.db; "
+        "a PostgreSQL URL lets several machines share one study)",
+    )
+    sweep.add_argument("--studies-dir", type=Path, default=Path("studies"))
+    sweep.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    sweep.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    sweep.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    sweep.set_defaults(handler=_cmd_sweep)
 
     report = commands.add_parser("report", help="render a report again from its saved results")
     report.add_argument("directory", type=Path, help="a --report directory (or its JSON file)")

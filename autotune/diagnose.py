@@ -138,18 +138,3 @@ def save_result(result: dict[str, Any], directory: Path) -> Path:
     path = directory / RESULT_FILE
     path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return path
-
-
-def load_result(path: Path) -> dict[str, Any]:
-    """A saved diagnosis (a file, or a report directory holding diagnose.json)."""
-    if path.is_dir():
-        path = path / RESULT_FILE
-    try:
-        result = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise UsageError(f"{path} does not exist; pass a diagnose --report directory.") from None
-    except orjson.JSONDecodeError as error:
-        raise UsageError(f"{path} is not valid JSON ({error}).") from None
-    if not isinstance(result, dict) or result.get("kind") != "diagnose":
-        raise UsageError(f"{path} is not a saved diagnosis.")
-    return result

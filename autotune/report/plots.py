@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["bar_chart_stacked", "figure_png", "time_series"]
+__all__ = ["bar_chart_stacked", "curves_with_marks", "figure_png", "horizontal_bars", "time_series"]
 
 _SIZE = (9.0, 4.5)  # inches; at 110 dpi a plot fits the report's 1100 px column
 _DPI = 110
@@ -90,6 +90,49 @@ def time_series(
         ax.plot(list(xs), list(ys), label=name, linewidth=1.5)
     ax.set_xlabel(xlabel)
     _finish(ax, ylabel, title, legend=len(series) > 1)
+    return figure_png(fig)
+
+
+def curves_with_marks(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]],
+    marks: Mapping[str, float],
+    level: tuple[str, float] | None,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> bytes:
+    """Measured points (dots) and a fitted line per curve, on a log2 x axis.
+
+    `curves` maps a label to (point xs, point ys, line xs, line ys); `marks` are labelled
+    vertical lines (peak, knee, recommended); `level` one labelled horizontal line.
+    """
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for index, (name, (px, py, lx, ly)) in enumerate(curves.items()):
+        colour = f"C{index}"
+        ax.plot(list(lx), list(ly), color=colour, linewidth=1.5, label=f"{name} (fit)")
+        ax.scatter(list(px), list(py), color=colour, s=28, zorder=3, label=f"{name} (measured)")
+    styles = ("--", ":", "-.")
+    for index, (name, x) in enumerate(marks.items()):
+        ax.axvline(
+            x, color="#374151", linestyle=styles[index % 3], linewidth=1.1, label=f"{name}: {x:.0f}"
+        )
+    if level is not None:
+        ax.axhline(level[1], color="#9ca3af", linestyle="-", linewidth=0.9, label=level[0])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    _finish(ax, ylabel, title, legend=True)
+    return figure_png(fig)
+
+
+def horizontal_bars(values: Mapping[str, float], xlabel: str, title: str) -> bytes:
+    """One bar per name, largest on top (e.g. parameter importances)."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    ordered = sorted(values.items(), key=lambda item: item[1])
+    ax.barh([name for name, _ in ordered], [float(v) for _, v in ordered], color="C0")
+    ax.set_xlabel(xlabel)
+    _finish(ax, "", title, legend=False)
     return figure_png(fig)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from autotune.results import STAGES, CollectSummary
@@ -27,6 +29,13 @@ class _Progress:
         if self._bar is not None:
             self._bar.reset(total=total)
 
+    def write(self, line: str) -> None:
+        """A line above the bar (or plain stderr when there is no bar)."""
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
 
 @contextmanager
 def progress_bar(enabled: bool, unit: str, total: int | None = None) -> Iterator[_Progress]:
@@ -36,7 +45,10 @@ def progress_bar(enabled: bool, unit: str, total: int | None = None) -> Iterator
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit=unit, mininterval=0.5, smoothing=0.1, dynamic_ncols=True)
+    # `delay`: nothing is drawn before the caller has had a moment to set the total.
+    bar = tqdm(
+        total=total, unit=unit, mininterval=0.5, smoothing=0.1, dynamic_ncols=True, delay=0.5
+    )
     try:
         yield _Progress(bar)
     finally:
@@ -114,4 +126,40 @@ def diagnose_text(result: dict[str, Any]) -> str:
     lines += [f"  - {e['text']}" for e in result["evidence"]]
     lines.append(f"\nnext step: {result['next_step']}")
     lines += [f"note: {note}" for note in result["notes"]]
+    return "\n".join(lines)
+
+
+def sweep_text(result: dict[str, Any], directory: Path) -> str:
+    """The closing summary of a sweep: the recommendation and where the files are."""
+    lines = []
+    if result["simulated"]:
+        lines.append("SIMULATED: measured on autotune's simulated vLLM-like server.")
+    trials = result["trials"]
+    feasible = sum(1 for t in trials if t["feasible"])
+    lines.append(
+        f"study {result['study']}: {len(trials)} trials ({feasible} feasible, "
+        f"{result['trials_reused']} reused), {result['probe_s_total']:.0f} s of probes"
+    )
+    rec = result["recommendation"]
+    if rec is None:
+        lines.append("no feasible configuration: see the failed configurations in the report")
+    else:
+        knobs = ", ".join(f"{k}={v}" for k, v in rec["server"].items()) or "(client only)"
+        peak = rec["peak"]
+        smallest = rec["smallest_parallelism_at_80pct_of_peak_throughput"]
+        lines += [
+            f"best configuration   {knobs}",
+            f"peak                 {peak['throughput']:.3g} {rec['metric']} at parallelism "
+            f"{peak['parallelism']:.0f}",
+            f"recommended          parallelism {rec['recommended']['parallelism']} "
+            f"(80% of peak) → {rec['recommended']['predicted_throughput']:.3g} predicted",
+            f"knee                 parallelism {rec['knee_parallelism']:.0f}; 80% of peak "
+            f"throughput from parallelism {smallest}",
+            f"note                 {rec['note']}",
+            "",
+            f"NeMo Gym   {rec['snippets']['nemo_gym']}",
+            f"vLLM       {rec['snippets']['vllm']}",
+            f"OpenRLHF   {rec['snippets']['openrlhf']}",
+        ]
+    lines.append(f"\nreport: {directory / 'index.html'}")
     return "\n".join(lines)

@@ -35,6 +35,20 @@ STOP_GRACE_S = 10.0
 _ERROR_LINE = re.compile(r"\b(?:[A-Za-z_][\w.]*(?:Error|Exception)|CUDA out of memory)\b.*")
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it if its parent dies.
+
+    A server runs in its own session (so a stop reaches its whole group), which also
+    shields it from the terminal's Ctrl-C; this makes sure that even a `kill -9` of
+    autotune leaves no server behind.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (another process may still take it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -70,7 +84,7 @@ class ServerProcess:
         cmd: Sequence[str],
         health_url: str,
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         base_url: str | None = None,
         log_path: str | Path | None = None,
         startup_timeout_s: float = 120.0,
@@ -80,7 +94,7 @@ class ServerProcess:
         self.cmd = list(cmd)
         self.health_url = health_url
         self.base_url = base_url
-        self.env = dict(env or {})
+        self.env = dict(env or {})  # a None value unsets an inherited variable
         self.startup_timeout_s = startup_timeout_s
         self.cwd = cwd
         self.stop_grace_s = stop_grace_s
@@ -152,9 +166,10 @@ class ServerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
+                env=self._environment(),
                 cwd=self.cwd,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as e:
             self._close_log()
@@ -170,6 +185,10 @@ class ServerProcess:
             self._keep_log = isinstance(e, ServerStartupError)
             self.stop_sync()
             raise
+
+    def _environment(self) -> dict[str, str]:
+        env = {**os.environ, **self.env}
+        return {name: value for name, value in env.items() if value is not None}
 
     async def _wait_healthy(self) -> None:
         assert self._proc is not None

@@ -1,0 +1,152 @@
+"""Server configurations for a sweep: start one, measure points on it, stop it.
+
+A `Launcher` turns a set of server knobs into a running configuration (a
+`ConfigSession`) that can measure throughput at any parallelism. The sweep only sees
+these two Protocols, so the same search runs against real vLLM, the simulated server
+over HTTP, a server someone else runs, or (for benchmarks) the simulated engine in
+virtual time. A configuration the server refuses raises ServerStartupError, whose
+`reason` is the server's own error line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol
+
+import aiohttp
+
+from autotune.backends.openai import OpenAIBackend
+from autotune.config import TargetConfig
+from autotune.probe import ProbeSettings, run_probe
+from autotune.servers.launcher import ServerProcess, free_port, sim_command
+from autotune.target import api_key, open_session, resolve_target
+from autotune.verifiers import Verifier
+from autotune.workload import Task
+
+log = logging.getLogger("autotune")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One measured point of a configuration's throughput curve."""
+
+    parallelism: int
+    rollouts_per_s: float
+    output_tokens_per_s: float
+    error_rate: float
+    p95_latency_s: float | None
+    probe_s: float  # time the probe took (simulated seconds on the virtual engine)
+    stop_reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ConfigSession(Protocol):
+    async def measure(self, parallelism: int) -> Point: ...
+
+
+class Launcher(Protocol):
+    """Starts a server configuration; `restart_s` is what a restart costs (for budgets)."""
+
+    def running(self, knobs: Mapping[str, Any]) -> Any:
+        """An async context manager yielding a ConfigSession for these knobs."""
+        ...
+
+
+def knob_flags(knobs: Mapping[str, Any]) -> list[str]:
+    """`{"max_num_seqs": 64}` → `["--max-num-seqs", "64"]` (vLLM's flag spelling)."""
+    flags: list[str] = []
+    for name, value in knobs.items():
+        flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags
+
+
+@dataclass(slots=True)
+class HttpSession:
+    """Measures a configuration over HTTP with steady-state probes."""
+
+    session: aiohttp.ClientSession
+    backend: OpenAIBackend
+    verifier: Verifier
+    tasks: Sequence[Task]
+    base_url: str
+    settings: ProbeSettings
+
+    async def measure(self, parallelism: int) -> Point:
+        result = await run_probe(
+            replace(self.settings, parallelism=parallelism),
+            self.tasks,
+            self.backend,
+            self.verifier,
+            self.session,
+            self.base_url,
+        )
+        return Point(
+            parallelism=parallelism,
+            rollouts_per_s=result.rollouts_per_s,
+            output_tokens_per_s=result.output_tokens_per_s,
+            error_rate=result.error_rate,
+            p95_latency_s=result.latency_s["total"].p95,
+            probe_s=result.measured_s + result.warmup_s,
+            stop_reason=result.stop_reason,
+        )
+
+
+@dataclass(slots=True)
+class HttpLauncher:
+    """Launches a server process per configuration (the sim or vLLM), or uses a running one.
+
+    `command(knobs, port)` builds the command line; None means the server at
+    `target.base_url` is used as it is (no knobs can change).
+    """
+
+    target: TargetConfig
+    verifier: Verifier
+    tasks: Sequence[Task]
+    settings: ProbeSettings
+    command: Any = None  # Callable[[Mapping[str, Any], int], list[str]] | None
+    env: Mapping[str, str] | None = None
+    startup_timeout_s: float = 600.0
+    health_path: str = "/health"
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[HttpSession]:
+        if self.command is None:
+            async with self._session(self.target.base_url or "") as session:
+                yield session
+            return
+        port = free_port()
+        root = f"http://127.0.0.1:{port}"
+        process = ServerProcess(
+            self.command(knobs, port),
+            health_url=root + self.health_path,
+            env=self.env,
+            startup_timeout_s=self.startup_timeout_s,
+        )
+        async with process, self._session(root + "/v1") as session:
+            yield session
+
+    @asynccontextmanager
+    async def _session(self, base_url: str) -> AsyncIterator[HttpSession]:
+        async with open_session(self.target) as session:
+            key = api_key(self.target)
+            target = await resolve_target(session, base_url, self.target.model, key)
+            backend = OpenAIBackend(
+                session, replace(self.target, base_url=target.base_url), target.model, key
+            )
+            yield HttpSession(
+                session, backend, self.verifier, self.tasks, target.base_url, self.settings
+            )
+
+
+def sim_launch_command(fixed_args: Sequence[str]) -> Any:
+    """Command builder for the simulated server: fixed flags, then the trial's knobs."""
+
+    def build(knobs: Mapping[str, Any], port: int) -> list[str]:
+        return sim_command([*fixed_args, *knob_flags(knobs)], port)
+
+    return build

@@ -1,0 +1,358 @@
+"""The search behind `autotune sweep`: an Optuna study over server knobs, each trial a curve.
+
+A server restart costs 30 s to minutes; a probe costs seconds. So each trial picks one
+server configuration, starts it once, and measures its throughput-versus-parallelism
+curve by doubling (the NeMo Gym guide's method) until throughput plateaus or errors
+appear; the Universal Scalability Law fit of those points places the peak and the knee
+(see knee.py). Later trials start their doubling near the best peak found so far,
+which saves the low, uninformative end of every curve.
+
+A configuration the server refuses (out of memory, a bad flag) or that crashes under
+load is a deterministic failure: it is recorded as a COMPLETE trial that violates a
+constraint, with the server's own error line, so the sampler learns to avoid it.
+Transient infrastructure errors are FAIL. Studies live in Optuna storage
+(`studies/<name>.db` by default) and resume: rerunning the same command reuses every
+finished trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ServerError, UsageError
+from autotune.knee import summarise_curve
+from autotune.launchers import ConfigSession, Launcher, Point
+from autotune.study import ChoiceSpace, FloatSpace, IntSpace, Study
+
+log = logging.getLogger("autotune")
+
+IMPROVEMENT = 0.01  # patience counts trials that did not beat the best by 1%
+
+
+@dataclass(frozen=True, slots=True)
+class TrialOutcome:
+    """What one trial measured, as stored in the trial's user attributes."""
+
+    knobs: dict[str, Any]
+    points: list[dict[str, Any]]
+    curve: dict[str, Any] | None
+    value: float
+    p95_latency_s: float | None
+    error_rate: float
+    infeasible_reason: str | None
+    probe_s: float
+    wall_s: float
+
+
+def storage_url(study: Study, storage: str | None, studies_dir: Path) -> str:
+    if storage:
+        return storage
+    studies_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{studies_dir / (study.name + '.db')}"
+
+
+def suggest_knobs(trial: Any, study: Study, gpu_count: int) -> dict[str, Any]:
+    """The trial's server knobs; tensor-parallel choices are limited to visible GPUs."""
+    knobs: dict[str, Any] = {}
+    for name, space in study.search_space.server_knobs().items():
+        if isinstance(space, ChoiceSpace):
+            choices = list(space.choices)
+            if name == "tensor_parallel_size" and gpu_count > 0:
+                choices = [c for c in choices if int(c) <= gpu_count] or [1]
+            knobs[name] = trial.suggest_categorical(name, choices)
+        elif isinstance(space, IntSpace):
+            knobs[name] = trial.suggest_int(name, space.low, space.high, log=space.log)
+        else:
+            step = None if space.log else space.step
+            value = trial.suggest_float(name, space.low, space.high, step=step, log=space.log)
+            knobs[name] = round(value, 6)
+    return knobs
+
+
+def grid_values(space: IntSpace | FloatSpace | ChoiceSpace) -> list[Any]:
+    """A finite grid over one knob (powers of two for log ints), for exhaustive baselines."""
+    if isinstance(space, ChoiceSpace):
+        return list(space.choices)
+    if isinstance(space, IntSpace):
+        if space.log:
+            values = [
+                2**k
+                for k in range(
+                    math.ceil(math.log2(space.low)), math.floor(math.log2(space.high)) + 1
+                )
+            ]
+            return sorted({space.low, *values, space.high})
+        return list(range(space.low, space.high + 1))
+    step = space.step or (space.high - space.low) / 4
+    count = round((space.high - space.low) / step)
+    return [round(space.low + i * step, 6) for i in range(count + 1)]
+
+
+async def measure_curve(
+    session: ConfigSession, study: Study, start: int
+) -> tuple[list[Point], str | None]:
+    """Double parallelism from `start` until throughput plateaus, errors appear or the
+    range ends. Returns the points and, if the server failed under load, why."""
+    space = study.search_space.parallelism
+    points: list[Point] = []
+    parallelism = start
+    metric = study.objective.metric
+    while parallelism <= space.high:
+        point = await session.measure(parallelism)
+        points.append(point)
+        if point.stop_reason == "server died":
+            return points, f"the server stopped answering at parallelism {parallelism}"
+        if point.error_rate > study.objective.max_error_rate:
+            break
+        if len(points) >= 2:
+            before, now = getattr(points[-2], metric), getattr(point, metric)
+            if now < before * (1 + space.plateau_gain):
+                break
+        parallelism *= 2
+    return points, None
+
+
+def _start_parallelism(study: Study, best_peak: float | None) -> int:
+    """Doubling starts at `low`, or a quarter of the best peak so far on the same ladder."""
+    low = study.search_space.parallelism.low
+    if not best_peak:
+        return low
+    start = low
+    while start * 2 <= best_peak / 4 and start * 2 <= study.search_space.parallelism.high:
+        start *= 2
+    return start
+
+
+async def run_trial(
+    launcher: Launcher, knobs: dict[str, Any], study: Study, start: int
+) -> TrialOutcome:
+    """Start the configuration, measure its curve, stop it; failures become outcomes."""
+    started = time.perf_counter()
+    points: list[Point] = []
+    reason: str | None = None
+    try:
+        async with launcher.running(knobs) as session:
+            points, reason = await measure_curve(session, study, start)
+    except ServerError as error:
+        reason = getattr(error, "reason", None) or str(error)
+    metric = study.objective.metric
+    usable = [p for p in points if p.error_rate <= study.objective.max_error_rate]
+    best = max(usable, key=lambda p: getattr(p, metric), default=None)
+    curve = None
+    if len(usable) >= 1:
+        curve = summarise_curve(
+            [p.parallelism for p in usable], [getattr(p, metric) for p in usable]
+        ).to_dict()
+    if best is None and reason is None:
+        reason = f"every probe failed more than {study.objective.max_error_rate:.0%} of rollouts"
+    return TrialOutcome(
+        knobs=knobs,
+        points=[p.to_dict() for p in points],
+        curve=curve,
+        value=getattr(best, metric) if best else 0.0,
+        p95_latency_s=best.p95_latency_s if best else None,
+        error_rate=best.error_rate if best else 1.0,
+        infeasible_reason=reason if best is None else None,
+        probe_s=sum(p.probe_s for p in points),
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
+    objective = study.objective
+    trial.set_user_attr("knobs", outcome.knobs)
+    trial.set_user_attr("points", outcome.points)
+    trial.set_user_attr("curve", outcome.curve)
+    trial.set_user_attr("probe_s", outcome.probe_s)
+    trial.set_user_attr("wall_s", outcome.wall_s)
+    trial.set_user_attr("p95_latency_s", outcome.p95_latency_s)
+    if outcome.infeasible_reason is not None:
+        trial.set_user_attr("infeasible_reason", outcome.infeasible_reason)
+    trial.set_constraint("feasible", 0.0 if outcome.infeasible_reason is None else 1.0)
+    trial.set_constraint("error_rate", outcome.error_rate - objective.max_error_rate)
+    if objective.p95_latency_slo_s is not None:
+        p95 = outcome.p95_latency_s if outcome.p95_latency_s is not None else math.inf
+        trial.set_constraint("p95_latency", min(p95, 1e9) - objective.p95_latency_slo_s)
+
+
+def _values(outcome: TrialOutcome, study: Study) -> float | list[float]:
+    if study.objective.second_objective == "p95_latency":
+        p95 = outcome.p95_latency_s if outcome.p95_latency_s is not None else 1e9
+        return [outcome.value, p95]
+    return outcome.value
+
+
+def is_feasible(trial: Any) -> bool:
+    """Every constraint set with `trial.set_constraint` is ≤ 0 (Optuna's definition)."""
+    return all(value <= 0 for value in trial.constraints.values())
+
+
+def open_study(study: Study, url: str) -> Any:
+    """Create or resume the Optuna study; trials a crash left RUNNING become FAIL.
+
+    SQLite (the default) is for one process, so at start every RUNNING trial is stale.
+    A shared RDB (PostgreSQL) may hold other workers' live trials: there, heartbeats
+    let Optuna fail only the trials whose worker died.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shared = url.startswith(("postgresql", "mysql"))
+    storage: Any = url
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if shared:
+            storage = optuna.storages.RDBStorage(url, heartbeat_interval=10, grace_period=30)
+        directions = ["maximize"]
+        if study.objective.second_objective == "p95_latency":
+            directions = ["maximize", "minimize"]
+        sampler = optuna.samplers.TPESampler(
+            seed=study.seed, multivariate=True, n_startup_trials=min(8, study.budget.trials)
+        )
+        optuna_study = optuna.create_study(
+            study_name=study.name,
+            storage=storage,
+            load_if_exists=True,
+            directions=directions,
+            sampler=sampler,
+        )
+        if shared:
+            optuna.storages.fail_stale_trials(optuna_study)
+        else:
+            for trial in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                optuna_study.tell(trial.number, state=TrialState.FAIL)
+    return optuna_study
+
+
+def finished_trials(optuna_study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return [t for t in optuna_study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+
+
+async def optimise(
+    study: Study,
+    optuna_study: Any,
+    launcher: Launcher,
+    gpu_count: int = 0,
+    on_trial: Callable[[int, TrialOutcome], None] | None = None,
+) -> None:
+    """Run trials until the budget (finished trials, time, patience) is spent."""
+    from optuna.trial import TrialState
+
+    budget = study.budget
+    deadline = time.monotonic() + budget.time_s if budget.time_s else math.inf
+    while True:
+        done = finished_trials(optuna_study)
+        if len(done) >= budget.trials or time.monotonic() >= deadline:
+            return
+        if budget.patience and _stalled(done, budget.patience):
+            log.info("no 1%% gain in the last %d trials: stopping early", budget.patience)
+            return
+        best_peak = _best_peak(done)
+        trial = optuna_study.ask()
+        try:
+            knobs = suggest_knobs(trial, study, gpu_count)
+            outcome = await run_trial(launcher, knobs, study, _start_parallelism(study, best_peak))
+        except BaseException:
+            optuna_study.tell(trial, state=TrialState.FAIL)
+            raise
+        _record(trial, outcome, study)
+        optuna_study.tell(trial, _values(outcome, study))
+        if on_trial is not None:
+            on_trial(trial.number, outcome)
+
+
+def _value(trial: Any) -> float:
+    return float(trial.values[0]) if trial.values else 0.0
+
+
+def _best_peak(done: list[Any]) -> float | None:
+    feasible = [t for t in done if is_feasible(t) and t.user_attrs.get("curve")]
+    if not feasible:
+        return None
+    best = max(feasible, key=_value)
+    return float(best.user_attrs["curve"]["peak_parallelism"])
+
+
+def _stalled(done: list[Any], patience: int) -> bool:
+    if len(done) <= patience:
+        return False
+    values = [_value(t) if is_feasible(t) else 0.0 for t in done]
+    before = max(values[:-patience], default=0.0)
+    return max(values[-patience:]) <= before * (1 + IMPROVEMENT)
+
+
+def best_trial(optuna_study: Any) -> Any | None:
+    """The feasible finished trial with the highest objective (first objective if two)."""
+    feasible = [t for t in finished_trials(optuna_study) if is_feasible(t)]
+    return max(feasible, key=_value, default=None)
+
+
+def trial_rows(optuna_study: Any) -> list[dict[str, Any]]:
+    """Every finished or failed trial as a flat row (trials.csv and the report table)."""
+    rows = []
+    for trial in optuna_study.get_trials(deepcopy=False):
+        if trial.state.name not in ("COMPLETE", "FAIL"):
+            continue
+        curve = trial.user_attrs.get("curve") or {}
+        rows.append(
+            {
+                "trial": trial.number,
+                "state": trial.state.name,
+                **{k: v for k, v in trial.params.items()},
+                "value": _value(trial) if trial.state.name == "COMPLETE" else None,
+                "feasible": is_feasible(trial) if trial.state.name == "COMPLETE" else False,
+                "peak_parallelism": curve.get("peak_parallelism"),
+                "recommended_parallelism": curve.get("recommended_parallelism"),
+                "p95_latency_s": trial.user_attrs.get("p95_latency_s"),
+                "probe_s": trial.user_attrs.get("probe_s"),
+                "wall_s": trial.user_attrs.get("wall_s"),
+                "infeasible_reason": trial.user_attrs.get("infeasible_reason"),
+            }
+        )
+    return rows
+
+
+def importances(optuna_study: Any) -> dict[str, float]:
+    """Parameter importances (Optuna's default PED-ANOVA, which ranks what leads to *low*
+    target values, hence the negated objective); empty when too few feasible trials vary."""
+    import optuna
+
+    feasible = [t for t in finished_trials(optuna_study) if is_feasible(t)]
+    if len(feasible) < 4 or not feasible[0].params:
+        return {}
+    try:
+        with warnings.catch_warnings():  # it warns whenever a target is given: ours is negated
+            warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+            return dict(
+                optuna.importance.get_param_importances(
+                    optuna_study, target=lambda t: -(_value(t) if is_feasible(t) else 0.0)
+                )
+            )
+    except (ValueError, RuntimeError):
+        return {}
+
+
+def check_space(study: Study, gpu_count: int) -> None:
+    """Refuse a search space the machine cannot run before anything starts."""
+    space: Mapping[str, Any] = study.search_space.server_knobs()
+    tp = space.get("tensor_parallel_size")
+    if (
+        study.target.kind == "vllm"
+        and gpu_count
+        and isinstance(tp, ChoiceSpace)
+        and min(int(c) for c in tp.choices) > gpu_count
+    ):
+        raise UsageError(
+            f"every tensor_parallel_size choice exceeds the {gpu_count} GPU(s) NVML sees; "
+            "lower the choices."
+        )

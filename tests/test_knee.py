@@ -1,0 +1,71 @@
+"""USL fit and the 80% rule on curves with a known peak, with and without noise, and
+on a curve with no peak in range."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from autotune.knee import HEADROOM, UslFit, fit_usl, summarise_curve
+
+TRUE = UslFit(lam=10.0, sigma=0.02, kappa=0.0004, r2=1.0)  # N* = √(0.98/0.0004) ≈ 49.5
+DOUBLING = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+def test_exact_points_recover_the_parameters() -> None:
+    fit = fit_usl(DOUBLING, [TRUE.throughput(n) for n in DOUBLING])
+    assert fit.lam == pytest.approx(10.0, rel=1e-6)
+    assert fit.sigma == pytest.approx(0.02, rel=1e-4)
+    assert fit.kappa == pytest.approx(0.0004, rel=1e-4)
+    assert fit.peak_parallelism == pytest.approx(math.sqrt(0.98 / 0.0004), rel=1e-4)
+
+
+def test_known_peak_and_the_80_percent_rule() -> None:
+    summary = summarise_curve(DOUBLING, [TRUE.throughput(n) for n in DOUBLING])
+    assert summary.peak_inside_range
+    assert summary.peak_parallelism == pytest.approx(49.5, abs=0.1)
+    assert summary.recommended_parallelism == math.floor(HEADROOM * summary.peak_parallelism) == 39
+    assert summary.recommended_throughput == pytest.approx(TRUE.throughput(39), rel=1e-4)
+    # The smallest N reaching 80% of the peak throughput, checked by brute force.
+    peak_x = TRUE.throughput(summary.peak_parallelism)
+    expected = next(n for n in range(1, 100) if TRUE.throughput(n) >= 0.8 * peak_x)
+    assert summary.smallest_parallelism_at_80pct == expected
+    # The knee: where linear scaling λN reaches the peak throughput.
+    assert summary.knee_parallelism == pytest.approx(peak_x / 10.0, rel=1e-4)
+    assert summary.knee_parallelism < summary.peak_parallelism
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_points_keep_the_peak_close(seed: int) -> None:
+    rng = random.Random(seed)
+    noisy = [TRUE.throughput(n) * rng.gauss(1.0, 0.05) for n in DOUBLING]
+    summary = summarise_curve(DOUBLING, noisy)
+    assert summary.peak_inside_range
+    assert 35 <= summary.peak_parallelism <= 70
+    assert summary.recommended_parallelism == math.floor(0.8 * summary.peak_parallelism)
+
+
+def test_no_peak_in_range_is_said_not_extrapolated() -> None:
+    rising = UslFit(lam=5.0, sigma=0.05, kappa=0.0, r2=1.0)
+    points = [1, 2, 4, 8, 16, 32]
+    summary = summarise_curve(points, [rising.throughput(n) for n in points])
+    assert not summary.peak_inside_range
+    assert "no peak inside the searched range" in summary.note
+    assert summary.peak_parallelism == 32  # the best measured point, not a made-up one
+    assert summary.recommended_parallelism == math.floor(0.8 * 32)
+
+
+def test_peak_far_beyond_the_range_counts_as_no_peak() -> None:
+    slow = UslFit(lam=5.0, sigma=0.0, kappa=1e-6, r2=1.0)  # N* = 1000
+    points = [1, 2, 4, 8, 16]
+    summary = summarise_curve(points, [slow.throughput(n) for n in points])
+    assert not summary.peak_inside_range
+
+
+def test_a_single_point_cannot_be_fitted() -> None:
+    with pytest.raises(ValueError):
+        fit_usl([4], [10.0])
+    summary = summarise_curve([4], [10.0])
+    assert summary.fit is None and summary.recommended_parallelism == 3

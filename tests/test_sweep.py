@@ -1,0 +1,203 @@
+"""`autotune sweep` on the simulated engine: outputs, resume after kill -9 with no
+server left behind, infeasible configurations, and study-file validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from autotune.collect import run_async
+from autotune.errors import UsageError
+from autotune.search import open_study, storage_url
+from autotune.study import load_study
+from autotune.sweep import run_sweep, save_outputs
+from tests.browser import render
+from tests.helpers import REPO, autotune
+
+
+def write_study(tmp_path: Path, name: str, marker: str, **overrides: object) -> Path:
+    study = {
+        "name": name,
+        "target": {
+            "kind": "sim",
+            "args": ["--time-scale", "0.02", "--served-model-name", marker],
+        },
+        "workload": {"synthetic": {"num_tasks": 200, "output_tokens": [64, 8]}},
+        "search_space": {
+            "parallelism": {"low": 4, "high": 64},
+            "max_num_seqs": {"choices": [8, 32]},
+            "max_num_batched_tokens": {"choices": [2048, 8192]},
+        },
+        "probe": {"min_s": 0.8, "max_s": 3},
+        "budget": {"trials": 3},
+        **overrides,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def servers_alive(marker: str) -> list[int]:
+    alive = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any(marker in part for part in cmdline) and "autotune.servers.sim" in cmdline:
+            alive.append(process.info["pid"])
+    return alive
+
+
+def test_sweep_writes_report_and_recommendation(tmp_path: Path) -> None:
+    marker = f"sim/outputs-{uuid.uuid4().hex[:8]}"
+    study = write_study(tmp_path, "outputs", marker)
+    result = autotune(
+        "sweep",
+        str(study),
+        "--studies-dir",
+        str(tmp_path / "studies"),
+        "--reports-dir",
+        str(tmp_path / "reports"),
+        "--quiet",
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "reports" / "outputs"
+    recommendation = json.loads((out / "recommendation.json").read_text())
+    assert recommendation["snippets"]["nemo_gym"] == (
+        f"+num_samples_in_parallel={recommendation['recommended']['parallelism']}"
+    )
+    assert "--max-num-seqs" in recommendation["snippets"]["vllm"]
+    assert yaml.safe_load((out / "recommendation.yaml").read_text()) == recommendation
+    assert len((out / "trials.csv").read_text().splitlines()) == 1 + 3
+    saved = json.loads((out / "sweep.json").read_text())
+    assert len(saved["trials"]) == 3 and saved["simulated"]
+    page = render(out / "index.html", tmp_path / "sweep.png")
+    assert page.console_errors == [] and page.failed_or_external_requests == []
+    assert "Recommended: parallelism" in page.text and "SIMULATED" in page.text
+    assert servers_alive(marker) == []
+
+
+def test_killed_sweep_resumes_and_leaves_no_server(tmp_path: Path) -> None:
+    marker = f"sim/kill-{uuid.uuid4().hex[:8]}"
+    study = write_study(tmp_path, "killed", marker, budget={"trials": 4})
+    args = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "sweep",
+        str(study),
+        "--studies-dir",
+        str(tmp_path / "studies"),
+        "--reports-dir",
+        str(tmp_path / "reports"),
+    ]
+    log = (tmp_path / "sweep.log").open("w")
+    process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 240
+    # Kill once a trial has finished and the next one has its server running.
+    while time.monotonic() < deadline:
+        text = (tmp_path / "sweep.log").read_text()
+        if "trial 0:" in text and servers_alive(marker):
+            break
+        assert process.poll() is None, text
+        time.sleep(0.1)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    log.close()
+    deadline = time.monotonic() + 10
+    while servers_alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert servers_alive(marker) == [], "a simulated server outlived the killed sweep"
+
+    resumed = autotune(
+        "sweep",
+        str(study),
+        "--studies-dir",
+        str(tmp_path / "studies"),
+        "--reports-dir",
+        str(tmp_path / "reports"),
+        "--quiet",
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    saved = json.loads((tmp_path / "reports" / "killed" / "sweep.json").read_text())
+    assert saved["trials_reused"] >= 1
+    assert len(saved["trials"]) == 4
+    assert servers_alive(marker) == []
+
+
+def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_path: Path) -> None:
+    marker = f"sim/oom-{uuid.uuid4().hex[:8]}"
+    path = write_study(
+        tmp_path,
+        "oom",
+        marker,
+        target={
+            "kind": "sim",
+            "args": [
+                "--model",
+                "llama-3.1-70b",
+                "--time-scale",
+                "0.02",
+                "--served-model-name",
+                marker,
+            ],
+        },
+        search_space={
+            "parallelism": {"low": 4, "high": 32},
+            "tensor_parallel_size": {"choices": [1, 4]},
+        },
+    )
+    study = load_study(path)
+    url = storage_url(study, None, tmp_path / "studies")
+    open_study(study, url).enqueue_trial({"tensor_parallel_size": 1})
+    open_study(study, url).enqueue_trial({"tensor_parallel_size": 4})
+    result = run_async(run_sweep(study, storage=url))
+    assert len(result["trials"]) == 3  # the study went on after the refusal
+    refused = [t for t in result["trials"] if t["knobs"] == {"tensor_parallel_size": 1}]
+    assert refused and not refused[0]["feasible"]
+    assert refused[0]["infeasible_reason"].startswith("ValueError: No available memory")
+    assert result["best"]["knobs"] == {"tensor_parallel_size": 4}
+    save_outputs(result, tmp_path / "report")
+    assert "No available memory" in (tmp_path / "report" / "index.html").read_text()
+    assert servers_alive(marker) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\ntarget: {kind: sim}\nbudget: {trials: 0}\n", "budget.trials"),
+        ("name: x\ntarget: {kind: sim}\nsurprise: 1\n", "surprise"),
+        ("name: x\ntarget: {kind: server}\n", "base_url"),
+        (
+            "name: x\ntarget: {kind: sim}\nsearch_space: {max_num_seqs: {low: 64, high: 8}}\n",
+            "must not exceed",
+        ),
+        (
+            "name: x\ntarget: {kind: server, base_url: 'http://h/v1'}\n"
+            "search_space: {max_num_seqs: {choices: [8]}}\n",
+            "cannot change its own flags",
+        ),
+        ("name: [unclosed\n", "not valid YAML at line"),
+    ],
+)
+def test_study_file_errors_are_one_sentence(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="study file") as caught:
+        load_study(path)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_example_studies_validate() -> None:
+    for path in sorted((REPO / "studies").glob("*.yaml")):
+        load_study(path)
