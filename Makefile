@@ -14,10 +14,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The main jobs on the embedded simulated server: collect, diagnose, sweep (a rerun of the
+# sweep resumes its study in studies/demo.db).
 demo: setup
-	rm -f reports/demo/rollouts.jsonl reports/demo/rollouts_failures.jsonl
-	$(BIN)/autotune collect --output reports/demo/rollouts.jsonl --parallelism 64
-	$(BIN)/autotune diagnose --report reports/demo/diagnose
+	rm -rf reports/collect-demo
+	$(BIN)/autotune collect --output reports/collect-demo/rollouts.jsonl --parallelism 64
+	$(BIN)/autotune diagnose --report reports/diagnose-demo
+	$(BIN)/autotune sweep studies/demo.yaml
 
 lint: setup
 	$(BIN)/ruff check autotune tests benchmarks
@@ -36,4 +39,4 @@ bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose_time.py
 
 clean:
-	rm -rf $(VENV) reports/demo .pytest_cache .ruff_cache
+	rm -rf $(VENV) reports/demo reports/collect-demo reports/diagnose-demo studies/demo.db .pytest_cache .ruff_cache

@@ -173,6 +173,7 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
     trial.set_user_attr("probe_s", outcome.probe_s)
     trial.set_user_attr("wall_s", outcome.wall_s)
     trial.set_user_attr("p95_latency_s", outcome.p95_latency_s)
+    trial.set_user_attr("error_rate", outcome.error_rate)
     if outcome.infeasible_reason is not None:
         trial.set_user_attr("infeasible_reason", outcome.infeasible_reason)
     trial.set_constraint("feasible", 0.0 if outcome.infeasible_reason is None else 1.0)
@@ -215,7 +216,7 @@ def open_study(study: Study, url: str) -> Any:
         if study.objective.second_objective == "p95_latency":
             directions = ["maximize", "minimize"]
         sampler = optuna.samplers.TPESampler(
-            seed=study.seed, multivariate=True, n_startup_trials=min(8, study.budget.trials)
+            seed=study.seed, multivariate=True, n_startup_trials=startup_trials(study)
         )
         optuna_study = optuna.create_study(
             study_name=study.name,
@@ -254,14 +255,16 @@ async def optimise(
         done = finished_trials(optuna_study)
         if len(done) >= budget.trials or time.monotonic() >= deadline:
             return
-        if budget.patience and _stalled(done, budget.patience):
+        if budget.patience and _stalled(done, budget.patience, startup_trials(study)):
             log.info("no 1%% gain in the last %d trials: stopping early", budget.patience)
             return
         best_peak = _best_peak(done)
         trial = optuna_study.ask()
         try:
             knobs = suggest_knobs(trial, study, gpu_count)
-            outcome = await run_trial(launcher, knobs, study, _start_parallelism(study, best_peak))
+            outcome = _measured_before(done, knobs) or await run_trial(
+                launcher, knobs, study, _start_parallelism(study, best_peak)
+            )
         except BaseException:
             optuna_study.tell(trial, state=TrialState.FAIL)
             raise
@@ -269,6 +272,29 @@ async def optimise(
         optuna_study.tell(trial, _values(outcome, study))
         if on_trial is not None:
             on_trial(trial.number, outcome)
+
+
+def _measured_before(done: list[Any], knobs: dict[str, Any]) -> TrialOutcome | None:
+    """The sampler proposed a configuration already measured: reuse it, no restart.
+
+    With categorical knobs TPE often proposes a repeat; a restart and a curve cost
+    minutes on real hardware and would only re-measure the same thing.
+    """
+    for trial in done:
+        attrs = trial.user_attrs
+        if attrs.get("knobs") == knobs and "points" in attrs:
+            return TrialOutcome(
+                knobs=knobs,
+                points=attrs["points"],
+                curve=attrs.get("curve"),
+                value=_value(trial),
+                p95_latency_s=attrs.get("p95_latency_s"),
+                error_rate=attrs.get("error_rate", 0.0),
+                infeasible_reason=attrs.get("infeasible_reason"),
+                probe_s=0.0,
+                wall_s=0.0,
+            )
+    return None
 
 
 def _value(trial: Any) -> float:
@@ -283,8 +309,14 @@ def _best_peak(done: list[Any]) -> float | None:
     return float(best.user_attrs["curve"]["peak_parallelism"])
 
 
-def _stalled(done: list[Any], patience: int) -> bool:
-    if len(done) <= patience:
+def startup_trials(study: Study) -> int:
+    """Random trials before TPE models the space (patience does not count them)."""
+    return min(8, study.budget.trials)
+
+
+def _stalled(done: list[Any], patience: int, startup: int) -> bool:
+    """No 1% gain over the best in the last `patience` trials after the random start."""
+    if len(done) < startup + patience:
         return False
     values = [_value(t) if is_feasible(t) else 0.0 for t in done]
     before = max(values[:-patience], default=0.0)

@@ -77,7 +77,11 @@ class VirtualSession:
                 prompt, output = lengths()
                 submitted = engine.sim_time_s
                 request = engine.submit(prompt, output)
-                await request.finished
+                try:
+                    await request.finished
+                except asyncio.CancelledError:
+                    request.abort()  # the probe is over: free the engine for the next one
+                    raise
                 now = engine.sim_time_s
                 done_at.append(now)
                 latencies.append(now - submitted)
