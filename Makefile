@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint bench-overhead bench-rss bench-diagnose clean
+.PHONY: setup demo test lint bench-overhead bench-rss bench-diagnose bench-sweep clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench-rss: setup
 
 bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose_time.py
+
+bench-sweep: setup
+	$(BIN)/python benchmarks/sweep_efficiency.py
 
 clean:
 	rm -rf $(VENV) reports/demo reports/collect-demo reports/diagnose-demo studies/demo.db .pytest_cache .ruff_cache
