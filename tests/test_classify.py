@@ -1,0 +1,109 @@
+"""The verdict rules on hand-made probe results (pure: no server, no timing)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from autotune.classify import Thresholds, classify
+from autotune.probe import ProbeResult
+from autotune.results import STAGES, StageLatency
+
+
+def probe(
+    parallelism: int,
+    rate: float,
+    *,
+    model_s: float = 1.0,
+    verify_s: float = 0.001,
+    verify_wait_s: float = 0.0,
+    **changes: Any,
+) -> ProbeResult:
+    latency = {stage: StageLatency(100, 0.0, 0.0, 0.0) for stage in STAGES}
+    latency["model"] = StageLatency(100, model_s, model_s, model_s * 1.2)
+    latency["verify"] = StageLatency(100, verify_s, verify_s, verify_s)
+    latency["verify_wait"] = StageLatency(100, verify_wait_s, verify_wait_s, verify_wait_s)
+    base = ProbeResult(
+        parallelism=parallelism, rollouts_per_s=rate, rollouts_per_s_ci=(rate * 0.97, rate * 1.03),
+        output_tokens_per_s=rate * 100, error_rate=0.0, completed=100, failed=0, measured_s=5.0,
+        warmup_s=1.0, stop_reason="converged", latency_s=latency, errors_by_class={},
+        rate_limited_responses=0, retry_after_seen=0, limiter_wait_share=0.0,
+        verifier_capacity=None, verifier_busy_fraction=0.0, verifier_capacity_rps=None,
+        mean_in_flight_model=rate * model_s, telemetry={}, telemetry_unavailable={},
+        token_check=None,
+    )  # fmt: skip
+    return replace(base, **changes)
+
+
+def test_threshold_scales_with_the_parallelism_ratio() -> None:
+    th = Thresholds()
+    assert th.parallelism_bound_speedup(4) == 2.0  # the NeMo Gym guide: 2× for 4×
+    assert th.parallelism_bound_speedup(2) < 2.0
+    assert classify(probe(10, 10), probe(20, 14)).verdict == "parallelism-bound"  # 1.4 ≥ 1.33
+    assert classify(probe(5, 10), probe(20, 14), th).leaning  # 1.4 < 2 for 4×
+
+
+def test_flat_throughput_with_saturated_client_is_client_bound() -> None:
+    busy = {"client/cpu_fraction": {"mean": 0.97, "max": 1.0}}
+    verdict = classify(probe(5, 100), probe(20, 105, telemetry=busy))
+    assert verdict.verdict == "client-bound"
+    assert any(e.name.startswith("client CPU") and e.met for e in verdict.evidence)
+
+
+def test_scaling_wins_over_a_busy_client() -> None:
+    busy = {"client/cpu_fraction": {"mean": 0.97, "max": 1.0}}
+    assert classify(probe(5, 10), probe(20, 39, telemetry=busy)).verdict == "parallelism-bound"
+
+
+def test_flat_with_verifier_busy_is_verifier_bound() -> None:
+    low = probe(
+        5,
+        20,
+        verify_s=0.05,
+        verifier_capacity=1,
+        verifier_busy_fraction=0.9,
+        verifier_capacity_rps=20.0,
+    )
+    high = probe(
+        20,
+        21,
+        verify_s=0.05,
+        verify_wait_s=0.8,
+        verifier_capacity=1,
+        verifier_busy_fraction=0.99,
+        verifier_capacity_rps=20.0,
+    )
+    verdict = classify(low, high)
+    assert verdict.verdict == "verifier-bound" and not verdict.leaning
+    assert "each adds about 20 rollouts/s" in verdict.next_step
+
+
+def test_flat_with_growing_model_latency_is_model_bound() -> None:
+    verdict = classify(probe(5, 10, model_s=0.5), probe(20, 10.5, model_s=1.9))
+    assert verdict.verdict == "model-bound"
+    little = next(e for e in verdict.evidence if e.name.startswith("model latency growth"))
+    assert little.met and 0.9 < little.value < 1.1
+
+
+def test_errors_make_it_unstable_before_anything_else() -> None:
+    failing = probe(20, 0.0, error_rate=0.6, errors_by_class={"connection": 30})
+    limited = replace(failing, rate_limited_responses=10)
+    verdict = classify(probe(5, 10), limited)
+    assert verdict.verdict == "unstable"
+    assert "lower parallelism" in verdict.next_step
+
+
+def test_429s_are_rate_limited() -> None:
+    verdict = classify(probe(5, 10), probe(20, 11, rate_limited_responses=4, retry_after_seen=4))
+    assert verdict.verdict == "rate-limited"
+
+
+def test_token_mismatch_is_reported() -> None:
+    check = {
+        "client_tokens_per_s": 1000.0,
+        "server_tokens_per_s": 700.0,
+        "relative_difference": 0.3,
+        "mismatch": 1.0,
+    }
+    verdict = classify(probe(5, 10), probe(20, 39, token_check=check))
+    assert any("over 10%" in note for note in verdict.notes)
