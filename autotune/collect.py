@@ -17,7 +17,7 @@ from autotune.engine import Engine, EngineObserver, RunStats
 from autotune.errors import CollectionError
 from autotune.results import CollectSummary
 from autotune.store import RolloutSink
-from autotune.target import Target, api_key, connect
+from autotune.target import Target, api_key, connect, synthetic_defaults
 from autotune.verifiers import VerifierOptions, load_verifier
 from autotune.workload import Workload, rollout_key, work_items
 
@@ -51,10 +51,7 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
         if sink.done
         else 0
     )
-    target_config = config.target
-    if target_config.base_url is None and config.input is None and not target_config.extra_body:
-        # The synthetic workload sets each output length; the simulated model honours it.
-        target_config = replace(target_config, extra_body={"ignore_eos": True})
+    target_config = synthetic_defaults(config.target, config.input is None)
     parallelism = config.parallelism
     if parallelism is None:
         parallelism = target_config.pool_limit

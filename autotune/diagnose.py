@@ -22,14 +22,13 @@ from autotune.config import CollectConfig
 from autotune.errors import CollectionError, UsageError
 from autotune.probe import ProbeSettings, run_probe
 from autotune.results import SCHEMA_VERSION
-from autotune.target import api_key, connect
+from autotune.target import api_key, connect, synthetic_defaults
 from autotune.verifiers import VerifierOptions, load_verifier
 from autotune.workload import Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds.
 SIM_DEFAULT_ARGS = ("--time-scale", "0.05")
 RESULT_FILE = "diagnose.json"
-MAX_PROBE_TASKS = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +52,8 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
     """Runs both probes and returns the saved-result dict (see RESULT_FILE)."""
     collect = config.collect
     workload = Workload(collect.input, collect.synthetic, collect.limit, 1, collect.shard)
-    start, stop = workload.task_range()
-    tasks = list(workload.tasks(start, min(stop, start + MAX_PROBE_TASKS)))
-    if not tasks:
-        raise UsageError("the task file holds no task; pass a file with at least one line.")
-    target_config = collect.target
-    if target_config.base_url is None and collect.input is None and not target_config.extra_body:
-        target_config = replace(target_config, extra_body={"ignore_eos": True})
+    tasks = workload.probe_tasks()
+    target_config = synthetic_defaults(collect.target, collect.input is None)
     async with connect(target_config, SIM_DEFAULT_ARGS) as (session, target):
         backend = OpenAIBackend(
             session,

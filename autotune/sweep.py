@@ -19,7 +19,6 @@ import yaml
 
 from autotune import __version__
 from autotune.config import SyntheticWorkload, TargetConfig
-from autotune.errors import UsageError
 from autotune.launchers import HttpLauncher, Launcher, knob_flags, sim_launch_command
 from autotune.probe import ProbeSettings
 from autotune.recommend import recommendation
@@ -43,7 +42,6 @@ from autotune.workload import Workload
 log = logging.getLogger("autotune")
 
 RESULT_FILE = "sweep.json"
-MAX_PROBE_TASKS = 5000
 
 
 def vllm_launch_command(study: Study) -> Callable[[Mapping[str, Any], int], list[str]]:
@@ -83,12 +81,7 @@ def _tasks(study: Study) -> list[Any]:
         output_tokens_std=workload.synthetic.output_tokens[1],
         seed=workload.synthetic.seed,
     )
-    source = Workload(workload.input, synthetic, workload.limit)
-    start, stop = source.task_range()
-    tasks = list(source.tasks(start, min(stop, start + MAX_PROBE_TASKS)))
-    if not tasks:
-        raise UsageError("the study's workload holds no task; check workload.input.")
-    return tasks
+    return Workload(workload.input, synthetic, workload.limit).probe_tasks()
 
 
 def _launcher(study: Study, verifier: Any, tasks: Sequence[Any]) -> HttpLauncher:

@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -93,6 +93,15 @@ async def resolve_target(
 def api_key(target: TargetConfig) -> str | None:
     """The API key, from the environment only: it is never logged, printed or saved."""
     return os.environ.get(target.api_key_env) or None
+
+
+def synthetic_defaults(target: TargetConfig, synthetic_workload: bool) -> TargetConfig:
+    """On the embedded simulator with synthetic tasks, ask for `ignore_eos`: each task sets
+    its output length and the simulated model honours it. Anywhere else extra fields are
+    sent only when the user asks (some servers reject unknown fields)."""
+    if target.base_url is None and synthetic_workload and not target.extra_body:
+        return replace(target, extra_body={"ignore_eos": True})
+    return target
 
 
 @asynccontextmanager

@@ -299,6 +299,15 @@ class Workload:
             return read_tasks(self.input, start, stop)
         return synthetic_tasks(self.synthetic, start, stop)
 
+    def probe_tasks(self, most: int = 5000) -> list[Task]:
+        """The first `most` tasks of this run's slice, held in memory: a probe cycles
+        through them for as long as it measures."""
+        start, stop = self.task_range()
+        tasks = list(self.tasks(start, min(stop, start + most)))
+        if not tasks:
+            raise UsageError("the workload holds no task; pass a task file with at least one line.")
+        return tasks
+
     def validate(self) -> None:
         """Parse every task once before any request is sent, so a bad line fails fast."""
         if self.input is not None:
