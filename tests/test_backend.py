@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -169,3 +170,21 @@ async def test_stream_cut_off_mid_answer_is_a_connection_failure(serve: Callable
     with pytest.raises(ModelCallError) as caught:
         await _generate(await serve(handler), max_retries=0)
     assert caught.value.failure_class == "connection"
+
+
+async def test_rpm_limit_paces_requests(serve: Callable[..., Any]) -> None:
+    seen: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(time.monotonic())
+        return web.json_response(_chat_answer())
+
+    base_url = await serve(handler)
+    config = TargetConfig(base_url=base_url, stream=False, rpm=600)  # 10 a second
+    async with aiohttp.ClientSession() as session:
+        backend = OpenAIBackend(session, config, "m")
+        await asyncio.gather(*(backend.generate(TASK) for _ in range(25)))
+    # A burst of at most one second's quota, then 10 a second: 25 requests span ≥ 1.5 s.
+    assert seen[-1] - seen[0] >= 1.4
+    assert sum(1 for t in seen if t - seen[0] < 0.5) <= 16  # 10 at once, then 10 a second
+    assert backend.counters.limiter_wait_s > 0

@@ -67,8 +67,10 @@ class OpenAIBackend:
         self._timeout = aiohttp.ClientTimeout(
             total=target.request_timeout_s, sock_connect=target.connect_timeout_s
         )
-        self._rpm = AsyncLimiter(target.rpm, 60) if target.rpm else None
-        self._tpm = AsyncLimiter(target.tpm, 60) if target.tpm else None
+        # Per-second buckets: a per-minute bucket would let a whole minute's quota out in
+        # one burst, which is exactly what trips a hosted API's limiter.
+        self._rpm = AsyncLimiter(target.rpm / 60, 1) if target.rpm else None
+        self._tpm = AsyncLimiter(target.tpm / 60, 1) if target.tpm else None
 
     def _body(self, task: Task) -> dict[str, Any]:
         target = self._target
