@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from typing import Any, Protocol
 
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import CollectConfig
 from autotune.engine import Engine, EngineObserver, RunStats
 from autotune.errors import CollectionError
+from autotune.pipeline import open_pipeline
 from autotune.results import CollectSummary
 from autotune.store import RolloutSink
-from autotune.target import Target, api_key, connect, synthetic_defaults
-from autotune.verifiers import VerifierOptions, load_verifier
+from autotune.target import Target
 from autotune.workload import Workload, rollout_key, work_items
 
 log = logging.getLogger("autotune")
@@ -41,55 +40,36 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
     start, stop = workload.task_range()
     sink = RolloutSink(config.output, config.resume)
     repeats = config.num_repeats
-    skipped = (
-        sum(
-            1
-            for task_index in range(start, stop)
-            for rollout_index in range(repeats)
-            if rollout_key(task_index, rollout_index) in sink.done
-        )
-        if sink.done
-        else 0
+    skipped = sum(
+        1
+        for task_index in range(start, stop)
+        for rollout_index in range(repeats)
+        if rollout_key(task_index, rollout_index) in sink.done
     )
-    target_config = synthetic_defaults(config.target, config.input is None)
     parallelism = config.parallelism
     if parallelism is None:
-        parallelism = target_config.pool_limit
+        parallelism = config.target.pool_limit
         log.warning(
             "no --parallelism: unlimited, as in NeMo Gym (bounded only by the %d-connection pool)",
             parallelism,
         )
     todo = (stop - start) * repeats - skipped
-    if progress is not None:
-        progress.set_total(todo)
     try:
-        async with connect(target_config, SIM_DEFAULT_ARGS) as (session, target):
-            backend = OpenAIBackend(
-                session,
-                replace(target_config, base_url=target.base_url),
-                target.model,
-                api_key(target_config),
-            )
-            verifier = await load_verifier(
-                config.verifier,
-                VerifierOptions(workers=config.verifier_workers, cost_ms=config.verifier_cost_ms),
-                session,
-            )
+        async with open_pipeline(config, SIM_DEFAULT_ARGS) as pipeline:
+            if progress is not None:
+                progress.set_total(todo)
             engine = Engine(
-                backend,
-                verifier,
+                pipeline.backend,
+                pipeline.verifier,
                 sink,
                 parallelism=max(1, min(parallelism, todo)),
                 observer=progress,
-                extra_row_fields={"simulated": True} if target.simulated else None,
+                extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
             )
-            try:
-                stats = await engine.run(work_items(workload, start, stop, sink.done))
-            finally:
-                await verifier.aclose()
+            stats = await engine.run(work_items(workload, start, stop, sink.done))
     finally:
         sink.close()
-    summary = _summarise(stats, backend, target, config, skipped)
+    summary = _summarise(stats, pipeline.backend, pipeline.target, config, skipped)
     if stats.stopped_early:
         where = f"; {stats.completed} rollouts are kept in {config.output}" if config.output else ""
         raise CollectionError(

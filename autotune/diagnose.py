@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from autotune import __version__
-from autotune.backends.openai import OpenAIBackend
 from autotune.classify import Thresholds, classify
 from autotune.config import CollectConfig
 from autotune.errors import CollectionError, UsageError
+from autotune.pipeline import open_pipeline
 from autotune.probe import ProbeSettings, run_probe
 from autotune.results import SCHEMA_VERSION
-from autotune.target import api_key, connect, synthetic_defaults
-from autotune.verifiers import VerifierOptions, load_verifier
 from autotune.workload import Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds.
@@ -53,40 +51,31 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
     collect = config.collect
     workload = Workload(collect.input, collect.synthetic, collect.limit, 1, collect.shard)
     tasks = workload.probe_tasks()
-    target_config = synthetic_defaults(collect.target, collect.input is None)
-    async with connect(target_config, SIM_DEFAULT_ARGS) as (session, target):
-        backend = OpenAIBackend(
-            session,
-            replace(target_config, base_url=target.base_url),
-            target.model,
-            api_key(target_config),
-        )
-        verifier = await load_verifier(
-            collect.verifier,
-            VerifierOptions(workers=collect.verifier_workers, cost_ms=collect.verifier_cost_ms),
-            session,
-        )
+    async with open_pipeline(collect, SIM_DEFAULT_ARGS) as pipeline:
+        target, target_config = pipeline.target, pipeline.target_config
         probes = []
-        try:
-            for parallelism in (config.low, config.high):
-                settings = ProbeSettings(
-                    parallelism=parallelism,
-                    min_s=config.min_s,
-                    max_s=config.max_s,
-                    target_halfwidth=config.target_halfwidth,
+        for parallelism in (config.low, config.high):
+            settings = ProbeSettings(
+                parallelism=parallelism,
+                min_s=config.min_s,
+                max_s=config.max_s,
+                target_halfwidth=config.target_halfwidth,
+            )
+            probe = await run_probe(
+                settings,
+                tasks,
+                pipeline.backend,
+                pipeline.verifier,
+                pipeline.session,
+                target.base_url,
+            )
+            probes.append(probe)
+            if parallelism == config.low and probe.completed == 0:
+                raise CollectionError(
+                    f"no rollout completed at parallelism {parallelism} "
+                    f"({_errors(probe.errors_by_class)}); check the server and the "
+                    "workload with `autotune collect --limit 5` first."
                 )
-                probe = await run_probe(
-                    settings, tasks, backend, verifier, session, target.base_url
-                )
-                probes.append(probe)
-                if parallelism == config.low and probe.completed == 0:
-                    raise CollectionError(
-                        f"no rollout completed at parallelism {parallelism} "
-                        f"({_errors(probe.errors_by_class)}); check the server and the "
-                        "workload with `autotune collect --limit 5` first."
-                    )
-        finally:
-            await verifier.aclose()
     verdict = classify(probes[0], probes[1], config.thresholds)
     return {
         "schema_version": SCHEMA_VERSION,

@@ -51,6 +51,9 @@ def progress_bar(enabled: bool, unit: str, total: int | None = None) -> Iterator
     )
     try:
         yield _Progress(bar)
+    except BaseException:
+        bar.leave = False  # clear the bar, so the error sentence stands on its own line
+        raise
     finally:
         bar.close()
 
