@@ -25,6 +25,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check autotune tests benchmarks
 	$(BIN)/ruff format --check autotune tests benchmarks
+	$(BIN)/mypy autotune
 
 test: setup lint
 	$(BIN)/python -m pytest -q

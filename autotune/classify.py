@@ -364,14 +364,16 @@ def _saturated_stage(
     """Which stage's saturation was measured; ties go to where latency grew most."""
     verifier_score = sum(e.met for e in verifier)
     model_score = sum(e.met for e in model)
-    if verifier_score == model_score:
+    if verifier_score != model_score:
+        verifier_saturated = verifier_score > model_score
+    else:  # no signal either way: name the stage whose latency grew more
         model_growth = (high.latency_s["model"].mean or 0) - (low.latency_s["model"].mean or 0)
         verify_growth = sum(
             (high.latency_s[s].mean or 0) - (low.latency_s[s].mean or 0)
             for s in ("verify_wait", "verify")
         )
-        verifier_score, model_score = float(verify_growth > model_growth), 0.5
-    if verifier_score > model_score:
+        verifier_saturated = verify_growth > model_growth
+    if verifier_saturated:
         per_worker = 1 / high.latency_s["verify"].mean if high.latency_s["verify"].mean else 0.0
         return (
             "verifier-bound",

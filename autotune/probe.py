@@ -24,7 +24,7 @@ from autotune.engine import Engine
 from autotune.results import STAGES, StageLatency
 from autotune.stats import batch_means_rate, mean
 from autotune.store import RolloutSink
-from autotune.telemetry import Sample, summarise
+from autotune.telemetry import Sample, Sampler, summarise
 from autotune.telemetry.client import ClientSampler
 from autotune.telemetry.gpu import GpuSampler
 from autotune.telemetry.prometheus import PrometheusSampler
@@ -128,7 +128,11 @@ async def run_probe(
     )
     counters = backend.counters
     before = (counters.rate_limited_responses, counters.retry_after_seen, counters.limiter_wait_s)
-    samplers = [ClientSampler(), PrometheusSampler(session, metrics_url(base_url)), GpuSampler()]
+    samplers: list[Sampler] = [
+        ClientSampler(),
+        PrometheusSampler(session, metrics_url(base_url)),
+        GpuSampler(),
+    ]
     async with TelemetryRecorder(samplers, interval_s=settings.telemetry_interval_s) as recorder:
         started = time.time()
         run = asyncio.create_task(engine.run(_cycle(tasks)))

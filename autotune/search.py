@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from autotune.errors import ServerError, UsageError
 from autotune.knee import summarise_curve
@@ -212,7 +212,7 @@ def open_study(study: Study, url: str) -> Any:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if shared:
             storage = optuna.storages.RDBStorage(url, heartbeat_interval=10, grace_period=30)
-        directions = ["maximize"]
+        directions: list[Literal["maximize", "minimize"]] = ["maximize"]
         if study.objective.second_objective == "p95_latency":
             directions = ["maximize", "minimize"]
         sampler = optuna.samplers.TPESampler(

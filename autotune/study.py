@@ -186,7 +186,7 @@ class Study(_Strict):
         return self
 
 
-def _location(error: dict[str, Any]) -> str:
+def _location(error: Any) -> str:
     return ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-"))
 
 

@@ -49,7 +49,8 @@ def vllm_launch_command(study: Study) -> Callable[[Mapping[str, Any], int], list
     target = study.target
 
     def build(knobs: Mapping[str, Any], port: int) -> list[str]:
-        model = [target.model] if target.command[-1:] == ["serve"] else ["--model", target.model]
+        name = target.model or ""  # validated: kind vllm always names its model
+        model = [name] if target.command[-1:] == ["serve"] else ["--model", name]
         return [*target.command, *model, *target.args, *knob_flags(knobs), "--port", str(port)]
 
     return build
