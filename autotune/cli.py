@@ -210,6 +210,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         high=args.high,
         min_s=args.min_s,
         max_s=args.max_s,
+        command=args.command,
     )
     result = run_async(diagnose(config))
     if args.json == "-":
@@ -319,6 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     probes.add_argument("--max-s", type=float, default=20.0, help="time cap per probe")
     probes.add_argument("--json", metavar="PATH", help="write the result as JSON (- for stdout)")
     probes.add_argument("--report", type=Path, metavar="DIR", help="write an HTML report here")
+    probes.add_argument(
+        "--command",
+        metavar="TEMPLATE",
+        help="diagnose your own collector instead: a command with {parallelism} and "
+        "{output} (the rollout JSONL it writes), optionally {limit} (--limit, default "
+        "10 × --high), e.g. 'ng_collect_rollouts ... +num_samples_in_parallel={parallelism} "
+        "+output_jsonl_fpath={output} +limit={limit}'",
+    )
     diagnose.set_defaults(
         handler=_cmd_diagnose,
         parallelism=None,

@@ -8,6 +8,8 @@ measured; the result is saved as JSON and every report is rebuilt from that file
 from __future__ import annotations
 
 import platform
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,13 +22,14 @@ from autotune.classify import Thresholds, classify
 from autotune.config import CollectConfig
 from autotune.errors import CollectionError, UsageError
 from autotune.pipeline import open_pipeline
-from autotune.probe import ProbeSettings, run_probe
+from autotune.probe import ProbeResult, ProbeSettings, run_probe
 from autotune.results import SCHEMA_VERSION
 from autotune.workload import Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds.
 SIM_DEFAULT_ARGS = ("--time-scale", "0.05")
 RESULT_FILE = "diagnose.json"
+COMMAND_LIMIT_PER_SLOT = 10  # a --command run's default {limit}: 10 rollouts per high slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,7 @@ class DiagnoseConfig:
     max_s: float = 20.0
     target_halfwidth: float = 0.05
     thresholds: Thresholds = field(default_factory=Thresholds)
+    command: str | None = None  # the user's own collector instead of autotune's engine
 
     def __post_init__(self) -> None:
         if not 1 <= self.low < self.high:
@@ -48,6 +52,8 @@ class DiagnoseConfig:
 
 async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
     """Runs both probes and returns the saved-result dict (see RESULT_FILE)."""
+    if config.command is not None:
+        return await _diagnose_command(config, config.command)
     collect = config.collect
     workload = Workload(collect.input, collect.synthetic, collect.limit, 1, collect.shard)
     tasks = workload.probe_tasks()
@@ -76,6 +82,54 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
                     f"({_errors(probe.errors_by_class)}); check the server and the "
                     "workload with `autotune collect --limit 5` first."
                 )
+    target_record = {
+        "base_url": target.base_url,
+        "model": target.model,
+        "simulated": target.simulated,
+        "api": target_config.api,
+        "stream": target_config.stream,
+    }
+    workload_record = {
+        "input": str(collect.input) if collect.input else None,
+        "tasks": len(tasks),
+        "verifier": collect.verifier,
+        "verifier_workers": collect.verifier_workers,
+    }
+    return _saved(config, probes, target_record, workload_record)
+
+
+async def _diagnose_command(config: DiagnoseConfig, template: str) -> dict[str, Any]:
+    """Both probes run the user's collector command; its rows are timed as they land."""
+    from autotune.servers.command import run_command_probe
+
+    limit = config.collect.limit or COMMAND_LIMIT_PER_SLOT * config.high
+    workdir = Path(tempfile.mkdtemp(prefix="autotune-command-"))
+    probes = [
+        await run_command_probe(template, parallelism, limit, workdir)
+        for parallelism in (config.low, config.high)
+    ]
+    shutil.rmtree(workdir)  # kept when a run failed: the error names its log there
+    # The same keys as an engine diagnosis has (reports read them); what a command
+    # hides from autotune is None.
+    target_record = {
+        "command": template,
+        "base_url": None,
+        "model": None,
+        "simulated": False,
+        "api": None,
+        "stream": None,
+    }
+    workload_record = {"input": None, "tasks": limit, "verifier": None, "verifier_workers": None}
+    return _saved(config, probes, target_record, workload_record)
+
+
+def _saved(
+    config: DiagnoseConfig,
+    probes: list[ProbeResult],
+    target: dict[str, Any],
+    workload: dict[str, Any],
+) -> dict[str, Any]:
+    """The verdict for the probe pair and everything needed to rebuild its report."""
     verdict = classify(probes[0], probes[1], config.thresholds)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -83,19 +137,8 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
         "created_at": time.time(),
         **verdict.to_dict(),
         "probes": [probe.to_dict() for probe in probes],
-        "target": {
-            "base_url": target.base_url,
-            "model": target.model,
-            "simulated": target.simulated,
-            "api": target_config.api,
-            "stream": target_config.stream,
-        },
-        "workload": {
-            "input": str(collect.input) if collect.input else None,
-            "tasks": len(tasks),
-            "verifier": collect.verifier,
-            "verifier_workers": collect.verifier_workers,
-        },
+        "target": target,
+        "workload": workload,
         "settings": {
             "low": config.low,
             "high": config.high,

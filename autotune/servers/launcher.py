@@ -33,6 +33,8 @@ HEALTH_POLL_S = 0.2
 STOP_GRACE_S = 10.0
 
 _ERROR_LINE = re.compile(r"\b(?:[A-Za-z_][\w.]*(?:Error|Exception)|CUDA out of memory)\b.*")
+# Wrapper errors that only point at the real one above them (vLLM's engine start-up).
+_POINTER_LINE = re.compile(r"root cause above|stack trace above", re.IGNORECASE)
 
 
 def _die_with_parent() -> None:
@@ -62,11 +64,14 @@ def sim_command(args: Sequence[str], port: int) -> list[str]:
 
 
 def last_error_line(text: str) -> str:
-    """The server's own last error line (`ValueError: ...`), else its last non-empty line."""
+    """The server's own last error line (`ValueError: ...`), else its last non-empty line.
+
+    Lines that only say "see the root cause above" are passed over for the cause.
+    """
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
         match = _ERROR_LINE.search(line)
-        if match:
+        if match and not _POINTER_LINE.search(line):
             return match.group(0)
     return lines[-1] if lines else ""
 

@@ -1,0 +1,208 @@
+"""Real vLLM as a launched server: its command line, its environment, and its leftovers.
+
+`VllmServer` is a `ServerProcess` (start, health wait, log capture, stop by process
+group) that also removes what vLLM leaves behind when it stops, above all when it is
+killed: the ZeroMQ sockets it binds in the temporary directory (here, a private one
+per server, given to vLLM as VLLM_RPC_BASE_PATH and removed at the next start if
+autotune itself was killed) and the shared-memory segments and semaphores its
+processes make in /dev/shm. A segment is removed only if it appeared
+while this server ran and no live process still maps it, so another server's
+segments are never touched.
+
+The default command is `python -m vllm.entrypoints.openai.api_server`, which works
+for every build (the `vllm` console script of the CPU build does not); a user points
+`command` at the Python of the environment vLLM is installed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+from autotune.servers.launcher import ServerProcess, free_port
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DEFAULT_COMMAND = (sys.executable, "-m", API_SERVER_MODULE)
+DEFAULT_STARTUP_TIMEOUT_S = 600.0  # model load and warm-up; the CPU build takes 30–80 s
+SHM_DIR = Path("/dev/shm")
+RPC_PREFIX = "autotune-vllm-"  # then the owning autotune process's PID
+# Python's multiprocessing shared memory and semaphores, which vLLM's processes use.
+_VLLM_SHM = re.compile(r"^(psm_|sem\.mp-)")
+
+
+def _flag_value(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def vllm_command(
+    base_command: Sequence[str], model: str, port: int, flags: Mapping[str, object]
+) -> list[str]:
+    """The server's command line: knob names become vLLM flags.
+
+    `{"max_num_seqs": 64}` → `--max-num-seqs 64`; True → `--enforce-eager`;
+    False → `--no-enable-prefix-caching`; None leaves the flag out.
+    """
+    command = [*base_command, "--model", model, "--port", str(port)]
+    for name, value in flags.items():
+        flag = "--" + name.lstrip("-").replace("_", "-")
+        if flag in ("--model", "--port"):
+            raise ValueError(f"{flag} is set by autotune; leave it out of the server flags")
+        if value is None:
+            continue
+        if value is True:
+            command.append(flag)
+        elif value is False:
+            command.append("--no-" + flag[2:])
+        else:
+            command += [flag, _flag_value(value)]
+    return command
+
+
+def cpu_thread_binding(tensor_parallel_size: int, cpus: Sequence[int]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for the CPU build: one CPU range per rank, `0-3|4-7`.
+
+    With tensor parallelism its default binding puts every rank on the same cores.
+    """
+    cpus = sorted(cpus)
+    if tensor_parallel_size > len(cpus):
+        raise ValueError(
+            f"tensor_parallel_size {tensor_parallel_size} needs at least as many CPUs "
+            f"as ranks; this machine gives {len(cpus)}"
+        )
+    size, extra = divmod(len(cpus), tensor_parallel_size)
+    ranges, start = [], 0
+    for rank in range(tensor_parallel_size):
+        chunk = cpus[start : start + size + (1 if rank < extra else 0)]
+        start += len(chunk)
+        ranges.append(str(chunk[0]) if len(chunk) == 1 else f"{chunk[0]}-{chunk[-1]}")
+    return "|".join(ranges)
+
+
+def vllm_env(
+    model: str, flags: Mapping[str, object], env: Mapping[str, str] | None = None
+) -> dict[str, str | None]:
+    """The variables the server gets beyond autotune's own (None unsets one).
+
+    - VLLM_CPU_KVCACHE_SPACE must be unset, not empty, for the CPU build to size its
+      KV cache from --gpu-memory-utilization; an empty value is removed.
+    - A local model directory needs no hub: HF_HUB_OFFLINE=1 saves start-up time.
+    - Tensor parallelism on the CPU build needs one core range per rank.
+    """
+    merged: dict[str, str | None] = dict(env or {})
+    if not (merged.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
+        merged["VLLM_CPU_KVCACHE_SPACE"] = None
+    if Path(model).is_dir():
+        merged.setdefault("HF_HUB_OFFLINE", "1")
+    tensor_parallel_size = int(str(flags.get("tensor_parallel_size") or 1))
+    if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in merged:
+        merged["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(
+            tensor_parallel_size, sorted(os.sched_getaffinity(0))
+        )
+    return merged
+
+
+def shm_entries() -> set[str]:
+    """Names in /dev/shm now: take this before a server starts (see cleanup)."""
+    try:
+        return set(os.listdir(SHM_DIR))
+    except OSError:
+        return set()
+
+
+def _mapped_shm() -> set[str]:
+    """/dev/shm names that some live process maps or holds open."""
+    names: set[str] = set()
+    prefix = str(SHM_DIR) + "/"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1]
+                if path.startswith(prefix):
+                    names.add(path[len(prefix) :].removesuffix(" (deleted)"))
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith(prefix):
+                        names.add(target[len(prefix) :])
+    return names
+
+
+def cleanup_vllm_leftovers(before: set[str], rpc_dir: Path | None = None) -> list[str]:
+    """Remove the /dev/shm segments vLLM made since `before` and left unmapped, and
+    its private socket directory; returns what was removed."""
+    removed = []
+    candidates = {n for n in shm_entries() - before if _VLLM_SHM.match(n)}
+    for name in sorted(candidates - _mapped_shm() if candidates else ()):
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / name).unlink()
+            removed.append(str(SHM_DIR / name))
+    if rpc_dir is not None and rpc_dir.exists():
+        shutil.rmtree(rpc_dir, ignore_errors=True)
+        removed.append(str(rpc_dir))
+    return removed
+
+
+def remove_stale_rpc_dirs(directory: Path | None = None) -> list[Path]:
+    """Socket directories left by autotune processes that died (a kill -9 skips cleanup)."""
+    removed = []
+    for path in Path(directory or tempfile.gettempdir()).glob(f"{RPC_PREFIX}*"):
+        owner = path.name.removeprefix(RPC_PREFIX).split("-")[0]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+class VllmServer(ServerProcess):
+    """vLLM serving `model` with `flags` on a free port (or `port`).
+
+    `async with VllmServer(model, {"max_num_seqs": 64}) as server:` → `server.base_url`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        flags: Mapping[str, object] | None = None,
+        *,
+        command: Sequence[str] = DEFAULT_COMMAND,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        log_path: str | Path | None = None,
+    ) -> None:
+        flags = dict(flags or {})
+        self.port = port or free_port()
+        self.model = model
+        self.rpc_dir: Path | None = None
+        self._shm_before: set[str] = set()
+        root = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            vllm_command(command, model, self.port, flags),
+            f"{root}/health",
+            env=vllm_env(model, flags, env),
+            base_url=f"{root}/v1",
+            log_path=log_path,
+            startup_timeout_s=startup_timeout_s,
+        )
+
+    async def start(self) -> None:
+        remove_stale_rpc_dirs()
+        self._shm_before = shm_entries()
+        self.rpc_dir = Path(tempfile.mkdtemp(prefix=f"{RPC_PREFIX}{os.getpid()}-"))
+        self.env["VLLM_RPC_BASE_PATH"] = str(self.rpc_dir)
+        await super().start()
+
+    def stop_sync(self) -> None:
+        super().stop_sync()
+        cleanup_vllm_leftovers(self._shm_before, self.rpc_dir)

@@ -1,0 +1,107 @@
+"""Real vLLM (its CPU build) for the integration tests marked `vllm`.
+
+The session fixture runs scripts/setup_vllm_cpu.sh, which installs vLLM and builds the
+tiny model once per machine (cached under $AUTOTUNE_CACHE, default ~/.cache/autotune).
+`AUTOTUNE_VLLM=0` skips these tests on a developer's machine; under CI=true they run.
+
+Servers start with --enforce-eager (no graph compilation: about 20 s instead of 40 s
+to start) and at `nice 10`, so that on a two-core machine the measuring client is
+not starved by the server it measures. One server serves a whole module where the
+tests can share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from autotune.servers.vllm import API_SERVER_MODULE, VllmServer
+from autotune.telemetry import parse_prometheus
+from tests.helpers import REPO
+
+SETUP_TIMEOUT_S = 1200
+# What every test server shares: 1 GiB of KV cache holds ~260k tokens of the tiny model.
+TEST_FLAGS: dict[str, object] = {
+    "served_model_name": "tiny-llama",
+    "max_model_len": 2048,
+    "block_size": 32,
+    "enforce_eager": True,
+}
+TEST_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmInstall:
+    """The set-up script's venv Python and model directory."""
+
+    python: str
+    model: str
+
+    @property
+    def command(self) -> list[str]:
+        return ["nice", "-n", "10", self.python, "-m", API_SERVER_MODULE]
+
+
+@pytest.fixture(scope="session")
+def vllm_install() -> VllmInstall:
+    if os.environ.get("AUTOTUNE_VLLM") == "0" and os.environ.get("CI") != "true":
+        pytest.skip("AUTOTUNE_VLLM=0: the real-vLLM tests are switched off")
+    setup = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup_vllm_cpu.sh")],
+        capture_output=True,
+        text=True,
+        timeout=SETUP_TIMEOUT_S,
+    )
+    if setup.returncode != 0:
+        pytest.fail(f"scripts/setup_vllm_cpu.sh failed:\n{setup.stderr[-3000:]}")
+    paths = dict(
+        line.split("=", 1) for line in setup.stdout.splitlines() if line.startswith("VLLM_")
+    )
+    return VllmInstall(python=paths["VLLM_PYTHON"], model=paths["VLLM_MODEL"])
+
+
+@contextmanager
+def running_vllm(
+    install: VllmInstall, flags: dict[str, object], log_dir: Path
+) -> Iterator[VllmServer]:
+    """A real vLLM server with TEST_FLAGS plus `flags`, stopped (and cleaned up) after."""
+    server = VllmServer(
+        install.model,
+        {**TEST_FLAGS, **flags},
+        command=install.command,
+        env=TEST_ENV,
+        log_path=log_dir / "vllm.log",
+        startup_timeout_s=300,
+    )
+    asyncio.run(server.start())
+    try:
+        yield server
+    finally:
+        server.stop_sync()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(
+    vllm_install: VllmInstall, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
+    """max_num_seqs 64 with ample KV cache; tool calls parsed (the NeMo Gym tool example)."""
+    flags = {"max_num_seqs": 64, "enable_auto_tool_choice": True, "tool_call_parser": "pythonic"}
+    with running_vllm(vllm_install, flags, tmp_path_factory.mktemp("vllm")) as server:
+        yield server
+
+
+def server_counters(server: VllmServer) -> dict[str, float]:
+    """vLLM's own token counters from its /metrics."""
+    root = (server.base_url or "").removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    names = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    return parse_prometheus(text, names=names)

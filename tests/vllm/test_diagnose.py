@@ -1,0 +1,63 @@
+"""`autotune diagnose` against real vLLM: its verdict follows the server's max_num_seqs.
+
+Both cases run the same probes (parallelism 2 and 8, non-streaming, 64 output tokens
+each) against the same model; only the server's flag differs. With 2 sequences per
+batch the server queues the rest, so throughput stays flat (model-bound); with 64 and
+ample KV cache it batches all 8, so throughput grows (parallelism-bound).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import autotune
+from tests.vllm.conftest import VllmInstall, running_vllm
+
+pytestmark = pytest.mark.vllm
+
+PROBES = ("--low", "2", "--high", "8", "--min-s", "3", "--max-s", "12", "--no-stream")
+WORKLOAD = ("--synthetic", "200", "--prompt-tokens", "64,16", "--output-tokens", "64,0")
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "verdict"), [(2, "model-bound"), (64, "parallelism-bound")]
+)
+def test_verdict_follows_max_num_seqs(
+    vllm_install: VllmInstall, tmp_path: Path, max_num_seqs: int, verdict: str
+) -> None:
+    out = tmp_path / "diagnose.json"
+    with running_vllm(vllm_install, {"max_num_seqs": max_num_seqs}, tmp_path) as server:
+        result = autotune(
+            "diagnose",
+            "--base-url",
+            server.base_url or "",
+            *PROBES,
+            *WORKLOAD,
+            "--extra-body",
+            '{"ignore_eos": true}',
+            "--json",
+            str(out),
+            timeout=180,
+        )
+        assert result.returncode == 0, result.stderr + server.log_tail()
+    diagnosis = json.loads(out.read_text())
+    low, high = diagnosis["probes"]
+    print(
+        f"max_num_seqs {max_num_seqs}: {low['rollouts_per_s']:.1f} → "
+        f"{high['rollouts_per_s']:.1f} rollouts/s, speedup ×{diagnosis['speedup']:.2f}, "
+        f"verdict {diagnosis['verdict']}"
+    )
+    assert diagnosis["verdict"] == verdict, [e["text"] for e in diagnosis["evidence"]]
+    assert diagnosis["target"]["simulated"] is False
+    for probe in (low, high):
+        assert probe["error_rate"] == 0
+        assert probe["token_check"] is not None and not probe["token_check"]["mismatch"]
+    evidence = {e["name"]: e for e in diagnosis["evidence"]}
+    if verdict == "model-bound":
+        assert evidence["server requests waiting (mean)"]["met"]
+        assert "max_num_seqs" in diagnosis["next_step"]
+    else:
+        assert diagnosis["speedup"] >= 2.0
