@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint bench-overhead bench-rss bench-diagnose bench-sweep clean
+.PHONY: setup demo test lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
+	bench-baseline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +39,19 @@ bench-rss: setup
 
 bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose_time.py
+
+# The project's own regression gate (.ci/run): the suite against the committed baseline.
+bench-ci: setup
+	$(BIN)/autotune bench run benchmarks/suite.yaml --out reports/bench/results.json
+	$(BIN)/autotune bench compare reports/bench/results.json --baseline benchmarks/baseline.json \
+		--junit reports/bench/junit.xml --markdown reports/bench/summary.md --html reports/bench/report
+
+# A new baseline, on purpose only: make bench-baseline REASON="why the figures moved"
+bench-baseline: setup
+	@test -n "$(REASON)" || { echo 'say why: make bench-baseline REASON="..."'; exit 2; }
+	$(BIN)/autotune bench run benchmarks/suite.yaml --out reports/bench/results.json
+	$(BIN)/autotune bench update-baseline reports/bench/results.json \
+		--baseline benchmarks/baseline.json --reason "$(REASON)"
 
 bench-sweep: setup
 	$(BIN)/python benchmarks/sweep_efficiency.py

@@ -276,6 +276,146 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Every `bench` command: its own exit codes (1 is a regression, never an error)."""
+    from autotune.bench import EXIT_CANNOT_RUN, EXIT_NOT_COMPARABLE, BaselineUnavailable
+
+    try:
+        return int(args.bench_handler(args))
+    except UsageError:
+        raise
+    except BaselineUnavailable as error:
+        print(f"autotune: error: {error}", file=sys.stderr)
+        return EXIT_NOT_COMPARABLE
+    except AutotuneError as error:
+        print(f"autotune: error: {error}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    except KeyboardInterrupt:
+        print("autotune: interrupted; no results or outputs were written.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _bench_run(args: argparse.Namespace) -> int:
+    from autotune.bench import EXIT_CANNOT_RUN, load_suite, run_suite, save
+    from autotune.bench.outputs import run_summary
+    from autotune.bench.results import refuse_baseline
+
+    suite = load_suite(args.suite).select(args.case, args.repetitions, args.warmup)
+    refuse_baseline(args.out)
+
+    def report(line: str) -> None:
+        print(f"bench: {line}", file=sys.stderr, flush=True)
+
+    results = run_suite(suite, None if args.quiet else report)
+    save(results, args.out)
+    print(run_summary(results))
+    print(f"results: {args.out}", file=sys.stderr)
+    if results.failed:
+        for case in results.failed:
+            print(f"autotune: error: {case.error}", file=sys.stderr)
+        print(
+            f"autotune: error: {len(results.failed)} of {len(results.cases)} cases could not "
+            f"run ({', '.join(c.name for c in results.failed)}); their results hold no sample.",
+            file=sys.stderr,
+        )
+        return EXIT_CANNOT_RUN
+    return 0
+
+
+def _bench_compare(args: argparse.Namespace) -> int:
+    from autotune.bench import compare_files, outputs
+
+    comparison = compare_files(
+        args.results, args.baseline, args.threshold, args.alpha, args.ignore_fingerprint
+    )
+    table = outputs.markdown(comparison)
+    if args.junit:
+        _write_text(args.junit, outputs.junit_xml(comparison))
+    if args.markdown:
+        _write_text(args.markdown, table)
+    if args.html:
+        print(f"report: {outputs.write_html(comparison, args.html)}", file=sys.stderr)
+    document = json.dumps(comparison.to_dict(), indent=2)
+    if args.json == "-":
+        print(document)
+    else:
+        print(table)
+        if args.json:
+            _write_text(Path(args.json), document + "\n")
+    outputs.append_step_summary(table)
+    return comparison.exit_code
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _bench_update_baseline(args: argparse.Namespace) -> int:
+    import time
+
+    from autotune.bench import write_baseline
+
+    replaced = args.baseline.exists()
+    baseline = write_baseline(args.results, args.baseline, args.reason)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(baseline.created_at))
+    print(
+        f"{'replaced' if replaced else 'wrote'} the baseline {args.baseline} with the "
+        f"{len(baseline.cases)} cases of {args.results} ({when}, host "
+        f"{baseline.machine.get('host')}); commit it with the change that explains it."
+    )
+    return 0
+
+
+def _add_bench_commands(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="CI regression benchmarks with a statistical gate",
+        description="Exit codes: 0 no regression, 1 regression, 2 usage error, "
+        "3 baseline missing or not comparable, 4 the benchmark could not run.",
+    )
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="COMMAND")
+
+    run = bench_commands.add_parser("run", help="measure every case of a suite")
+    run.add_argument("suite", type=Path, help="the suite YAML file")
+    run.add_argument("--out", "-o", type=Path, required=True, help="results JSON to write")
+    run.add_argument("--case", action="append", metavar="NAME", help="only this case (repeat)")
+    run.add_argument("--repetitions", type=_positive_int, help="override every case's")
+    run.add_argument("--warmup", type=int, help="override every case's warm-up repetitions")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    run.set_defaults(handler=_cmd_bench, bench_handler=_bench_run)
+
+    compare = bench_commands.add_parser(
+        "compare", help="judge results against a baseline (exit 1 on a regression)"
+    )
+    compare.add_argument(
+        "results", type=Path, nargs="+", help="results JSON; the newest is judged, all are history"
+    )
+    compare.add_argument("--baseline", type=Path, required=True, help="the baseline JSON")
+    compare.add_argument("--threshold", type=float, help="override each case's, e.g. 0.05")
+    compare.add_argument("--alpha", type=float, help="significance level (default: the suite's)")
+    compare.add_argument(
+        "--ignore-fingerprint",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="compare across a difference in this field, e.g. server for a vLLM upgrade",
+    )
+    compare.add_argument("--json", metavar="PATH", help="the comparison as JSON (- for stdout)")
+    compare.add_argument("--junit", type=Path, metavar="PATH", help="JUnit XML")
+    compare.add_argument("--markdown", type=Path, metavar="PATH", help="the Markdown table")
+    compare.add_argument("--html", type=Path, metavar="DIR", help="the HTML report")
+    compare.set_defaults(handler=_cmd_bench, bench_handler=_bench_compare)
+
+    update = bench_commands.add_parser(
+        "update-baseline", help="make results the new baseline, on purpose"
+    )
+    update.add_argument("results", type=Path, help="results JSON from `autotune bench run`")
+    update.add_argument("--baseline", type=Path, required=True, help="the baseline to write")
+    update.add_argument("--reason", required=True, help="why, recorded in the baseline")
+    update.set_defaults(handler=_cmd_bench, bench_handler=_bench_update_baseline)
+
+
 def _cmd_sim_serve(args: argparse.Namespace) -> int:
     from autotune.servers.sim.server import main as sim_main
 
@@ -361,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("shards", nargs="+", type=Path)
     merge.add_argument("--output", "-o", type=Path, required=True)
     merge.set_defaults(handler=_cmd_merge)
+
+    _add_bench_commands(commands)
 
     sim = commands.add_parser("sim", help="the embedded simulated vLLM-like server")
     sim_commands = sim.add_subparsers(dest="sim_command", required=True, metavar="COMMAND")

@@ -19,16 +19,15 @@ Targets: engine >= 3,000 rollouts/s and >= 60% of the bare loop. Exit status is 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
+
+from autotune.bench.overhead import Run, bare_loop, engine_run
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.overhead`
     import _common
@@ -38,65 +37,6 @@ except ImportError:  # pragma: no cover
 
 ENGINE_MIN_RPS = 3000.0
 ENGINE_MIN_RATIO = 0.60
-PROMPT_CHARS = 1024  # the synthetic workload's mean prompt: 256 tokens at ~4 characters each
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """One measured run of either client."""
-
-    kind: str  # "bare" or "engine"
-    requests: int
-    failed: int
-    elapsed_s: float
-    per_s: float  # the engine's own rollouts/s for the engine; completed / elapsed for bare
-    cpu_s: float  # this process's CPU seconds over the run: ~wall_s means client-bound
-    wall_s: float  # the whole call, start-up and shut-down included
-
-
-def _payload() -> dict[str, Any]:
-    words = ("lorem", "ipsum", "dolor", "sit", "amet", "tempor", "magna", "aliqua")
-    text = " ".join(words[i % len(words)] for i in range(PROMPT_CHARS // 4))[:PROMPT_CHARS]
-    return {"model": "null", "messages": [{"role": "user", "content": text}], "max_tokens": 256}
-
-
-async def _bare_loop(url: str, concurrency: int, total: int) -> Run:
-    payload = _payload()
-    headers = {"Content-Type": "application/json"}
-    remaining = total
-    failed = 0
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal remaining, failed
-        while remaining > 0:
-            remaining -= 1
-            try:
-                async with session.post(url, data=orjson.dumps(payload), headers=headers) as resp:
-                    answer = orjson.loads(await resp.read())
-                    if resp.status != 200 or not answer.get("choices"):
-                        failed += 1
-            except (aiohttp.ClientError, orjson.JSONDecodeError):
-                failed += 1
-
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        cpu0, t0 = _common.cpu_seconds(), time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        elapsed, cpu = time.perf_counter() - t0, _common.cpu_seconds() - cpu0
-    return Run("bare", total, failed, elapsed, (total - failed) / elapsed, cpu, elapsed)
-
-
-def bare_loop(base_url: str, concurrency: int, total: int) -> Run:
-    """The ceiling: aiohttp+uvloop posting chat completions as fast as it can."""
-    loop_factory = None
-    try:
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        pass
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(_bare_loop(base_url + "/chat/completions", concurrency, total))
 
 
 def engine_available() -> str | None:
@@ -106,35 +46,6 @@ def engine_available() -> str | None:
     except ImportError as error:
         return str(error)
     return None
-
-
-def engine_run(base_url: str, concurrency: int, total: int, out_dir: Path) -> Run:
-    """autotune's engine: synthetic tasks, `exact` verifier, rows written to a JSONL file."""
-    from autotune.collect import run_collect
-    from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
-
-    output = out_dir / "overhead.jsonl"
-    config = CollectConfig(
-        target=TargetConfig(base_url=base_url, model="null", stream=False),
-        synthetic=SyntheticWorkload(num_tasks=total),
-        parallelism=concurrency,
-        verifier="exact",
-        output=output,
-        progress=False,
-    )
-    cpu0, t0 = _common.cpu_seconds(), time.perf_counter()
-    summary = run_collect(config)
-    wall, cpu = time.perf_counter() - t0, _common.cpu_seconds() - cpu0
-    output.unlink(missing_ok=True)
-    return Run(
-        "engine",
-        int(summary.completed) + int(summary.failed),
-        int(summary.failed),
-        float(summary.elapsed_s),
-        float(summary.rollouts_per_s),
-        cpu,
-        wall,
-    )
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

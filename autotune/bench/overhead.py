@@ -1,0 +1,271 @@
+"""The engine's own overhead: autotune's engine against a bare aiohttp loop on a null server.
+
+With a server that answers at once on its own core, a client pinned to the other core is
+bound by its own CPU, so requests per second measure what each request costs the client.
+The bare loop (one session, N coroutines posting a chat completion and reading the JSON)
+is aiohttp+uvloop's ceiling here; the engine adds tasks, retries, verification, timings
+and a JSONL writer. Their ratio, measured seconds apart in one process, is what a slower
+engine changes and what a faster or slower machine does not, so a CI gate can compare it
+with a baseline made elsewhere. Used by `autotune bench` (overhead cases) and by
+`benchmarks/overhead.py` and `benchmarks/peak_rss.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import orjson
+
+from autotune.errors import ServerStartupError
+from autotune.servers.null import READY_PREFIX
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding autotune/
+PROMPT_CHARS = 1024  # the synthetic workload's mean prompt: 256 tokens at ~4 characters each
+
+
+def core_plan() -> tuple[int | None, int | None]:
+    """(client core, server core): two distinct allowed cores, or Nones where we can't pin."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None, None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None, None
+    return allowed[0], allowed[1]
+
+
+def pin_self(core: int | None) -> None:
+    """Pin this process to one core (no-op where affinity is not supported)."""
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+
+
+@contextlib.contextmanager
+def pinned(core: int | None) -> Iterator[None]:
+    """This process on one core for the block, then back on the cores it had.
+
+    `autotune bench` starts other servers after an overhead case; they must not inherit
+    a one-core affinity.
+    """
+    if core is None or not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin_self(core)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (all threads, ns resolution)."""
+    return time.process_time()
+
+
+@dataclass
+class NullServer:
+    """`python -m autotune.servers.null` in its own session, optionally pinned to a core.
+
+    Use as a context manager: entering waits for the ready line and `/health`; leaving
+    sends SIGTERM to its process group (SIGKILL after 5 s).
+    """
+
+    core: int | None = None
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 60.0
+    proc: subprocess.Popen[str] | None = None
+    port: int = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def __enter__(self) -> NullServer:
+        cmd = [sys.executable, "-m", "autotune.servers.null", "--host", self.host, "--port", "0"]
+        if self.core is not None:
+            cmd += ["--cpu", str(self.core)]  # the child pins itself before it serves
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")])
+        )
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=PACKAGE_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            self.port = self._read_port()
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _read_port(self) -> int:
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=0.2):
+                    if self.proc.poll() is not None:
+                        break
+                    continue
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith(READY_PREFIX):
+                    return int(line.strip().rsplit(":", 1)[1])
+        raise ServerStartupError(
+            f"the null server did not start (exit code {self.proc.poll()}); "
+            "try `python -m autotune.servers.null --port 0` by hand."
+        )
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            try:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=1.0)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+                conn.close()
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartupError(
+                    "the null server never answered GET /health with 200; "
+                    "try `python -m autotune.servers.null --port 0` by hand."
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            except ProcessLookupError:
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One measured run of either client."""
+
+    kind: str  # "bare" or "engine"
+    requests: int
+    failed: int
+    elapsed_s: float
+    per_s: float  # the engine's own rollouts/s for the engine; completed / elapsed for bare
+    cpu_s: float  # this process's CPU seconds over the run: ~wall_s means client-bound
+    wall_s: float  # the whole call, start-up and shut-down included
+
+
+def _payload() -> dict[str, Any]:
+    words = ("lorem", "ipsum", "dolor", "sit", "amet", "tempor", "magna", "aliqua")
+    text = " ".join(words[i % len(words)] for i in range(PROMPT_CHARS // 4))[:PROMPT_CHARS]
+    return {"model": "null", "messages": [{"role": "user", "content": text}], "max_tokens": 256}
+
+
+async def _bare_loop(url: str, concurrency: int, total: int) -> Run:
+    payload = _payload()
+    headers = {"Content-Type": "application/json"}
+    remaining = total
+    failed = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal remaining, failed
+        while remaining > 0:
+            remaining -= 1
+            try:
+                async with session.post(url, data=orjson.dumps(payload), headers=headers) as resp:
+                    answer = orjson.loads(await resp.read())
+                    if resp.status != 200 or not answer.get("choices"):
+                        failed += 1
+            except (aiohttp.ClientError, orjson.JSONDecodeError):
+                failed += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    return Run("bare", total, failed, elapsed, (total - failed) / elapsed, cpu, elapsed)
+
+
+def bare_loop(base_url: str, concurrency: int, total: int) -> Run:
+    """The ceiling: aiohttp+uvloop posting chat completions as fast as it can."""
+    loop_factory = None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        pass
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_bare_loop(base_url + "/chat/completions", concurrency, total))
+
+
+def engine_run(base_url: str, concurrency: int, total: int, out_dir: Path) -> Run:
+    """autotune's engine: synthetic tasks, `exact` verifier, rows written to a JSONL file."""
+    from autotune.collect import run_collect
+    from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+
+    output = out_dir / "overhead.jsonl"
+    config = CollectConfig(
+        target=TargetConfig(base_url=base_url, model="null", stream=False),
+        synthetic=SyntheticWorkload(num_tasks=total),
+        parallelism=concurrency,
+        verifier="exact",
+        output=output,
+        progress=False,
+    )
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    try:
+        summary = run_collect(config)
+    finally:
+        output.unlink(missing_ok=True)
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    return Run(
+        "engine",
+        int(summary.completed) + int(summary.failed),
+        int(summary.failed),
+        float(summary.elapsed_s),
+        float(summary.rollouts_per_s),
+        cpu,
+        wall,
+    )

@@ -1,0 +1,106 @@
+"""Pure statistics for the regression gate: no I/O, unit-tested on their own.
+
+A regression needs two things (as in asv): a large enough fall of the median and a fall
+that noise is unlikely to explain. The second is an exact Mann-Whitney U test: benchmarks
+run few repetitions (5 by default), where the normal approximation is poor and where the
+exact test's floor matters: with 5 against 5 the smallest two-sided p is 2/252 ≈ 0.0079,
+reached only when every new sample lies below every baseline sample.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_EXACT_SAMPLES = 40
+"""Beyond this many samples in all the exact distribution costs too much (O(N⁴))."""
+
+
+def median(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("median of no values")
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class RankTest:
+    """Mann-Whitney U of the first sample against the second, with its two-sided p."""
+
+    u: float  # pairs (x, y) with x > y, ties counting one half
+    p_value: float
+
+
+def _midranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, tied values sharing the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> RankTest:
+    """Exact two-sided Mann-Whitney U test (a permutation test on ranks, ties included).
+
+    The null distribution of the first sample's rank sum is counted over every way of
+    choosing len(x) of the pooled ranks, by dynamic programming on doubled midranks
+    (integers even with ties), so it is exact for any tie pattern.
+    """
+    n, m = len(x), len(y)
+    if n == 0 or m == 0:
+        raise ValueError("the Mann-Whitney test needs at least one value in each sample")
+    if n + m > MAX_EXACT_SAMPLES:
+        raise ValueError(f"at most {MAX_EXACT_SAMPLES} values in all for the exact test")
+    doubled = [round(2 * r) for r in _midranks([*x, *y])]
+    observed = sum(doubled[:n])
+    top = sum(sorted(doubled)[-n:])
+    # ways[k][s]: subsets of k of the ranks seen so far whose doubled ranks sum to s.
+    ways = [[0] * (top + 1) for _ in range(n + 1)]
+    ways[0][0] = 1
+    for seen, rank in enumerate(doubled, start=1):
+        for k in range(min(seen, n), 0, -1):
+            below, row = ways[k - 1], ways[k]
+            for s in range(top, rank - 1, -1):
+                if below[s - rank]:
+                    row[s] += below[s - rank]
+    counts = ways[n]
+    total = math.comb(n + m, n)
+    at_most = sum(counts[: observed + 1]) / total
+    at_least = sum(counts[observed:]) / total
+    u = observed / 2 - n * (n + 1) / 2
+    return RankTest(u=u, p_value=min(1.0, 2 * min(at_most, at_least)))
+
+
+def bootstrap_ratio_interval(
+    new: Sequence[float],
+    baseline: Sequence[float],
+    confidence: float = 0.99,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(new) / median(baseline).
+
+    Each sample is resampled on its own (the runs are independent). The seed is fixed
+    so the interval is the same every time it is rebuilt from saved results.
+    """
+    if not new or not baseline:
+        raise ValueError("the bootstrap needs at least one value in each sample")
+    rng = random.Random(seed)
+    ratios = sorted(
+        median(rng.choices(new, k=len(new))) / median(rng.choices(baseline, k=len(baseline)))
+        for _ in range(resamples)
+    )
+    tail = (1 - confidence) / 2
+    low = ratios[math.floor(tail * (resamples - 1))]
+    high = ratios[math.ceil((1 - tail) * (resamples - 1))]
+    return low, high
