@@ -4,7 +4,8 @@ A metric regresses when its median falls by more than the case's threshold AND t
 is significant (exact two-sided Mann-Whitney U, p < alpha); an improvement is the mirror
 image; anything else is unchanged, however significant (a 2% change is not news). A case
 whose fingerprint differs from the baseline's in a decisive field is not comparable and
-is not compared. Pure: files in, a Comparison out; every output is drawn from it.
+is not compared. No measuring here: saved files in, a Comparison out, every output drawn
+from it.
 
 The exit code, from the first that applies:
 1 a regression; 4 a case could not run; 3 the baseline lacks a case, or it is not
@@ -25,7 +26,6 @@ from autotune.errors import AutotuneError, UsageError
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
-EXIT_USAGE = 2
 EXIT_NOT_COMPARABLE = 3
 EXIT_CANNOT_RUN = 4
 
