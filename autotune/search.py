@@ -34,6 +34,8 @@ from autotune.study import ChoiceSpace, FloatSpace, IntSpace, Study
 log = logging.getLogger("autotune")
 
 IMPROVEMENT = 0.01  # patience counts trials that did not beat the best by 1%
+HEARTBEAT_INTERVAL_S = 10  # a shared study's running trial records a heartbeat this often
+GRACE_PERIOD_S = 30  # and the next worker to start fails it once it is this stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,12 +213,17 @@ def open_study(study: Study, url: str) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if shared:
-            storage = optuna.storages.RDBStorage(url, heartbeat_interval=10, grace_period=30)
+            storage = _shared_storage(url)
         directions: list[Literal["maximize", "minimize"]] = ["maximize"]
         if study.objective.second_objective == "p95_latency":
             directions = ["maximize", "minimize"]
         sampler = optuna.samplers.TPESampler(
-            seed=study.seed, multivariate=True, n_startup_trials=startup_trials(study)
+            # Workers sharing a study must not all draw the same random configurations, and
+            # TPE must count the trials other workers are running as taken (constant liar).
+            seed=None if shared else study.seed,
+            multivariate=True,
+            constant_liar=shared,
+            n_startup_trials=startup_trials(study),
         )
         optuna_study = optuna.create_study(
             study_name=study.name,
@@ -231,6 +238,32 @@ def open_study(study: Study, url: str) -> Any:
             for trial in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 optuna_study.tell(trial.number, state=TrialState.FAIL)
     return optuna_study
+
+
+def _shared_storage(url: str) -> Any:
+    """RDBStorage with heartbeats. Workers started together on a new database race to create
+    its tables (PostgreSQL: a duplicate key in pg_type); the losers retry and find them."""
+    import optuna
+    import sqlalchemy.exc
+
+    def storage() -> Any:
+        try:
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=GRACE_PERIOD_S
+            )
+        except ImportError as error:  # Optuna wraps the driver's ModuleNotFoundError
+            missing = getattr(error.__cause__, "name", None) or getattr(error, "name", None)
+            raise UsageError(
+                f"the storage URL needs a database driver that is not installed ({missing}); "
+                "install it, e.g. pip install 'autotune[postgres]'."
+            ) from None
+
+    for backoff_s in (0.1, 0.2, 0.4, 0.8):
+        try:
+            return storage()
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            time.sleep(backoff_s)  # the winner is still creating them
+    return storage()
 
 
 def finished_trials(optuna_study: Any) -> list[Any]:
@@ -259,12 +292,15 @@ async def optimise(
             log.info("no 1%% gain in the last %d trials: stopping early", budget.patience)
             return
         best_peak = _best_peak(done)
-        trial = optuna_study.ask()
+        with warnings.catch_warnings():  # ask/tell is fine: _heartbeat records it
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+            trial = optuna_study.ask()
         try:
-            knobs = suggest_knobs(trial, study, gpu_count)
-            outcome = _measured_before(done, knobs) or await run_trial(
-                launcher, knobs, study, _start_parallelism(study, best_peak)
-            )
+            with _heartbeat(optuna_study, trial):
+                knobs = suggest_knobs(trial, study, gpu_count)
+                outcome = _measured_before(done, knobs) or await run_trial(
+                    launcher, knobs, study, _start_parallelism(study, best_peak)
+                )
         except BaseException:
             optuna_study.tell(trial, state=TrialState.FAIL)
             raise
@@ -272,6 +308,17 @@ async def optimise(
         optuna_study.tell(trial, _values(outcome, study))
         if on_trial is not None:
             on_trial(trial.number, outcome)
+
+
+def _heartbeat(optuna_study: Any, trial: Any) -> Any:
+    """Records the trial's heartbeat while it runs (a no-op without RDB heartbeats).
+
+    Only `Study.optimize` records heartbeats itself; with ask/tell a dead worker's trial
+    would have none and stay RUNNING forever instead of failing after the grace period.
+    """
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    return get_heartbeat_thread(trial._trial_id, optuna_study._storage)
 
 
 def _measured_before(done: list[Any], knobs: dict[str, Any]) -> TrialOutcome | None:

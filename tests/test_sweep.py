@@ -201,3 +201,9 @@ def test_study_file_errors_are_one_sentence(tmp_path: Path, text: str, message: 
 def test_example_studies_validate() -> None:
     for path in sorted((REPO / "studies").glob("*.yaml")):
         load_study(path)
+
+
+def test_storage_without_its_driver_is_one_sentence(tmp_path: Path) -> None:
+    study = load_study(write_study(tmp_path, "nodriver", "sim/x"))
+    with pytest.raises(UsageError, match="needs a database driver that is not installed"):
+        open_study(study, "mysql+pymysql://user@127.0.0.1:9/db")  # pymysql is not installed

@@ -26,25 +26,12 @@ from typing import IO, Any
 
 import pytest
 
-from autotune import search
+from autotune.search import GRACE_PERIOD_S
 from tests.helpers import REPO, free_port
 from tests.test_sweep import servers_alive, write_study
 
 PASSWORD = "pw-never-logged-7f3a"
 USER = "postgres"
-GRACE_PERIOD_S: float = getattr(search, "GRACE_PERIOD_S", 30)  # open_study's grace period
-
-# Known gaps in autotune/search.py, each with its fix handed to the lead; remove a mark
-# together with its fix (the strict one turns into a failure as soon as the fix lands).
-NO_HEARTBEATS = pytest.mark.xfail(
-    strict=True,
-    reason="optimise() uses ask/tell, which records no heartbeat, so a dead worker's "
-    "trial stays RUNNING forever",
-)
-TABLE_RACE = (
-    "workers that start together on a new database race to create Optuna's tables and the "
-    "losers crash (a duplicate key in pg_type)"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,8 +268,6 @@ def test_two_workers_share_one_study(tmp_path: Path, postgres: Postgres, databas
     workers = [start_worker(study, url, tmp_path / f"worker{i}") for i in range(2)]
     outputs = [finish(process, log) for process, log in workers]
     for (process, _), output in zip(workers, outputs, strict=True):
-        if process.returncode and "pg_type_typname_nsp_index" in output:
-            pytest.xfail(TABLE_RACE)  # only this known failure; any other fails below
         assert process.returncode == 0, output
 
     trials = load(url, "shared").get_trials(deepcopy=False)
@@ -304,7 +289,6 @@ def test_two_workers_share_one_study(tmp_path: Path, postgres: Postgres, databas
     assert servers_alive(marker) == []
 
 
-@NO_HEARTBEATS
 def test_killed_workers_trial_fails_through_heartbeats(
     tmp_path: Path, postgres: Postgres, database: str
 ) -> None:
@@ -376,7 +360,6 @@ open_study(study, sys.argv[2])
 """
 
 
-@pytest.mark.xfail(strict=False, reason=TABLE_RACE)  # a race: it does not always show
 def test_workers_starting_together_on_a_new_database_all_open_the_study(
     tmp_path: Path, postgres: Postgres
 ) -> None:
