@@ -44,14 +44,29 @@ def test_threshold_scales_with_the_parallelism_ratio() -> None:
 
 
 def test_flat_throughput_with_saturated_client_is_client_bound() -> None:
-    busy = {"client/cpu_fraction": {"mean": 0.97, "max": 1.0}}
+    busy = {
+        "client/cpu_fraction": {"mean": 0.97, "max": 1.0},
+        "client/loop_lag_ms": {"mean": 80.0, "max": 200.0},
+    }
     verdict = classify(probe(5, 100), probe(20, 105, telemetry=busy))
     assert verdict.verdict == "client-bound"
     assert any(e.name.startswith("client CPU") and e.met for e in verdict.evidence)
 
 
+def test_a_starved_but_idle_client_is_not_blamed() -> None:
+    starved = {
+        "client/cpu_fraction": {"mean": 0.2, "max": 0.3},
+        "client/loop_lag_ms": {"mean": 400.0, "max": 900.0},
+    }
+    verdict = classify(probe(5, 10, model_s=0.5), probe(20, 10.2, model_s=1.95, telemetry=starved))
+    assert verdict.verdict == "model-bound"
+
+
 def test_scaling_wins_over_a_busy_client() -> None:
-    busy = {"client/cpu_fraction": {"mean": 0.97, "max": 1.0}}
+    busy = {
+        "client/cpu_fraction": {"mean": 0.97, "max": 1.0},
+        "client/loop_lag_ms": {"mean": 80.0, "max": 200.0},
+    }
     assert classify(probe(5, 10), probe(20, 39, telemetry=busy)).verdict == "parallelism-bound"
 
 

@@ -394,7 +394,8 @@ async def test_client_sampler_cpu_fraction_busy_versus_idle() -> None:
     busy = await sampler.sample()
     await sampler.aclose()
     assert idle is not None and busy is not None
-    assert busy["cpu_fraction"] > max(0.3, 3 * idle["cpu_fraction"])
+    # Ratios, not levels: on a loaded shared machine a busy loop may get a fraction of a core.
+    assert busy["cpu_fraction"] > max(0.1, 3 * idle["cpu_fraction"])
     assert busy["cpu_fraction"] < 1.5  # one thread cannot use much more than one core
 
 
@@ -411,7 +412,7 @@ async def test_client_sampler_counts_child_processes() -> None:
         child.kill()
         child.wait()
     assert values is not None
-    assert values["children_cpu_fraction"] > 0.3
+    assert values["children_cpu_fraction"] > 0.1
     assert values["cpu_fraction"] < values["children_cpu_fraction"]
 
 
