@@ -24,7 +24,6 @@ from autotune.bench.results import BenchResults
 from autotune.report import html
 
 _NEEDS_ACTION = (REGRESSION, COULD_NOT_RUN, NOT_COMPARABLE)
-COLUMNS = ("case", "metric", "baseline", "now", "ratio", "interval", "p-value", "verdict")
 
 
 def _when(epoch: float) -> str:
@@ -36,6 +35,11 @@ def _figure(value: float | None, unit: str = "") -> str:
         return "—"
     text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return f"{text} {unit}".strip()
+
+
+def _columns(c: Comparison) -> list[str]:
+    interval = f"{1 - c.alpha:.0%} interval"
+    return ["case", "metric", "baseline", "now", "ratio", interval, "p-value", "verdict"]
 
 
 def _cells(v: Verdict) -> list[str]:
@@ -124,7 +128,7 @@ def markdown(c: Comparison) -> str:
         f"`{c.results}` ({_when(c.created_at)}) against the baseline `{c.baseline}` "
         f"({_when(c.baseline_created_at)}). {_rule(c)}",
         "",
-        row([*COLUMNS[:5], f"{1 - c.alpha:.0%} interval", *COLUMNS[6:]]),
+        row(_columns(c)),
         "| --- | --- | ---: | ---: | ---: | --- | ---: | --- |",
         *(row(_marked(_cells(v))) for v in c.verdicts),
     ]
@@ -212,10 +216,7 @@ def html_report(c: Comparison) -> str:
         html.section(
             "Verdicts",
             html.paragraph(_rule(c)),
-            html.table(
-                [*COLUMNS[:5], f"{1 - c.alpha:.0%} interval", *COLUMNS[6:]],
-                [_cells(v) for v in c.verdicts],
-            ),
+            html.table(_columns(c), [_cells(v) for v in c.verdicts]),
             *(html.paragraph(note) for note in _notes(c)),
         ),
     ]
