@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -125,6 +126,7 @@ def test_error_line_skips_vllm_wrappers_for_the_root_cause() -> None:
             "size for 16 (CPU_ATTN: [MultipleOf(32)]).",
             "(EngineCore pid=2) ERROR [core.py:1510] RuntimeError: Worker failed with error "
             "'No common block size for 16', please check the stack trace above for the root cause",
+            "    raise RuntimeError(",
             "RuntimeError: Engine core initialization failed. See root cause above. "
             "Failed core proc(s): {}",
         ]
@@ -148,3 +150,14 @@ def test_stale_socket_dirs_of_dead_owners_are_removed(tmp_path: Path) -> None:
         (path / "socket").touch()
     assert remove_stale_rpc_dirs(tmp_path) == [stale]
     assert live.exists() and not stale.exists()
+
+
+def test_cleanup_keeps_a_live_named_semaphore() -> None:
+    """glibc maps a semaphore under a temporary name: only its inode shows it is in use."""
+    before = vllm.shm_entries()
+    lock = multiprocessing.get_context("spawn").Lock()  # /dev/shm/sem.mp-...
+    name = "sem." + lock._semlock.name.lstrip("/")  # type: ignore[attr-defined]
+    assert name in vllm.shm_entries() - before
+    assert str(vllm.SHM_DIR / name) not in cleanup_vllm_leftovers(before)
+    assert name in vllm.shm_entries()
+    del lock

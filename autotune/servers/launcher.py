@@ -32,7 +32,8 @@ from autotune.errors import ServerStartupError
 HEALTH_POLL_S = 0.2
 STOP_GRACE_S = 10.0
 
-_ERROR_LINE = re.compile(r"\b(?:[A-Za-z_][\w.]*(?:Error|Exception)|CUDA out of memory)\b.*")
+# `ValueError: message` (not a traceback's `raise ValueError(` line), or CUDA's OOM.
+_ERROR_LINE = re.compile(r"\b(?:[A-Za-z_][\w.]*(?:Error|Exception): |CUDA out of memory\b).*")
 # Wrapper errors that only point at the real one above them (vLLM's engine start-up).
 _POINTER_LINE = re.compile(r"root cause above|stack trace above", re.IGNORECASE)
 

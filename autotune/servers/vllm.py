@@ -119,34 +119,39 @@ def shm_entries() -> set[str]:
         return set()
 
 
-def _mapped_shm() -> set[str]:
-    """/dev/shm names that some live process maps or holds open."""
-    names: set[str] = set()
+def _shm_inodes_in_use() -> set[int]:
+    """Inodes of /dev/shm files that some live process maps or holds open.
+
+    By inode, not name: a POSIX semaphore is mapped under a temporary name that
+    glibc then renames, so /proc/PID/maps never shows `sem.mp-...` itself.
+    """
+    inodes: set[int] = set()
     prefix = str(SHM_DIR) + "/"
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                path = line.split(maxsplit=5)[-1]
-                if path.startswith(prefix):
-                    names.add(path[len(prefix) :].removesuffix(" (deleted)"))
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith(prefix):
+                    inodes.add(int(fields[4]))
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if target.startswith(prefix):
-                        names.add(target[len(prefix) :])
-    return names
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                        inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+    return inodes
 
 
 def cleanup_vllm_leftovers(before: set[str], rpc_dir: Path | None = None) -> list[str]:
     """Remove the /dev/shm segments vLLM made since `before` and left unmapped, and
     its private socket directory; returns what was removed."""
     removed = []
-    candidates = {n for n in shm_entries() - before if _VLLM_SHM.match(n)}
-    for name in sorted(candidates - _mapped_shm() if candidates else ()):
+    candidates = sorted(n for n in shm_entries() - before if _VLLM_SHM.match(n))
+    in_use = _shm_inodes_in_use() if candidates else set()
+    for name in candidates:
         with contextlib.suppress(FileNotFoundError):
-            (SHM_DIR / name).unlink()
-            removed.append(str(SHM_DIR / name))
+            if (SHM_DIR / name).stat().st_ino not in in_use:
+                (SHM_DIR / name).unlink()
+                removed.append(str(SHM_DIR / name))
     if rpc_dir is not None and rpc_dir.exists():
         shutil.rmtree(rpc_dir, ignore_errors=True)
         removed.append(str(rpc_dir))

@@ -1,0 +1,144 @@
+"""`autotune sweep` with `kind: vllm`: the real server relaunched per configuration.
+
+A small study over max_num_seqs and max_num_batched_tokens must relaunch vLLM for
+each configuration, write its report and recommendation, and leave no vLLM process
+and no shared-memory segment behind; a configuration vLLM refuses must be recorded as
+infeasible with vLLM's own error line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autotune.servers.vllm import API_SERVER_MODULE, shm_entries
+from tests.helpers import autotune
+from tests.vllm.conftest import VllmInstall
+
+pytestmark = pytest.mark.vllm
+
+FIXED_ARGS = ["--served-model-name", "tiny-llama", "--max-model-len", "2048", "--enforce-eager"]
+
+
+def sweep(
+    install: VllmInstall,
+    tmp_path: Path,
+    search_space: dict[str, Any],
+    env: dict[str, str],
+    trials: int,
+    args: list[str],
+) -> tuple[Any, dict[str, Any], Path]:
+    """Runs a study against real vLLM; returns the finished process, sweep.json, reports."""
+    study = {
+        "name": "vllm-cpu",
+        "target": {
+            "kind": "vllm",
+            "command": ["nice", "-n", "10", install.python, "-m", API_SERVER_MODULE],
+            "model": install.model,
+            "args": args,
+            "env": env,
+            "startup_timeout_s": 300,
+        },
+        "workload": {
+            "synthetic": {"num_tasks": 200, "prompt_tokens": [64, 16], "output_tokens": [32, 0]},
+            "verifier": "none",
+            "stream": False,
+            "extra_body": {"ignore_eos": True},
+        },
+        "search_space": search_space,
+        "probe": {"min_s": 1.5, "max_s": 4},
+        "budget": {"trials": trials},
+        "seed": 0,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    reports = tmp_path / "reports"
+    result = autotune(
+        "sweep",
+        str(path),
+        "--studies-dir",
+        str(tmp_path / "studies"),
+        "--reports-dir",
+        str(reports),
+        "--quiet",
+        timeout=900,
+    )
+    saved = reports / "vllm-cpu" / "sweep.json"
+    return result, json.loads(saved.read_text()) if saved.exists() else {}, reports / "vllm-cpu"
+
+
+def processes_marked(mark: str) -> list[int]:
+    """PIDs whose environment carries `mark` (vLLM's workers rename themselves)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if mark.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_sweep_relaunches_vllm_per_configuration_and_cleans_up(
+    vllm_install: VllmInstall, tmp_path: Path
+) -> None:
+    mark = f"AUTOTUNE_TEST_MARK={uuid.uuid4().hex}"
+    shm_before = shm_entries()
+    space = {
+        "parallelism": {"low": 2, "high": 8},
+        "max_num_seqs": {"choices": [4, 16]},
+        "max_num_batched_tokens": {"choices": [2048, 4096]},
+    }
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", mark.split("=")[0]: mark.split("=")[1]}
+    args = [*FIXED_ARGS, "--block-size", "32"]
+    result, saved, directory = sweep(vllm_install, tmp_path, space, env, trials=4, args=args)
+    assert result.returncode == 0, result.stderr
+    measured = [t for t in saved["trials"] if t["probe_s"]]  # a repeat reuses, not relaunches
+    assert {t["knobs"]["max_num_seqs"] for t in measured} == {4, 16}
+    assert {t["knobs"]["max_num_batched_tokens"] for t in measured} == {2048, 4096}
+    assert all(t["feasible"] and t["points"] for t in saved["trials"])
+    assert saved["simulated"] is False
+    recommendation = saved["recommendation"]
+    assert recommendation is not None
+    for name in ("index.html", "trials.csv", "recommendation.json", "recommendation.yaml"):
+        assert (directory / name).exists(), name
+    assert processes_marked(mark) == []
+    leftovers = {n for n in shm_entries() - shm_before if n.startswith(("psm_", "sem.mp-"))}
+    assert leftovers == set()
+
+
+@pytest.mark.parametrize(
+    ("space", "env", "error"),
+    [
+        (
+            {"flags": {"block_size": {"choices": [16]}}},
+            {"VLLM_CPU_KVCACHE_SPACE": "1"},
+            "ValueError: No common block size for 16",
+        ),
+        (
+            {"gpu_memory_utilization": {"choices": [0.01]}},
+            {},  # the KV cache sized from --gpu-memory-utilization, a share of RAM
+            "less than requested memory for kv",
+        ),
+    ],
+    ids=["block-size", "kv-memory"],
+)
+def test_a_configuration_vllm_refuses_is_infeasible_with_its_error(
+    vllm_install: VllmInstall,
+    tmp_path: Path,
+    space: dict[str, Any],
+    env: dict[str, str],
+    error: str,
+) -> None:
+    result, saved, _ = sweep(vllm_install, tmp_path, space, env, trials=1, args=FIXED_ARGS)
+    assert result.returncode == 0, result.stderr
+    (trial,) = saved["trials"]
+    assert not trial["feasible"]
+    assert error in trial["infeasible_reason"], trial["infeasible_reason"]
+    assert "root cause above" not in trial["infeasible_reason"]
