@@ -66,7 +66,13 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
                 observer=progress,
                 extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
             )
-            stats = await engine.run(work_items(workload, start, stop, sink.done))
+            try:
+                stats = await engine.run(work_items(workload, start, stop, sink.done))
+            except OSError as error:  # the rollout file cannot take another row
+                raise CollectionError(
+                    f"cannot write rollouts to {config.output} ({error.strerror or error}); "
+                    "every row written so far is kept: free space and rerun with --resume."
+                ) from None
     finally:
         sink.close()
     summary = _summarise(stats, pipeline.backend, pipeline.target, config, skipped)

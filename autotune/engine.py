@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,11 +95,11 @@ class Engine:
             consumers = [asyncio.create_task(self._verify_worker()) for _ in range(capacity)]
         workers = [asyncio.create_task(self._model_worker(items)) for _ in range(self._parallelism)]
         try:
-            await asyncio.gather(*workers)
+            await _until_done(workers, also_watch=consumers)
             if self._queue is not None:
                 for _ in consumers:
                     await self._queue.put(None)
-                await asyncio.gather(*consumers)
+                await _until_done(consumers)
         finally:
             for task in (*workers, *consumers):
                 task.cancel()
@@ -261,3 +261,23 @@ def _timings(
         "verify_start": verify_start,
         "verify_end": verify_end,
     }
+
+
+async def _until_done(
+    tasks: Sequence[asyncio.Task[None]], also_watch: Sequence[asyncio.Task[None]] = ()
+) -> None:
+    """Wait for `tasks`; the first exception in them or in `also_watch` is raised at once.
+
+    A verifier consumer that dies (a full disk under the writer, say) would otherwise
+    leave the model workers blocked on a full queue forever.
+    """
+    waiting = set(tasks)
+    watched = waiting | set(also_watch)
+    while waiting:
+        done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            error = task.exception()
+            if error is not None:
+                raise error
+            watched.discard(task)
+            waiting.discard(task)

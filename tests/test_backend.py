@@ -188,3 +188,48 @@ async def test_rpm_limit_paces_requests(serve: Callable[..., Any]) -> None:
     assert seen[-1] - seen[0] >= 1.4
     assert sum(1 for t in seen if t - seen[0] < 0.5) <= 16  # 10 at once, then 10 a second
     assert backend.counters.limiter_wait_s > 0
+
+
+async def test_error_event_mid_stream_is_a_failure_not_a_rollout(serve: Callable[..., Any]) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"delta": {"content": "par"}}]}\n\n')
+        await response.write(b'data: {"error": {"message": "engine dead", "code": 500}}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    with pytest.raises(ModelCallError, match="engine dead") as caught:
+        await _generate(await serve(handler))
+    assert caught.value.failure_class == "bad_response"
+
+
+async def test_non_object_chunk_is_a_bad_response(serve: Callable[..., Any]) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: null\n\n")
+        return response
+
+    with pytest.raises(ModelCallError) as caught:
+        await _generate(await serve(handler))
+    assert caught.value.failure_class == "bad_response"
+
+
+async def test_slow_rpm_and_big_tpm_requests_are_paced_not_refused(
+    serve: Callable[..., Any],
+) -> None:
+    seen: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(time.monotonic())
+        return web.json_response(_chat_answer())
+
+    base_url = await serve(handler)
+    # 30 a minute: one request now, the next 2 s later; each asks 3 + 1 tokens of a 120/min
+    # budget whose bucket holds 2: paid in parts, never refused.
+    config = TargetConfig(base_url=base_url, stream=False, rpm=30, tpm=120)
+    async with aiohttp.ClientSession() as session:
+        backend = OpenAIBackend(session, config, "m")
+        await asyncio.gather(*(backend.generate(TASK) for _ in range(2)))
+    assert 1.8 <= seen[1] - seen[0] < 4

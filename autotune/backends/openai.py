@@ -33,6 +33,18 @@ class _Retry(Exception):
         self.wait_s = wait_s
 
 
+def _per_minute_limiter(per_minute: float) -> AsyncLimiter:
+    """A leaky bucket that holds one second's quota (at least one unit).
+
+    A bucket of a whole minute would let the minute's quota out in one burst, which is
+    exactly what trips a hosted API's limiter; below 60 a minute, one unit is the least
+    a bucket can hold, refilled every 60/rate seconds.
+    """
+    if per_minute >= 60:
+        return AsyncLimiter(per_minute / 60, 1)
+    return AsyncLimiter(1, 60 / per_minute)
+
+
 def _retry_after_s(headers: Any) -> float | None:
     value = headers.get("Retry-After")
     if value is None:
@@ -67,10 +79,8 @@ class OpenAIBackend:
         self._timeout = aiohttp.ClientTimeout(
             total=target.request_timeout_s, sock_connect=target.connect_timeout_s
         )
-        # Per-second buckets: a per-minute bucket would let a whole minute's quota out in
-        # one burst, which is exactly what trips a hosted API's limiter.
-        self._rpm = AsyncLimiter(target.rpm / 60, 1) if target.rpm else None
-        self._tpm = AsyncLimiter(target.tpm / 60, 1) if target.tpm else None
+        self._rpm = _per_minute_limiter(target.rpm) if target.rpm else None
+        self._tpm = _per_minute_limiter(target.tpm) if target.tpm else None
 
     def _body(self, task: Task) -> dict[str, Any]:
         target = self._target
@@ -94,10 +104,15 @@ class OpenAIBackend:
         if self._rpm is not None:
             await self._rpm.acquire()
         if self._tpm is not None:
-            estimate = len(task.prompt) // CHARS_PER_TOKEN + int(
-                task.sampling.get("max_tokens") or _DEFAULT_MAX_TOKENS_ESTIMATE
+            estimate = float(
+                len(task.prompt) // CHARS_PER_TOKEN
+                + int(task.sampling.get("max_tokens") or _DEFAULT_MAX_TOKENS_ESTIMATE)
             )
-            await self._tpm.acquire(min(float(estimate), self._tpm.max_rate))
+            # A request may need more than the bucket holds: pay for it in bucket-sized parts.
+            while estimate > 0:
+                part = min(estimate, self._tpm.max_rate)
+                await self._tpm.acquire(part)
+                estimate -= part
         self.counters.limiter_wait_s += time.perf_counter() - started
 
     async def generate(self, task: Task) -> Generation:
@@ -209,6 +224,10 @@ class OpenAIBackend:
                 raise ModelCallError(
                     "bad_response", f"a stream chunk is not JSON ({error})"
                 ) from None
+            if not isinstance(chunk, dict) or "error" in chunk or chunk.get("object") == "error":
+                # A server that fails mid-stream sends an error event, not an HTTP status.
+                detail = str(chunk.get("error") if isinstance(chunk, dict) else chunk)[:300]
+                raise ModelCallError("bad_response", f"the stream ended in an error: {detail}")
             response_id = response_id or str(chunk.get("id", ""))
             if chunk.get("usage"):
                 usage = chunk["usage"]
