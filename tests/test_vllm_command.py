@@ -161,3 +161,12 @@ def test_cleanup_keeps_a_live_named_semaphore() -> None:
     assert str(vllm.SHM_DIR / name) not in cleanup_vllm_leftovers(before)
     assert name in vllm.shm_entries()
     del lock
+
+
+def test_a_server_never_started_removes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(vllm, "SHM_DIR", tmp_path)
+    (tmp_path / "psm_someone_elses").touch()
+    VllmServer("m", command=BASE).stop_sync()
+    assert (tmp_path / "psm_someone_elses").exists()

@@ -5,9 +5,9 @@ group) that also removes what vLLM leaves behind when it stops, above all when i
 killed: the ZeroMQ sockets it binds in the temporary directory (here, a private one
 per server, given to vLLM as VLLM_RPC_BASE_PATH and removed at the next start if
 autotune itself was killed) and the shared-memory segments and semaphores its
-processes make in /dev/shm. A segment is removed only if it appeared
-while this server ran and no live process still maps it, so another server's
-segments are never touched.
+processes make in /dev/shm. A segment is removed only if it appeared while this
+server ran and no live process maps it or holds it open, so a server running beside
+it keeps its own.
 
 The default command is `python -m vllm.entrypoints.openai.api_server`, which works
 for every build (the `vllm` console script of the CPU build does not); a user points
@@ -210,4 +210,5 @@ class VllmServer(ServerProcess):
 
     def stop_sync(self) -> None:
         super().stop_sync()
-        cleanup_vllm_leftovers(self._shm_before, self.rpc_dir)
+        if self.rpc_dir is not None:  # started: what appeared since then may be its own
+            cleanup_vllm_leftovers(self._shm_before, self.rpc_dir)
