@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,12 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
             ) from None
         if not isinstance(extra_body, dict):
             raise UsageError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'.")
+    if args.base_url is not None:
+        from autotune.target import base_url_problem
+
+        problem = base_url_problem(args.base_url)
+        if problem is not None:
+            raise UsageError(f"--base-url {args.base_url} {problem}, e.g. http://host:8000/v1.")
     return TargetConfig(
         base_url=args.base_url,
         model=args.model,
@@ -212,19 +220,60 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         max_s=args.max_s,
         command=args.command,
     )
+    json_path = Path(args.json) if args.json and args.json != "-" else None
+    if json_path is not None:
+        if json_path.is_dir():
+            raise UsageError(
+                f"--json {json_path} is a directory; pass a file, "
+                f"e.g. --json {json_path / 'diagnose.json'}."
+            )
+        _check_writable_dir(json_path.parent, f"--json {json_path}")
+    if args.report:
+        _check_writable_dir(args.report, f"--report {args.report}")
     result = run_async(diagnose(config))
     if args.json == "-":
         print(json.dumps(result, indent=2))
     else:
         print(diagnose_text(result))
-    if args.json and args.json != "-":
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    if args.report:
-        save_result(result, args.report)
-        page = diagnose_report.write(result, args.report)
-        print(f"report: {page}", file=sys.stderr)
+    writing = json_path
+    try:
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(result, indent=2))
+        if args.report:
+            writing = args.report
+            save_result(result, args.report)
+            page = diagnose_report.write(result, args.report)
+            print(f"report: {page}", file=sys.stderr)
+    except OSError as error:
+        raise AutotuneError(
+            f"could not write {writing} ({error.strerror}); {_rescue_json(result)}"
+        ) from None
     return 0
+
+
+def _check_writable_dir(directory: Path, what: str) -> None:
+    """A directory that exists and takes files, or can be created; else one UsageError."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{what} cannot be written: {existing} is a file; choose another path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{what} cannot be written: {existing} is not writable; choose another path."
+        )
+
+
+def _rescue_json(result: dict[str, Any]) -> str:
+    """Saves a measured result where it can go; says where (the end of an error sentence)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix="autotune-diagnose-", suffix=".json")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(result, indent=2))
+    except OSError:
+        return "the summary above is all that was kept; rerun with a writable path."
+    return f"the result is saved in {name} instead (`autotune report {name} --out DIR`)."
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ starts vLLM, relaunched per configuration).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotune.errors import UsageError
+from autotune.target import base_url_problem
 
 # Server knobs with vLLM's names; each becomes `--kebab-case VALUE` on the command line.
 SERVER_KNOBS = (
@@ -35,6 +37,14 @@ SERVER_KNOBS = (
     "max_num_seqs",
     "max_num_batched_tokens",
 )
+
+
+def knob_flags(knobs: Mapping[str, Any]) -> list[str]:
+    """`{"max_num_seqs": 64}` → `["--max-num-seqs", "64"]` (vLLM's flag spelling)."""
+    flags: list[str] = []
+    for name, value in knobs.items():
+        flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags
 
 
 class _Strict(BaseModel):
@@ -67,6 +77,15 @@ class FloatSpace(_Strict):
     def _ordered(self) -> FloatSpace:
         if self.low > self.high:
             raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log: true needs low > 0 (got {self.low})")
+        if self.step is not None:
+            if self.step <= 0:
+                raise ValueError(f"step must be > 0 (got {self.step})")
+            if self.low < self.high and self.step > self.high - self.low:
+                raise ValueError(
+                    f"step ({self.step}) must not exceed high - low ({self.high - self.low:g})"
+                )
         return self
 
 
@@ -116,13 +135,15 @@ class TargetSpec(_Strict):
     command: list[str] = ["vllm", "serve"]  # vllm: overridable (a CPU build's module form)
     env: dict[str, str] = {}
     startup_timeout_s: float = Field(default=600.0, gt=0)
-    health_path: str = "/health"
     api_key_env: str = "OPENAI_API_KEY"
 
     @model_validator(mode="after")
     def _complete(self) -> TargetSpec:
         if self.kind == "server" and not self.base_url:
             raise ValueError("kind: server needs base_url (e.g. http://host:8000/v1)")
+        problem = base_url_problem(self.base_url) if self.base_url else None
+        if problem is not None:
+            raise ValueError(f"base_url {self.base_url} {problem}, e.g. http://host:8000/v1")
         if self.kind == "vllm" and not self.model:
             raise ValueError("kind: vllm needs model (a path or a model name)")
         return self
@@ -196,6 +217,14 @@ def load_study(path: Path) -> Study:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise UsageError(f"study file {path} does not exist; check the path.") from None
+    except IsADirectoryError:
+        raise UsageError(f"study file {path} is a directory; pass its YAML file.") from None
+    except OSError as error:
+        raise UsageError(
+            f"study file {path} cannot be read ({error.strerror}); check its permissions."
+        ) from None
+    except UnicodeDecodeError:
+        raise UsageError(f"study file {path} is not UTF-8 text; pass the study YAML.") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

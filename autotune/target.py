@@ -13,11 +13,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from autotune.config import TargetConfig
-from autotune.errors import ServerUnreachable
+from autotune.errors import ServerUnreachable, UsageError
 
 log = logging.getLogger("autotune")
 
@@ -31,6 +32,20 @@ class Target:
     base_url: str
     model: str
     simulated: bool
+
+
+def base_url_problem(url: str) -> str | None:
+    """What keeps `url` from being a server's base URL ("needs http:// ..."), else None."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not a number raises ValueError
+    except ValueError as error:
+        return f"is not a valid URL ({error})"
+    if parts.scheme not in ("http", "https"):
+        return "needs http:// or https://"
+    if not parts.hostname:
+        return "needs a host"
+    return None
 
 
 @asynccontextmanager
@@ -63,14 +78,26 @@ async def embedded_server(
 
 
 async def resolve_target(
-    session: aiohttp.ClientSession, base_url: str, model: str | None, api_key: str | None
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str | None,
+    api_key: str | None,
+    api_key_env: str | None = None,
 ) -> Target:
-    """Checks the server answers (within 5 s) and picks the model it serves if none is named."""
+    """Checks the server answers (within 5 s) and picks the model it serves if none is named.
+
+    `api_key_env` names the variable the key came from, for the error when it is refused.
+    """
+    problem = base_url_problem(base_url)
+    if problem is not None:
+        raise UsageError(f"the base URL {base_url} {problem}, e.g. http://host:8000/v1.")
     url = base_url.rstrip("/") + "/models"
     timeout = aiohttp.ClientTimeout(total=PREFLIGHT_TIMEOUT_S)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with session.get(url, timeout=timeout, headers=headers) as resp:
+            if resp.status in (401, 403):
+                raise _refused(base_url, resp.status, api_key, api_key_env)
             simulated = resp.headers.get("x-autotune-simulated") == "true"
             payload: dict[str, Any] = await resp.json() if resp.status == 200 else {}
     except (aiohttp.ClientConnectionError, TimeoutError) as error:
@@ -88,6 +115,18 @@ async def resolve_target(
             )
         model = str(models[0])
     return Target(base_url, model, simulated or model.startswith("sim/"))
+
+
+def _refused(base_url: str, status: int, key: str | None, env: str | None) -> UsageError:
+    """The sentence for a 401/403 from /models: names the key's variable, never the key."""
+    variable = f"the environment variable {env}" if env else "the variable --api-key-env names"
+    if key is None:
+        return UsageError(
+            f"the server at {base_url} needs an API key (HTTP {status}); set {variable}."
+        )
+    return UsageError(
+        f"the server at {base_url} refused the API key (HTTP {status}); check {variable}."
+    )
 
 
 def api_key(target: TargetConfig) -> str | None:
@@ -113,4 +152,5 @@ async def connect(
         embedded_server(target, default_sim_args) as base_url,
         open_session(target) as session,
     ):
-        yield session, await resolve_target(session, base_url, target.model, api_key(target))
+        key, env = api_key(target), target.api_key_env
+        yield session, await resolve_target(session, base_url, target.model, key, env)

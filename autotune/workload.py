@@ -133,10 +133,14 @@ def _chat_messages(items: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _chat_tools(tools: Any) -> list[dict[str, Any]]:
     """Responses-style flat function tools as chat-completions nested tools."""
+    if not isinstance(tools, list):
+        raise ValueError("`tools` must be a list of tool objects")
     converted = []
     for tool in tools:
+        if not isinstance(tool, dict):
+            raise ValueError("each tool must be an object")
         if tool.get("type") == "function" and "function" not in tool:
             function = {k: v for k, v in tool.items() if k != "type"}
             converted.append({"type": "function", "function": function})

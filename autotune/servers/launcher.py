@@ -275,10 +275,15 @@ class ServerProcess:
                 deadline = time.monotonic() + self.stop_grace_s
                 while proc.poll() is None and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
+                if proc.poll() is None:
+                    # It ignored SIGTERM for the whole grace: no second grace, kill the group.
+                    self._signal_group(signal.SIGKILL)
+                    while proc.poll() is None:
+                        await asyncio.sleep(0.01)
         except asyncio.CancelledError:
             self.stop_sync()
             raise
-        self.stop_sync()  # kills it if still running, reaps it and its group
+        self.stop_sync()  # reaps it, kills stragglers in its group, releases the log
 
     async def __aenter__(self) -> ServerProcess:
         await self.start()
