@@ -7,7 +7,6 @@ measured; the result is saved as JSON and every report is rebuilt from that file
 
 from __future__ import annotations
 
-import platform
 import shutil
 import tempfile
 import time
@@ -17,13 +16,12 @@ from typing import Any
 
 import orjson
 
-from autotune import __version__
 from autotune.classify import Thresholds, classify
 from autotune.config import CollectConfig
 from autotune.errors import CollectionError, UsageError
 from autotune.pipeline import open_pipeline
 from autotune.probe import ProbeResult, ProbeSettings, run_probe
-from autotune.results import SCHEMA_VERSION
+from autotune.results import SCHEMA_VERSION, machine_identity
 from autotune.workload import Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds.
@@ -147,11 +145,7 @@ def _saved(
             "target_halfwidth": config.target_halfwidth,
             "thresholds": asdict(config.thresholds),
         },
-        "machine": {
-            "host": platform.node(),
-            "python": platform.python_version(),
-            "autotune": __version__,
-        },
+        "machine": machine_identity(),
     }
 
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from autotune.backends import Generation, ModelBackend, ModelCallError
 from autotune.responses import build_response
-from autotune.results import StageSamples
+from autotune.results import StageSamples, stage_durations
 from autotune.store import RolloutSink
 from autotune.verifiers import Verifier
 from autotune.workload import WorkItem
@@ -148,6 +148,7 @@ class Engine:
                 input_tokens=generation.input_tokens,
                 output_tokens=generation.output_tokens,
                 finish_reason=generation.finish_reason,
+                request=task.create_params,
             ),
         }
         row.update(task.verifier_fields())
@@ -191,14 +192,8 @@ class Engine:
             stats.reward_sum += float(reward)
             stats.reward_count += 1
         add = stats.samples.add
-        add("queue", generation.model_start - queued)
-        model_end = generation.model_end
-        add("model", model_end - generation.model_start)
-        if generation.first_token is not None:
-            add("ttft", generation.first_token - generation.model_start)
-        add("verify_wait", verify_start - model_end)
-        add("verify", verify_end - verify_start)
-        add("total", verify_end - queued)
+        for stage, seconds in stage_durations(timings):
+            add(stage, seconds)
         if self._observer is not None:
             self._observer.rollout_done(timings, generation.output_tokens)
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 HEADROOM = 0.8  # the NeMo Gym guide: "use 80% of peak to leave headroom for stability"
-NO_PEAK_BEYOND = 1.5  # a fitted peak past 1.5× the largest N tried was not measured
+MIN_POINTS_FOR_PEAK = 4  # with 3 points κ interpolates the noise exactly (R² = 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +63,8 @@ def fit_usl(parallelism: Sequence[float], throughput: Sequence[float]) -> UslFit
 
 
 def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, count: int) -> tuple[float, float, float]:
-    """OLS with b, c ≥ 0 and a > 0: drop a negative coefficient and refit (3 unknowns)."""
-    active = [0, 1, 2] if count >= 3 else [0, 1]
+    """OLS with b, c ≥ 0 and a > 0: drop a negative coefficient and refit."""
+    active = [0, 1, 2] if count >= MIN_POINTS_FOR_PEAK else [0, 1]
     while True:
         solution, *_ = np.linalg.lstsq(design[:, active], y, rcond=None)
         coefficients = dict(zip(active, solution.tolist(), strict=True))
@@ -121,7 +121,8 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
             "too few points to fit a curve; using measured points",
         )
     fitted_peak = fit.peak_parallelism
-    inside = fitted_peak is not None and fitted_peak <= NO_PEAK_BEYOND * largest
+    # A peak past the largest parallelism tried was never measured: no extrapolation.
+    inside = fitted_peak is not None and fitted_peak <= largest
     if inside and fitted_peak is not None:
         peak_n = fitted_peak
         peak_x = fit.throughput(fitted_peak)
@@ -129,9 +130,9 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
     else:
         peak_n, peak_x = float(best_n), max(best_x, fit.throughput(best_n))
         note = (
-            f"no peak inside the searched range: throughput was still rising at "
-            f"parallelism {largest}; the recommendation uses the best measured point, "
-            "not an extrapolated peak"
+            f"no peak inside the searched range: the fitted curve does not turn down by "
+            f"parallelism {largest} (it rises or levels off); the recommendation uses the "
+            f"best measured point (parallelism {best_n}), not an extrapolated peak"
         )
     recommended = max(1, math.floor(HEADROOM * peak_n))
     knee = min(peak_x / fit.lam, peak_n) if fit.lam > 0 else peak_n

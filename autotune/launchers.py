@@ -11,7 +11,7 @@ virtual time. A configuration the server refuses raises ServerStartupError, whos
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
@@ -21,7 +21,7 @@ import aiohttp
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import TargetConfig
 from autotune.probe import ProbeSettings, run_probe
-from autotune.servers.launcher import ServerProcess, free_port, sim_command
+from autotune.servers.launcher import ServerProcess
 from autotune.target import api_key, open_session, resolve_target
 from autotune.verifiers import Verifier
 from autotune.workload import Task
@@ -50,19 +50,11 @@ class ConfigSession(Protocol):
 
 
 class Launcher(Protocol):
-    """Starts a server configuration; `restart_s` is what a restart costs (for budgets)."""
+    """Starts a server configuration and stops it when the block ends."""
 
     def running(self, knobs: Mapping[str, Any]) -> Any:
         """An async context manager yielding a ConfigSession for these knobs."""
         ...
-
-
-def knob_flags(knobs: Mapping[str, Any]) -> list[str]:
-    """`{"max_num_seqs": 64}` → `["--max-num-seqs", "64"]` (vLLM's flag spelling)."""
-    flags: list[str] = []
-    for name, value in knobs.items():
-        flags += [f"--{name.replace('_', '-')}", str(value)]
-    return flags
 
 
 @dataclass(slots=True)
@@ -100,53 +92,36 @@ class HttpSession:
 class HttpLauncher:
     """Launches a server process per configuration (the sim or vLLM), or uses a running one.
 
-    `command(knobs, port)` builds the command line; None means the server at
-    `target.base_url` is used as it is (no knobs can change).
+    `server(knobs)` makes the (unstarted) server process for a configuration; None means
+    the server at `target.base_url` is used as it is (no knobs can change).
     """
 
     target: TargetConfig
     verifier: Verifier
     tasks: Sequence[Task]
     settings: ProbeSettings
-    command: Any = None  # Callable[[Mapping[str, Any], int], list[str]] | None
-    env: Mapping[str, str] | None = None
-    startup_timeout_s: float = 600.0
-    health_path: str = "/health"
+    server: Callable[[Mapping[str, Any]], ServerProcess] | None = None
 
     @asynccontextmanager
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[HttpSession]:
-        if self.command is None:
+        if self.server is None:
             async with self._session(self.target.base_url or "") as session:
                 yield session
             return
-        port = free_port()
-        root = f"http://127.0.0.1:{port}"
-        process = ServerProcess(
-            self.command(knobs, port),
-            health_url=root + self.health_path,
-            env=self.env,
-            startup_timeout_s=self.startup_timeout_s,
-        )
-        async with process, self._session(root + "/v1") as session:
+        process = self.server(knobs)
+        async with process, self._session(process.base_url or "") as session:
             yield session
 
     @asynccontextmanager
     async def _session(self, base_url: str) -> AsyncIterator[HttpSession]:
         async with open_session(self.target) as session:
             key = api_key(self.target)
-            target = await resolve_target(session, base_url, self.target.model, key)
+            target = await resolve_target(
+                session, base_url, self.target.model, key, self.target.api_key_env
+            )
             backend = OpenAIBackend(
                 session, replace(self.target, base_url=target.base_url), target.model, key
             )
             yield HttpSession(
                 session, backend, self.verifier, self.tasks, target.base_url, self.settings
             )
-
-
-def sim_launch_command(fixed_args: Sequence[str]) -> Any:
-    """Command builder for the simulated server: fixed flags, then the trial's knobs."""
-
-    def build(knobs: Mapping[str, Any], port: int) -> list[str]:
-        return sim_command([*fixed_args, *knob_flags(knobs)], port)
-
-    return build

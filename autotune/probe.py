@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ import aiohttp
 
 from autotune.backends import ModelBackend
 from autotune.engine import Engine
-from autotune.results import STAGES, StageLatency
+from autotune.results import STAGES, StageLatency, stage_durations
 from autotune.stats import batch_means_rate, mean
 from autotune.store import RolloutSink
 from autotune.telemetry import Sample, Sampler, summarise
@@ -70,7 +70,6 @@ class ProbeResult:
     verifier_capacity: int | None
     verifier_busy_fraction: float | None
     verifier_capacity_rps: float | None
-    mean_in_flight_model: float | None
     telemetry: dict[str, dict[str, float]]  # "source/metric" → mean, max (, delta)
     telemetry_unavailable: dict[str, str]
     token_check: dict[str, float] | None
@@ -88,11 +87,17 @@ class _Meter:
         self.timings: list[dict[str, float | None]] = []
         self.tokens: list[int] = []
         self.failed_at: list[tuple[float, str]] = []
+        self.latency_sum = 0.0
 
     def rollout_done(self, timings: dict[str, float | None], output_tokens: int) -> None:
         self.done_at.append(time.time())
         self.timings.append(timings)
         self.tokens.append(output_tokens)
+        self.latency_sum += (timings["verify_end"] or 0.0) - (timings["queued"] or 0.0)
+
+    @property
+    def mean_latency_s(self) -> float:
+        return self.latency_sum / len(self.done_at) if self.done_at else 0.0
 
     def rollout_failed(self, failure_class: str) -> None:
         self.failed_at.append((time.time(), failure_class))
@@ -127,18 +132,25 @@ async def run_probe(
         backend, verifier, RolloutSink(None, resume=False), settings.parallelism, observer=meter
     )
     counters = backend.counters
-    before = (counters.rate_limited_responses, counters.retry_after_seen, counters.limiter_wait_s)
-    samplers: list[Sampler] = [
-        ClientSampler(),
-        PrometheusSampler(session, metrics_url(base_url)),
-        GpuSampler(),
-    ]
-    async with TelemetryRecorder(samplers, interval_s=settings.telemetry_interval_s) as recorder:
-        started = time.time()
-        run = asyncio.create_task(engine.run(_cycle(tasks)))
-        warm_until, stop_at, reason = await _watch(settings, meter, run, engine, started)
-        engine.stop()
-        await run
+    snapshots = [_snapshot(counters)]  # at the start, then at the end of warm-up and at stop
+    # Scrapes get their own connection: at a parallelism near the pool's limit they would
+    # otherwise queue behind model calls and time out exactly when the server is busiest.
+    async with aiohttp.ClientSession() as metrics_session:
+        samplers: list[Sampler] = [
+            ClientSampler(),
+            PrometheusSampler(metrics_session, metrics_url(base_url)),
+            GpuSampler(),
+        ]
+        async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
+            started = time.time()
+            run = asyncio.create_task(engine.run(_cycle(tasks)))
+            warm_until, stop_at, reason = await _watch(
+                settings, meter, run, engine, started, lambda: snapshots.append(_snapshot(counters))
+            )
+            snapshots.append(_snapshot(counters))
+            engine.stop()
+            await _drain(run, meter)
+    warm, stop = snapshots[1] if len(snapshots) > 2 else snapshots[0], snapshots[-1]
     return _result(
         settings,
         meter,
@@ -147,9 +159,23 @@ async def run_probe(
         recorder.unavailable,
         (started, warm_until, stop_at),
         reason,
-        counters,
-        before,
+        tuple(b - a for a, b in zip(warm, stop, strict=True)),
     )
+
+
+def _snapshot(counters: Any) -> tuple[float, float, float]:
+    return (counters.rate_limited_responses, counters.retry_after_seen, counters.limiter_wait_s)
+
+
+async def _drain(run: asyncio.Task[Any], meter: _Meter) -> None:
+    """Let the rollouts in flight finish (they are not measured), but not for ever."""
+    limit = 5.0 + 3 * meter.mean_latency_s
+    done, _ = await asyncio.wait({run}, timeout=limit)
+    if not done:
+        run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
+    if done and run.exception() is not None:
+        raise run.exception()  # type: ignore[misc]
 
 
 async def _watch(
@@ -158,8 +184,13 @@ async def _watch(
     run: asyncio.Task[Any],
     engine: Engine,
     started: float,
+    on_warm: Callable[[], None],
 ) -> tuple[float, float, str]:
-    """Wait for warm-up, then for a precise enough estimate; returns (warm, stop, reason)."""
+    """Wait for warm-up, then for a precise enough estimate; returns (warm, stop, reason).
+
+    The window must also span three mean rollout latencies: shorter batches of a
+    closed loop are correlated, and their interval would be too narrow.
+    """
     warm_until: float | None = None
     while True:
         await asyncio.wait({run}, timeout=CHECK_EVERY_S)
@@ -169,13 +200,14 @@ async def _watch(
         if warm_until is None:
             if len(meter.done_at) >= settings.parallelism and now - started >= settings.warmup_s:
                 warm_until = now
+                on_warm()
             elif now - started > settings.max_s:
                 return started, now, "time cap"  # never warmed up: measure what there is
             continue
         window = now - warm_until
         if window >= settings.max_s:
             return warm_until, now, "time cap"
-        if window >= settings.min_s:
+        if window >= max(settings.min_s, 3 * meter.mean_latency_s):
             estimate = batch_means_rate(meter.done_at, warm_until, now)
             if estimate.events >= 20 and estimate.relative_halfwidth <= settings.target_halfwidth:
                 return warm_until, now, "converged"
@@ -189,8 +221,7 @@ def _result(
     unavailable: dict[str, str],
     times: tuple[float, float, float],
     reason: str,
-    counters: Any,
-    before: tuple[int, int, float],
+    counted: tuple[float, ...],
 ) -> ProbeResult:
     started, start, end = times  # probe start, end of warm-up, stop
     window = max(end - start, 1e-9)
@@ -204,7 +235,8 @@ def _result(
         errors[cls] = errors.get(cls, 0) + 1
     stage_values: dict[str, list[float]] = {stage: [] for stage in STAGES}
     for i in in_window:
-        _add_stages(stage_values, meter.timings[i])
+        for stage, seconds in stage_durations(meter.timings[i]):
+            stage_values[stage].append(seconds)
     latency = {stage: StageLatency.of(values) for stage, values in stage_values.items()}
     tokens = sum(meter.tokens[i] for i in in_window)
     attempts = len(in_window) + len(failures)
@@ -214,7 +246,6 @@ def _result(
     telemetry = summarise(samples, start, end)
     client_tps = tokens / window
     token_check = _token_check(samples, start, end, client_tps)
-    model_latency = latency["model"].mean
     return ProbeResult(
         parallelism=settings.parallelism,
         rollouts_per_s=estimate.rate,
@@ -228,32 +259,17 @@ def _result(
         stop_reason=reason,
         latency_s=latency,
         errors_by_class=errors,
-        rate_limited_responses=counters.rate_limited_responses - before[0],
-        retry_after_seen=counters.retry_after_seen - before[1],
-        limiter_wait_share=(counters.limiter_wait_s - before[2]) / (window * settings.parallelism),
+        rate_limited_responses=int(counted[0]),
+        retry_after_seen=int(counted[1]),
+        limiter_wait_share=min(1.0, counted[2] / (window * settings.parallelism)),
         verifier_capacity=capacity,
         verifier_busy_fraction=verify_busy / (window * (capacity or 1)),
         verifier_capacity_rps=(capacity or 1) / mean_verify if mean_verify else None,
-        mean_in_flight_model=estimate.rate * model_latency if model_latency else None,
         telemetry=telemetry,
         telemetry_unavailable=dict(unavailable),
         token_check=token_check,
         series=[{"t": s.t, "source": s.source, **s.values} for s in samples],
     )
-
-
-def _add_stages(values: dict[str, list[float]], t: dict[str, float | None]) -> None:
-    queued, start, first = t["queued"], t["model_start"], t["first_token"]
-    model_end, v_start, v_end = t["model_end"], t["verify_start"], t["verify_end"]
-    assert queued is not None and start is not None and model_end is not None
-    assert v_start is not None and v_end is not None
-    values["queue"].append(start - queued)
-    values["model"].append(model_end - start)
-    if first is not None:
-        values["ttft"].append(first - start)
-    values["verify_wait"].append(v_start - model_end)
-    values["verify"].append(v_end - v_start)
-    values["total"].append(v_end - queued)
 
 
 def _token_check(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.launchers import knob_flags
+from autotune.study import knob_flags
 
 # OpenRLHF's dotted flags for the vLLM knobs it exposes.
 OPENRLHF_FLAGS = {

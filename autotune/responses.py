@@ -19,8 +19,13 @@ def build_response(
     input_tokens: int,
     output_tokens: int,
     finish_reason: str | None,
+    request: dict[str, Any],
 ) -> dict[str, Any]:
-    """A Responses-API `response` object from one chat/completions answer."""
+    """A Responses-API `response` object from one chat/completions answer.
+
+    `request` is the task's `responses_create_params`: a response echoes its tool
+    settings, which NeMo Gym's response model requires.
+    """
     output: list[dict[str, Any]] = []
     for call in tool_calls or ():
         function = call.get("function") or {}
@@ -57,6 +62,9 @@ def build_response(
         else None,
         "error": None,
         "output": output,
+        "tools": request.get("tools") or [],
+        "tool_choice": request.get("tool_choice") or "auto",
+        "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
         "usage": {
             "input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0},

@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
 STAGES = ("queue", "model", "ttft", "verify_wait", "verify", "total")
+
+
+def machine_identity() -> dict[str, str]:
+    """Where a result was measured (reports show it; bench compares its own fingerprint)."""
+    import platform
+
+    from autotune import __version__
+
+    return {"host": platform.node(), "python": platform.python_version(), "autotune": __version__}
+
+
+def stage_durations(t: Mapping[str, float | None]) -> Iterator[tuple[str, float]]:
+    """Each stage's seconds for one rollout, from its timestamps (ttft only if streamed)."""
+    queued, start, first = t["queued"] or 0.0, t["model_start"] or 0.0, t["first_token"]
+    model_end, verify_start = t["model_end"] or 0.0, t["verify_start"] or 0.0
+    verify_end = t["verify_end"] or 0.0
+    yield "queue", start - queued
+    yield "model", model_end - start
+    if first is not None:
+        yield "ttft", first - start
+    yield "verify_wait", verify_start - model_end
+    yield "verify", verify_end - verify_start
+    yield "total", verify_end - queued
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -76,7 +99,6 @@ class CollectSummary:
     base_url: str
     simulated: bool
     output: str | None
-    stopped_early: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune.errors import ServerError, UsageError
-from autotune.knee import summarise_curve
+from autotune.errors import ServerStartupError, UsageError
+from autotune.knee import MIN_POINTS_FOR_PEAK, summarise_curve
 from autotune.launchers import ConfigSession, Launcher, Point
 from autotune.study import ChoiceSpace, FloatSpace, IntSpace, Study
 
@@ -92,6 +92,8 @@ def grid_values(space: IntSpace | FloatSpace | ChoiceSpace) -> list[Any]:
             ]
             return sorted({space.low, *values, space.high})
         return list(range(space.low, space.high + 1))
+    if space.high == space.low:
+        return [space.low]
     step = space.step or (space.high - space.low) / 4
     count = round((space.high - space.low) / step)
     return [round(space.low + i * step, 6) for i in range(count + 1)]
@@ -101,8 +103,11 @@ async def measure_curve(
     session: ConfigSession, study: Study, start: int
 ) -> tuple[list[Point], str | None]:
     """Double parallelism from `start` until throughput plateaus, errors appear or the
-    range ends. Returns the points and, if the server failed under load, why."""
+    range ends; then, if that left too few usable points to fit (a start above this
+    configuration's own peak, or errors there), halve below `start` for more.
+    Returns the points, lowest parallelism first, and, if the server died, why."""
     space = study.search_space.parallelism
+    limit = study.objective.max_error_rate
     points: list[Point] = []
     parallelism = start
     metric = study.objective.metric
@@ -111,13 +116,22 @@ async def measure_curve(
         points.append(point)
         if point.stop_reason == "server died":
             return points, f"the server stopped answering at parallelism {parallelism}"
-        if point.error_rate > study.objective.max_error_rate:
+        if point.error_rate > limit:
             break
         if len(points) >= 2:
             before, now = getattr(points[-2], metric), getattr(point, metric)
             if now < before * (1 + space.plateau_gain):
                 break
         parallelism *= 2
+    parallelism = start
+    while (
+        parallelism > space.low and sum(p.error_rate <= limit for p in points) < MIN_POINTS_FOR_PEAK
+    ):
+        parallelism = max(space.low, parallelism // 2)
+        point = await session.measure(parallelism)
+        points.insert(0, point)
+        if point.stop_reason == "server died":
+            return points, f"the server stopped answering at parallelism {parallelism}"
     return points, None
 
 
@@ -142,8 +156,8 @@ async def run_trial(
     try:
         async with launcher.running(knobs) as session:
             points, reason = await measure_curve(session, study, start)
-    except ServerError as error:
-        reason = getattr(error, "reason", None) or str(error)
+    except ServerStartupError as error:  # deterministic: the server refuses these knobs
+        reason = error.reason
     metric = study.objective.metric
     usable = [p for p in points if p.error_rate <= study.objective.max_error_rate]
     best = max(usable, key=lambda p: getattr(p, metric), default=None)
@@ -197,6 +211,14 @@ def is_feasible(trial: Any) -> bool:
     return all(value <= 0 for value in trial.constraints.values())
 
 
+def with_storage_hidden(url: str) -> str:
+    """A storage URL without its password, for messages."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
 def open_study(study: Study, url: str) -> Any:
     """Create or resume the Optuna study; trials a crash left RUNNING become FAIL.
 
@@ -205,6 +227,7 @@ def open_study(study: Study, url: str) -> Any:
     let Optuna fail only the trials whose worker died.
     """
     import optuna
+    import sqlalchemy.exc
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -225,13 +248,20 @@ def open_study(study: Study, url: str) -> Any:
             constant_liar=shared,
             n_startup_trials=startup_trials(study),
         )
-        optuna_study = optuna.create_study(
-            study_name=study.name,
-            storage=storage,
-            load_if_exists=True,
-            directions=directions,
-            sampler=sampler,
-        )
+        try:
+            optuna_study = optuna.create_study(
+                study_name=study.name,
+                storage=storage,
+                load_if_exists=True,
+                directions=directions,
+                sampler=sampler,
+            )
+        except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.OperationalError) as error:
+            reason = str(error.orig if hasattr(error, "orig") else error).splitlines()[0]
+            raise UsageError(
+                f"cannot open the study storage {with_storage_hidden(url)} ({reason}); pass a "
+                "URL such as sqlite:///studies/NAME.db or postgresql://user@host/db."
+            ) from None
         if shared:
             optuna.storages.fail_stale_trials(optuna_study)
         else:

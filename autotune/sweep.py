@@ -8,7 +8,7 @@ Outputs, all rebuilt from `sweep.json` by `autotune report`:
 from __future__ import annotations
 
 import logging
-import platform
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,12 +17,11 @@ from typing import Any
 import orjson
 import yaml
 
-from autotune import __version__
 from autotune.config import SyntheticWorkload, TargetConfig
-from autotune.launchers import HttpLauncher, Launcher, knob_flags, sim_launch_command
+from autotune.launchers import HttpLauncher, Launcher
 from autotune.probe import ProbeSettings
 from autotune.recommend import recommendation
-from autotune.results import SCHEMA_VERSION
+from autotune.results import SCHEMA_VERSION, machine_identity
 from autotune.search import (
     TrialOutcome,
     best_trial,
@@ -34,26 +33,16 @@ from autotune.search import (
     optimise,
     storage_url,
     trial_rows,
+    with_storage_hidden,
 )
-from autotune.study import Study
+from autotune.servers.launcher import ServerProcess
+from autotune.study import Study, knob_flags
 from autotune.verifiers import VerifierOptions, load_verifier
 from autotune.workload import Workload
 
 log = logging.getLogger("autotune")
 
 RESULT_FILE = "sweep.json"
-
-
-def vllm_launch_command(study: Study) -> Callable[[Mapping[str, Any], int], list[str]]:
-    """`vllm serve MODEL` (or the study's command) with fixed args and the trial's knobs."""
-    target = study.target
-
-    def build(knobs: Mapping[str, Any], port: int) -> list[str]:
-        name = target.model or ""  # validated: kind vllm always names its model
-        model = [name] if target.command[-1:] == ["serve"] else ["--model", name]
-        return [*target.command, *model, *target.args, *knob_flags(knobs), "--port", str(port)]
-
-    return build
 
 
 def _target_config(study: Study) -> TargetConfig:
@@ -92,21 +81,27 @@ def _launcher(study: Study, verifier: Any, tasks: Sequence[Any]) -> HttpLauncher
         max_s=study.probe.max_s,
         target_halfwidth=study.probe.target_halfwidth,
     )
+    return HttpLauncher(_target_config(study), verifier, tasks, settings, _server(study))
+
+
+def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerProcess] | None:
+    """What starts one configuration: the simulator, real vLLM, or nothing (kind: server)."""
     target = study.target
-    common: dict[str, Any] = {
-        "target": _target_config(study),
-        "verifier": verifier,
-        "tasks": tasks,
-        "settings": settings,
-        "env": target.env,
-        "startup_timeout_s": target.startup_timeout_s,
-        "health_path": target.health_path,
-    }
     if target.kind == "sim":
-        return HttpLauncher(command=sim_launch_command(target.args), **common)
+        return lambda knobs: ServerProcess.sim(
+            [*target.args, *knob_flags(knobs)], startup_timeout_s=target.startup_timeout_s
+        )
     if target.kind == "vllm":
-        return HttpLauncher(command=vllm_launch_command(study), **common)
-    return HttpLauncher(**common)
+        from autotune.servers.vllm import VllmServer
+
+        return lambda knobs: VllmServer(
+            target.model or "",  # validated: kind vllm always names its model
+            knobs,
+            command=[*target.command, *target.args],
+            env=target.env,
+            startup_timeout_s=target.startup_timeout_s,
+        )
+    return None
 
 
 async def run_sweep(
@@ -144,6 +139,26 @@ async def run_sweep(
         finally:
             await verifier.aclose()
     return results(study, optuna_study, url, reused=already, started=started)
+
+
+_SECRET_FLAG = re.compile(r"key|token|secret|password", re.IGNORECASE)
+
+
+def redacted(args: Sequence[str]) -> list[str]:
+    """Server flags as saved in results: the value of any secret-looking flag hidden."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next:
+            shown.append("***")
+            hide_next = False
+        elif arg.startswith("-") and _SECRET_FLAG.search(arg):
+            name, has_value, _ = arg.partition("=")
+            shown.append(f"{name}=***" if has_value else arg)
+            hide_next = not has_value
+        else:
+            shown.append(arg)
+    return shown
 
 
 def _model_name(study: Study) -> str | None:
@@ -200,18 +215,17 @@ def results(
         "objective": study.objective.model_dump(),
         "budget": study.budget.model_dump(),
         "search_space": study.search_space.model_dump(),
-        "target": study.target.model_dump(exclude={"env"}),
+        "target": {
+            **study.target.model_dump(exclude={"env", "args"}),
+            "args": redacted(study.target.args),
+        },
         "trials": trials,
         "rows": trial_rows(optuna_study),
         "best": best_saved,
         "importances": importances(optuna_study),
         "recommendation": recommended,
         "probe_s_total": sum(t["probe_s"] or 0 for t in trials),
-        "machine": {
-            "host": platform.node(),
-            "python": platform.python_version(),
-            "autotune": __version__,
-        },
+        "machine": machine_identity(),
     }
 
 
@@ -235,11 +249,3 @@ def save_outputs(result: dict[str, Any], directory: Path) -> list[Path]:
         written += [as_json, as_yaml]
     written.append(sweep_report.write(result, directory))
     return written
-
-
-def with_storage_hidden(url: str) -> str:
-    """A storage URL without its password, for messages."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -29,7 +29,7 @@ def probe(
         warmup_s=1.0, stop_reason="converged", latency_s=latency, errors_by_class={},
         rate_limited_responses=0, retry_after_seen=0, limiter_wait_share=0.0,
         verifier_capacity=None, verifier_busy_fraction=0.0, verifier_capacity_rps=None,
-        mean_in_flight_model=rate * model_s, telemetry={}, telemetry_unavailable={},
+        telemetry={}, telemetry_unavailable={},
         token_check=None,
     )  # fmt: skip
     return replace(base, **changes)

@@ -68,6 +68,8 @@ def test_nemo_gym_examples_collect_with_reference_keys(
             assert expected_keys <= set(row), expected_keys - set(row)
     for row in rows:
         assert row["response"]["output"], row
+        # NeMo Gym's response model requires these three beside the output.
+        assert {"tools", "tool_choice", "parallel_tool_calls"} <= set(row["response"])
         timings = row["_autotune"]["timings"]
         assert timings["queued"] <= timings["model_start"] <= timings["first_token"]
         assert timings["first_token"] <= timings["model_end"] <= timings["verify_start"]

@@ -69,3 +69,10 @@ def test_a_single_point_cannot_be_fitted() -> None:
         fit_usl([4], [10.0])
     summary = summarise_curve([4], [10.0])
     assert summary.fit is None and summary.recommended_parallelism == 3
+
+
+def test_three_points_never_claim_a_peak() -> None:
+    points = [16, 32, 64]  # a ladder that stopped at its first plateau
+    summary = summarise_curve(points, [TRUE.throughput(n) for n in points])
+    assert not summary.peak_inside_range
+    assert summary.peak_parallelism == max(points, key=TRUE.throughput)

@@ -207,3 +207,17 @@ def test_storage_without_its_driver_is_one_sentence(tmp_path: Path) -> None:
     study = load_study(write_study(tmp_path, "nodriver", "sim/x"))
     with pytest.raises(UsageError, match="needs a database driver that is not installed"):
         open_study(study, "mysql+pymysql://user@127.0.0.1:9/db")  # pymysql is not installed
+
+
+def test_secret_flags_never_reach_saved_results() -> None:
+    from autotune.sweep import redacted
+
+    args = ["--model", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--port", "8"]
+    assert redacted(args) == ["--model", "m", "--api-key", "***", "--hf-token=***", "--port", "8"]
+
+
+def test_bogus_storage_url_is_one_sentence(tmp_path: Path) -> None:
+    study = write_study(tmp_path, "bogus", "sim/x")
+    result = autotune("sweep", str(study), "--storage", "bogus", "--quiet")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot open the study storage bogus" in result.stderr

@@ -398,7 +398,7 @@ def test_workers_starting_together_on_a_new_database_all_open_the_study(
 
 
 def test_storage_url_password_is_hidden() -> None:
-    from autotune.sweep import with_storage_hidden
+    from autotune.search import with_storage_hidden
 
     hidden = with_storage_hidden(f"postgresql+psycopg2://{USER}:{PASSWORD}@db.example:5432/s")
     assert PASSWORD not in hidden and hidden.endswith("@db.example:5432/s")

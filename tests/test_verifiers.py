@@ -45,6 +45,7 @@ def respond(text: str) -> dict[str, Any]:
         input_tokens=1,
         output_tokens=1,
         finish_reason="stop",
+        request={},
     )
 
 

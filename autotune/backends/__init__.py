@@ -11,16 +11,6 @@ from typing import Any, Protocol
 
 from autotune.workload import Task
 
-# Failure classes a model call can end in; they key the summary's error table.
-FAILURE_CLASSES = (
-    "timeout",
-    "connection",
-    "rate_limited",
-    "http_4xx",
-    "http_5xx",
-    "bad_response",
-)
-
 
 @dataclass(slots=True)
 class Generation:
@@ -39,7 +29,11 @@ class Generation:
 
 
 class ModelCallError(Exception):
-    """A model call that failed for good (after retries); `failure_class` names why."""
+    """A model call that failed for good (after retries).
+
+    `failure_class` keys the error tables: timeout, connection, rate_limited, http_4xx,
+    http_5xx or bad_response.
+    """
 
     def __init__(self, failure_class: str, message: str, attempts: int = 1) -> None:
         super().__init__(message)

@@ -35,8 +35,8 @@ import yaml
 
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.errors import UsageError
-from autotune.launchers import knob_flags
 from autotune.probe import ProbeSettings
+from autotune.study import knob_flags
 
 MAX_REPETITIONS = 20  # the exact test takes at most 40 values in all (stats.MAX_EXACT_SAMPLES)
 DEFAULT_REPETITIONS = 5

@@ -187,7 +187,6 @@ async def run_command_probe(
         verifier_capacity=None,
         verifier_busy_fraction=None,
         verifier_capacity_rps=None,
-        mean_in_flight_model=None,
         telemetry=summarise(recorder.samples, start, end),
         telemetry_unavailable=dict(recorder.unavailable),
         token_check=None,

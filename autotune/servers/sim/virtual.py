@@ -18,12 +18,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.errors import ServerStartupError
-from autotune.launchers import Point, knob_flags
+from autotune.launchers import Point
 from autotune.probe import ProbeSettings
 from autotune.results import percentile
 from autotune.servers.sim.scheduler import SimEngine
 from autotune.servers.sim.server import SimConfigError, load_config
 from autotune.stats import batch_means_rate
+from autotune.study import knob_flags
 
 CHECK_EVERY = 32  # completions between convergence checks
 
