@@ -188,8 +188,8 @@ async def _watch(
 ) -> tuple[float, float, str]:
     """Wait for warm-up, then for a precise enough estimate; returns (warm, stop, reason).
 
-    The window must also span three mean rollout latencies: shorter batches of a
-    closed loop are correlated, and their interval would be too narrow.
+    The window must also span a mean rollout latency: a closed loop's completions come
+    in waves of about that period, and a shorter window samples one phase of a wave.
     """
     warm_until: float | None = None
     while True:
@@ -207,7 +207,7 @@ async def _watch(
         window = now - warm_until
         if window >= settings.max_s:
             return warm_until, now, "time cap"
-        if window >= max(settings.min_s, 3 * meter.mean_latency_s):
+        if window >= max(settings.min_s, meter.mean_latency_s):
             estimate = batch_means_rate(meter.done_at, warm_until, now)
             if estimate.events >= 20 and estimate.relative_halfwidth <= settings.target_halfwidth:
                 return warm_until, now, "converged"

@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import ServerStartupError, UsageError
-from autotune.knee import MIN_POINTS_FOR_PEAK, summarise_curve
+from autotune.knee import summarise_curve
 from autotune.launchers import ConfigSession, Launcher, Point
 from autotune.study import ChoiceSpace, FloatSpace, IntSpace, Study
 
 log = logging.getLogger("autotune")
 
 IMPROVEMENT = 0.01  # patience counts trials that did not beat the best by 1%
+MIN_USABLE_POINTS = 2  # a curve needs two; a start above a configuration's peak may leave one
 HEARTBEAT_INTERVAL_S = 10  # a shared study's running trial records a heartbeat this often
 GRACE_PERIOD_S = 30  # and the next worker to start fails it once it is this stale
 
@@ -103,8 +104,8 @@ async def measure_curve(
     session: ConfigSession, study: Study, start: int
 ) -> tuple[list[Point], str | None]:
     """Double parallelism from `start` until throughput plateaus, errors appear or the
-    range ends; then, if that left too few usable points to fit (a start above this
-    configuration's own peak, or errors there), halve below `start` for more.
+    range ends; then, if that left fewer than two usable points (errors at `start`, or
+    a start past this configuration's own plateau), halve below `start` for more.
     Returns the points, lowest parallelism first, and, if the server died, why."""
     space = study.search_space.parallelism
     limit = study.objective.max_error_rate
@@ -125,7 +126,7 @@ async def measure_curve(
         parallelism *= 2
     parallelism = start
     while (
-        parallelism > space.low and sum(p.error_rate <= limit for p in points) < MIN_POINTS_FOR_PEAK
+        parallelism > space.low and sum(p.error_rate <= limit for p in points) < MIN_USABLE_POINTS
     ):
         parallelism = max(space.low, parallelism // 2)
         point = await session.measure(parallelism)

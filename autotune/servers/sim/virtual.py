@@ -64,7 +64,7 @@ class VirtualSession:
             if elapsed >= settings.max_s:
                 window.append(now)
                 stop.set()
-            elif elapsed >= settings.min_s:
+            elif elapsed >= max(settings.min_s, sum(latencies) / len(latencies)):
                 estimate = batch_means_rate(done_at, window[0], now)
                 if (
                     estimate.events >= 20
