@@ -14,12 +14,14 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import TargetConfig
+from autotune.errors import CollectionError
 from autotune.probe import ProbeSettings, run_probe
 from autotune.servers.launcher import ServerProcess
 from autotune.target import api_key, open_session, resolve_target
@@ -125,3 +127,43 @@ class HttpLauncher:
             yield HttpSession(
                 session, backend, self.verifier, self.tasks, target.base_url, self.settings
             )
+
+
+@dataclass(slots=True)
+class CommandSession:
+    """Measures a user's own collector command (NeMo Gym's, say) at one parallelism a run."""
+
+    template: str
+    limit: int
+    workdir: Path
+
+    async def measure(self, parallelism: int) -> Point:
+        from autotune.servers.command import run_command_probe
+
+        try:
+            result = await run_command_probe(self.template, parallelism, self.limit, self.workdir)
+        except CollectionError as error:  # the command failed at this parallelism
+            log.warning("%s", error)
+            return Point(parallelism, 0.0, 0.0, 1.0, None, 0.0, "command failed")
+        return Point(
+            parallelism=parallelism,
+            rollouts_per_s=result.rollouts_per_s,
+            output_tokens_per_s=result.output_tokens_per_s,
+            error_rate=result.error_rate,
+            p95_latency_s=result.latency_s["total"].p95,
+            probe_s=result.measured_s + result.warmup_s,
+            stop_reason=result.stop_reason,
+        )
+
+
+@dataclass(slots=True)
+class CommandLauncher:
+    """No server to start: the command is the whole collection stack, run per point."""
+
+    template: str
+    limit: int
+    workdir: Path
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[CommandSession]:
+        yield CommandSession(self.template, self.limit, self.workdir)

@@ -128,11 +128,13 @@ class SearchSpace(_Strict):
 
 
 class TargetSpec(_Strict):
-    kind: Literal["server", "sim", "vllm"]
+    kind: Literal["server", "sim", "vllm", "command"]
     base_url: str | None = None  # server
     model: str | None = None  # server, vllm
     args: list[str] = []  # fixed flags for sim / vllm
     command: list[str] = ["vllm", "serve"]  # vllm: overridable (a CPU build's module form)
+    # command: the user's own collector, with {parallelism}, {output} and {limit} in it
+    template: str | None = None
     env: dict[str, str] = {}
     startup_timeout_s: float = Field(default=600.0, gt=0)
     api_key_env: str = "OPENAI_API_KEY"
@@ -144,6 +146,11 @@ class TargetSpec(_Strict):
         problem = base_url_problem(self.base_url) if self.base_url else None
         if problem is not None:
             raise ValueError(f"base_url {self.base_url} {problem}, e.g. http://host:8000/v1")
+        if self.kind == "command" and not self.template:
+            raise ValueError(
+                "kind: command needs template, e.g. 'ng_collect_rollouts ... "
+                "+num_samples_in_parallel={parallelism} +output_jsonl_fpath={output}'"
+            )
         if self.kind == "vllm" and not self.model:
             raise ValueError("kind: vllm needs model (a path or a model name)")
         return self
@@ -199,9 +206,9 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _knobs_need_a_launcher(self) -> Study:
-        if self.target.kind == "server" and self.search_space.server_knobs():
+        if self.target.kind in ("server", "command") and self.search_space.server_knobs():
             raise ValueError(
-                "a running server (kind: server) cannot change its own flags; "
+                f"kind: {self.target.kind} starts no server, so no server flag can change; "
                 "search only parallelism, or use kind: vllm or kind: sim"
             )
         return self

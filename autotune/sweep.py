@@ -18,7 +18,7 @@ import orjson
 import yaml
 
 from autotune.config import SyntheticWorkload, TargetConfig
-from autotune.launchers import HttpLauncher, Launcher
+from autotune.launchers import CommandLauncher, HttpLauncher, Launcher
 from autotune.probe import ProbeSettings
 from autotune.recommend import recommendation
 from autotune.results import SCHEMA_VERSION, machine_identity
@@ -43,6 +43,7 @@ from autotune.workload import Workload
 log = logging.getLogger("autotune")
 
 RESULT_FILE = "sweep.json"
+COMMAND_ROLLOUTS = 200  # rollouts per run of a user's collector, unless workload.limit says
 
 
 def _target_config(study: Study) -> TargetConfig:
@@ -123,6 +124,12 @@ async def run_sweep(
     if already:
         log.info("resuming study %s: %d finished trials reused", study.name, already)
     started = time.time()
+    if launcher is None and study.target.kind == "command":
+        launcher = CommandLauncher(
+            study.target.template or "",
+            study.workload.limit or COMMAND_ROLLOUTS,
+            studies_dir / "runs" / study.name,
+        )
     if launcher is not None:
         await optimise(study, optuna_study, launcher, gpus, on_trial)
     else:

@@ -221,3 +221,34 @@ def test_bogus_storage_url_is_one_sentence(tmp_path: Path) -> None:
     result = autotune("sweep", str(study), "--storage", "bogus", "--quiet")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "cannot open the study storage bogus" in result.stderr
+
+
+def test_sweep_of_a_users_own_collector_command(tmp_path: Path) -> None:
+    collector = f"{sys.executable} {REPO / 'tests' / 'fixtures' / 'fake_collector.py'}"
+    study = tmp_path / "own.yaml"
+    study.write_text(
+        yaml.safe_dump(
+            {
+                "name": "own",
+                "target": {
+                    "kind": "command",
+                    "template": f"{collector} --parallelism {{parallelism}} --limit {{limit}} "
+                    "--output {output}",
+                },
+                "workload": {"limit": 60},
+                "search_space": {"parallelism": {"low": 2, "high": 16}},
+                "budget": {"trials": 2},
+            }
+        )
+    )
+    result = autotune(
+        "sweep", str(study), "--studies-dir", str(tmp_path / "studies"),
+        "--reports-dir", str(tmp_path / "reports"), "--quiet", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    saved = json.loads((tmp_path / "reports" / "own" / "sweep.json").read_text())
+    points = saved["best"]["points"]
+    assert [p["parallelism"] for p in points][:2] == [2, 4]
+    assert points[1]["rollouts_per_s"] > 1.5 * points[0]["rollouts_per_s"]  # it scales
+    recommendation = json.loads((tmp_path / "reports" / "own" / "recommendation.json").read_text())
+    assert recommendation["snippets"]["nemo_gym"].startswith("+num_samples_in_parallel=")
