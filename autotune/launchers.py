@@ -22,7 +22,7 @@ import aiohttp
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import TargetConfig
 from autotune.errors import CollectionError
-from autotune.probe import ProbeSettings, run_probe
+from autotune.probe import ProbeResult, ProbeSettings, run_probe
 from autotune.servers.launcher import ServerProcess
 from autotune.target import api_key, open_session, resolve_target
 from autotune.verifiers import Verifier
@@ -42,6 +42,19 @@ class Point:
     p95_latency_s: float | None
     probe_s: float  # time the probe took (simulated seconds on the virtual engine)
     stop_reason: str
+
+    @classmethod
+    def of(cls, result: ProbeResult) -> Point:
+        """The curve point a full probe result makes."""
+        return cls(
+            parallelism=result.parallelism,
+            rollouts_per_s=result.rollouts_per_s,
+            output_tokens_per_s=result.output_tokens_per_s,
+            error_rate=result.error_rate,
+            p95_latency_s=result.latency_s["total"].p95,
+            probe_s=result.measured_s + result.warmup_s,
+            stop_reason=result.stop_reason,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,15 +92,7 @@ class HttpSession:
             self.session,
             self.base_url,
         )
-        return Point(
-            parallelism=parallelism,
-            rollouts_per_s=result.rollouts_per_s,
-            output_tokens_per_s=result.output_tokens_per_s,
-            error_rate=result.error_rate,
-            p95_latency_s=result.latency_s["total"].p95,
-            probe_s=result.measured_s + result.warmup_s,
-            stop_reason=result.stop_reason,
-        )
+        return Point.of(result)
 
 
 @dataclass(slots=True)
@@ -145,15 +150,7 @@ class CommandSession:
         except CollectionError as error:  # the command failed at this parallelism
             log.warning("%s", error)
             return Point(parallelism, 0.0, 0.0, 1.0, None, 0.0, "command failed")
-        return Point(
-            parallelism=parallelism,
-            rollouts_per_s=result.rollouts_per_s,
-            output_tokens_per_s=result.output_tokens_per_s,
-            error_rate=result.error_rate,
-            p95_latency_s=result.latency_s["total"].p95,
-            probe_s=result.measured_s + result.warmup_s,
-            stop_reason=result.stop_reason,
-        )
+        return Point.of(result)
 
 
 @dataclass(slots=True)
