@@ -185,7 +185,7 @@ def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_pat
         (
             "name: x\ntarget: {kind: server, base_url: 'http://h/v1'}\n"
             "search_space: {max_num_seqs: {choices: [8]}}\n",
-            "cannot change its own flags",
+            "starts no server",
         ),
         ("name: [unclosed\n", "not valid YAML at line"),
     ],
