@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -126,8 +127,9 @@ async def test_a_temporary_log_is_removed_only_after_a_clean_stop() -> None:
 
 
 HEALTHY_BUT_STUBBORN = """
-import http.server, signal, sys
+import http.server, signal, subprocess, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -138,17 +140,46 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
 
 
-async def test_a_server_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+async def test_stop_kills_a_server_ignoring_sigterm_after_one_grace(tmp_path: Path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-c", HEALTHY_BUT_STUBBORN, str(port)]
-    url = f"http://127.0.0.1:{port}/health"
-    async with ServerProcess(
-        cmd, url, startup_timeout_s=10, stop_grace_s=0.3, log_path=tmp_path / "x.log"
-    ) as proc:
-        pgid = proc.pid
-        assert pgid is not None
+    grace = 1.5
+    proc = ServerProcess(
+        [sys.executable, "-c", HEALTHY_BUT_STUBBORN, str(port)],
+        f"http://127.0.0.1:{port}/health",
+        startup_timeout_s=20,
+        stop_grace_s=grace,
+        log_path=tmp_path / "x.log",
+    )
+    await proc.start()
+    pgid = proc.pid
+    assert pgid is not None
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.1)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    await proc.stop()
+    elapsed = time.monotonic() - started
+    ticker.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await ticker
+    assert grace <= elapsed < grace + 1.0
+    assert ticks >= grace / 0.1 * 0.5  # the event loop kept running throughout
     assert proc.returncode == -9
-    assert not _group_exists(pgid)
+    deadline = time.monotonic() + 2  # the sleeping grandchild is reaped by init
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the server's process group outlived stop()")
 
 
 def test_last_error_line_prefers_the_exception_line() -> None:

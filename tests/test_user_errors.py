@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import http.server
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +13,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from autotune.servers.launcher import ServerProcess, free_port
 from autotune.store import completed_keys
 from autotune.workload import rollout_key
 from tests.helpers import autotune
@@ -333,61 +330,3 @@ def test_missing_api_key_says_to_set_it(refusing_url: str) -> None:
 def test_models_404_still_asks_for_model(refusing_url: str) -> None:
     line = _one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", refusing_url))
     assert "lists no model at /models; pass --model NAME." in line
-
-
-# -- 10. a server that ignores SIGTERM ----------------------------------------------------
-
-IGNORES_SIGTERM = """
-import http.server, signal, subprocess, sys
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
-"""
-
-
-async def test_stop_kills_a_server_ignoring_sigterm_after_one_grace(tmp_path: Path) -> None:
-    port = free_port()
-    grace = 1.5
-    proc = ServerProcess(
-        [sys.executable, "-c", IGNORES_SIGTERM, str(port)],
-        f"http://127.0.0.1:{port}/health",
-        startup_timeout_s=20,
-        stop_grace_s=grace,
-        log_path=tmp_path / "x.log",
-    )
-    await proc.start()
-    pgid = proc.pid
-    assert pgid is not None
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.1)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    started = time.monotonic()
-    await proc.stop()
-    elapsed = time.monotonic() - started
-    ticker.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await ticker
-    assert grace <= elapsed < grace + 1.0
-    assert ticks >= grace / 0.1 * 0.5  # the event loop kept running throughout
-    assert proc.returncode == -9
-    deadline = time.monotonic() + 2  # the sleeping grandchild is reaped by init
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        pytest.fail("the server's process group outlived stop()")
