@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
+.PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
 	bench-baseline clean vllm-cpu test-vllm
 
 $(STAMP): pyproject.toml
@@ -30,6 +30,12 @@ lint: setup
 
 test: setup lint
 	$(BIN)/python -m pytest -q
+
+# The quick loop while changing code (a few minutes): the lint, then every test but the
+# slow end-to-end ones, real vLLM and the shared PostgreSQL study. `make test` (what CI
+# runs) is the whole suite.
+check: setup lint
+	$(BIN)/python -m pytest -q -m "not slow and not vllm" --ignore=tests/test_sweep_postgres.py
 
 # Real vLLM on a machine without a GPU: its CPU build in a cached venv, with a tiny model
 # built offline ($AUTOTUNE_CACHE, default ~/.cache/autotune). The vLLM tests call it too.

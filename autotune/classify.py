@@ -12,10 +12,7 @@ names what it leans to and says a sweep is the next step.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from autotune.probe import ProbeResult
+from autotune.results import Evidence, ProbeResult, Thresholds, Verdict
 
 VERDICTS = (
     "parallelism-bound",
@@ -25,64 +22,6 @@ VERDICTS = (
     "client-bound",
     "unstable",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Every number a rule compares against; each is configurable."""
-
-    scaling_fraction: float = 1 / 3  # parallelism-bound: speedup ≥ 1 + f·(ratio − 1)
-    flat_gain: float = 0.20  # saturated: speedup < 1 + flat_gain
-    max_error_rate: float = 0.05
-    client_cpu_fraction: float = 0.85  # of one core
-    client_loop_lag_ms: float = 50.0  # mean of the per-sample worst lag
-    limiter_wait_share: float = 0.20
-    rate_limited_share: float = 0.01  # 429s per rollout: one stray 429 is not a limit
-    verifier_busy_fraction: float = 0.80
-    verifier_capacity_use: float = 0.80  # throughput ÷ verifier capacity
-    verify_wait_growth: float = 2.0
-    littles_law_match: float = 0.60  # observed model-latency growth ÷ predicted
-    server_waiting: float = 0.5  # mean requests waiting in the server's queue
-    kv_cache_full: float = 0.90
-    gpu_busy_pct: float = 80.0
-
-    def parallelism_bound_speedup(self, ratio: float) -> float:
-        return 1 + self.scaling_fraction * (ratio - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """One measured number beside the threshold it was compared with."""
-
-    name: str
-    value: float
-    threshold: float
-    comparison: str  # ">=" or "<" or ">"
-    met: bool
-    meaning: str
-
-    def text(self) -> str:
-        mark = "yes" if self.met else "no"
-        return (
-            f"{self.name} = {self.value:.3g} (threshold {self.comparison} {self.threshold:.3g}: "
-            f"{mark}) — {self.meaning}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    verdict: str
-    leaning: bool  # True between "barely moved" and "scaled": a sweep should decide
-    speedup: float
-    parallelism_ratio: float
-    evidence: list[Evidence]
-    next_step: str
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["evidence"] = [dict(asdict(e), text=e.text()) for e in self.evidence]
-        return data
 
 
 def _check(name: str, value: float, comparison: str, threshold: float, meaning: str) -> Evidence:

@@ -14,11 +14,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
-from autotune.config import CollectConfig, Shard, SyntheticWorkload, TargetConfig
+from autotune.config import PROBE_DEFAULTS, CollectConfig, Shard, SyntheticWorkload, TargetConfig
 from autotune.errors import AutotuneError, UsageError
+
+if TYPE_CHECKING:
+    from autotune.results import DiagnoseResult
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -208,9 +211,9 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from autotune.collect import run_async
-    from autotune.diagnose import DiagnoseConfig, diagnose, save_result
-    from autotune.report import diagnose_report
+    from autotune.diagnose import DiagnoseConfig, diagnose, write_outputs
     from autotune.report.terminal import diagnose_text
+    from autotune.results import save, to_json
 
     config = DiagnoseConfig(
         collect=collect_config(args),
@@ -232,18 +235,16 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         _check_writable_dir(args.report, f"--report {args.report}")
     result = run_async(diagnose(config))
     if args.json == "-":
-        print(json.dumps(result, indent=2))
+        print(to_json(result).decode())
     else:
         print(diagnose_text(result))
     writing = json_path
     try:
         if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(result, indent=2))
+            save(result, json_path)
         if args.report:
             writing = args.report
-            save_result(result, args.report)
-            page = diagnose_report.write(result, args.report)
+            page = write_outputs(result, args.report)[-1]
             print(f"report: {page}", file=sys.stderr)
     except OSError as error:
         raise AutotuneError(
@@ -265,12 +266,14 @@ def _check_writable_dir(directory: Path, what: str) -> None:
         )
 
 
-def _rescue_json(result: dict[str, Any]) -> str:
+def _rescue_json(result: DiagnoseResult) -> str:
     """Saves a measured result where it can go; says where (the end of an error sentence)."""
+    from autotune.results import to_json
+
     try:
         fd, name = tempfile.mkstemp(prefix="autotune-diagnose-", suffix=".json")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(result, indent=2))
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(to_json(result))
     except OSError:
         return "the summary above is all that was kept; rerun with a writable path."
     return f"the result is saved in {name} instead (`autotune report {name} --out DIR`)."
@@ -278,10 +281,18 @@ def _rescue_json(result: dict[str, Any]) -> str:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from autotune.collect import run_async
+    from autotune.config import load_study
     from autotune.report.terminal import progress_bar, sweep_text
-    from autotune.study import load_study
-    from autotune.sweep import run_sweep, save_outputs
+    from autotune.sweep.job import run_sweep, write_outputs
+    from autotune.sweep.recommend import recommendation
 
+    if args.schema:
+        from autotune.config import Study
+
+        print(json.dumps(Study.model_json_schema(), indent=2))
+        return 0
+    if args.study is None:
+        raise UsageError("autotune sweep needs a study file; pass e.g. studies/demo.yaml.")
     study = load_study(args.study)
     with progress_bar(enabled=not args.quiet, unit="trial") as bar:
         bar.set_total(study.budget.trials)
@@ -293,7 +304,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 f"infeasible: {outcome.infeasible_reason}"
                 if outcome.infeasible_reason
                 else f"{outcome.value:.3g} at parallelism "
-                f"{outcome.curve['best_measured_parallelism'] if outcome.curve else '-'}"
+                f"{outcome.curve.best_measured_parallelism if outcome.curve else '-'}"
             )
             bar.write(f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)")
 
@@ -301,19 +312,27 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             run_sweep(study, storage=args.storage, studies_dir=args.studies_dir, on_trial=on_trial)
         )
     directory = args.reports_dir / study.name
-    save_outputs(result, directory)
+    write_outputs(result, directory)
+    recommended = recommendation(result)
     if args.json:
-        print(json.dumps(result["recommendation"], indent=2))
+        print(json.dumps(recommended.to_dict() if recommended else None, indent=2))
     else:
-        print(sweep_text(result, directory))
+        print(sweep_text(result, recommended, directory))
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from autotune.report import load_saved, render_saved
+    from autotune.diagnose import write_outputs as diagnose_outputs
+    from autotune.results import DiagnoseResult, load_result
+    from autotune.sweep.job import write_outputs as sweep_outputs
 
-    result, directory = load_saved(args.directory)
-    print(render_saved(result, args.out or directory))
+    result = load_result(args.directory)
+    directory = args.out or (args.directory if args.directory.is_dir() else args.directory.parent)
+    if isinstance(result, DiagnoseResult):
+        written = diagnose_outputs(result, directory)
+    else:
+        written = sweep_outputs(result, directory)
+    print(written[-1])
     return 0
 
 
@@ -505,8 +524,15 @@ def build_parser() -> argparse.ArgumentParser:
     probes = diagnose.add_argument_group("probes")
     probes.add_argument("--low", type=_positive_int, default=5, help="low probe parallelism")
     probes.add_argument("--high", type=_positive_int, default=20, help="high probe parallelism")
-    probes.add_argument("--min-s", type=float, default=3.0, help="shortest steady-state window")
-    probes.add_argument("--max-s", type=float, default=20.0, help="time cap per probe")
+    probes.add_argument(
+        "--min-s",
+        type=float,
+        default=PROBE_DEFAULTS.min_s,
+        help="shortest steady-state window",
+    )
+    probes.add_argument(
+        "--max-s", type=float, default=PROBE_DEFAULTS.max_s, help="time cap per probe"
+    )
     probes.add_argument("--json", metavar="PATH", help="write the result as JSON (- for stdout)")
     probes.add_argument("--report", type=Path, metavar="DIR", help="write an HTML report here")
     probes.add_argument(
@@ -529,7 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser(
         "sweep", help="an Optuna study over parallelism and server knobs → a recommendation"
     )
-    sweep.add_argument("study", type=Path, help="study YAML (examples in studies/)")
+    sweep.add_argument("study", type=Path, nargs="?", help="study YAML (examples in studies/)")
+    sweep.add_argument(
+        "--schema",
+        action="store_true",
+        help="print the JSON Schema of a study file (every field, its default) and exit",
+    )
     sweep.add_argument(
         "--storage",
         help="Optuna storage URL (default: sqlite studies/NAME.db; "
@@ -582,6 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutotuneError as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # the reader (`| head`) has gone: the rest is not wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(
             "autotune: interrupted; every finished rollout is on disk (rerun with --resume).",

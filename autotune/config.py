@@ -1,10 +1,60 @@
-"""Validated run configuration, built once by the CLI (or a study file) and passed down."""
+"""Validated configuration, built once by the CLI or read from a study file, passed down.
+
+Run configs (collect, diagnose) are frozen dataclasses the CLI fills; study files are the
+pydantic specs below (one clear error per mistake), whose JSON Schema
+`autotune sweep --schema` prints. A study file:
+
+    name: my-study
+    target: {kind: sim, args: [--gpu, h100-80gb, --model, llama-3.1-70b]}
+    workload: {verifier: synthetic, synthetic: {num_tasks: 500}}
+    search_space:
+      parallelism: {low: 4, high: 512}
+      tensor_parallel_size: {choices: [2, 4, 8]}
+      gpu_memory_utilization: {low: 0.80, high: 0.95, step: 0.05}
+      max_num_seqs: {low: 16, high: 512, log: true}
+      max_num_batched_tokens: {choices: [2048, 4096, 8192]}
+    objective: {metric: rollouts_per_s, max_error_rate: 0.05}
+    budget: {trials: 30}
+    seed: 0
+
+Target kinds: `server` (a running server: only parallelism is searched), `sim` (the
+embedded simulated engine, relaunched per configuration), `vllm` (a command that
+starts vLLM, relaunched per configuration).
+
+The field types and specs that mean the same in a study and in a bench suite
+(autotune.bench.suite) are defined once here: `ProbeSpec` holds the one set of probe
+defaults (ProbeSettings, diagnose and bench take theirs from it), `ServerFields` what
+every target says about its server, and `Count`, `Positive`, `Tokens`, ... each spell
+their bad values one way ("must be a whole number of at least 1, not 0"); `spec_problem`
+turns the first problem of a validation into that sentence, naming the field as the file
+spells it (`cases[0].probe.max_s`).
+"""
 
 from __future__ import annotations
 
+import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from autotune.errors import UsageError
 
@@ -98,3 +148,419 @@ class CollectConfig:
             raise UsageError("--limit must be zero or more.")
         if self.resume and self.output is None:
             raise UsageError("--resume needs --output, the file to continue.")
+
+
+def base_url_problem(url: str) -> str | None:
+    """What keeps `url` from being a server's base URL ("needs http:// ..."), else None."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not a number raises ValueError
+    except ValueError as error:
+        return f"is not a valid URL ({error})"
+    if parts.scheme not in ("http", "https"):
+        return "needs http:// or https://"
+    if not parts.hostname:
+        return "needs a host"
+    return None
+
+
+# -- one sentence per bad value -----------------------------------------------------------
+
+
+def problem(expected: str, value: Any, field: str = "") -> PydanticCustomError:
+    """`must be EXPECTED, not VALUE`: of the field being validated, or of `field` inside it
+    (a model validator's finding about one of its fields)."""
+    return sentence(f"must be {expected}, not {value!r}", field)
+
+
+def sentence(text: str, field: str = "", message: str = "") -> PydanticCustomError:
+    """A validation error whose `text` is one finished phrase about the field (or `field`
+    inside it); spec_problem puts the field's name before it, a study error shows
+    `message` (default: the field's name and the text)."""
+    message = message or (f"{field} {text}" if field else text)
+    return PydanticCustomError(
+        "autotune", "{message}", {"message": message, "sentence": text, "field": field}
+    )
+
+
+def must_be(expected: str, *, inner: bool = True) -> WrapValidator:
+    """Every failure of the field reads `must be EXPECTED, not VALUE`; with inner=False only
+    the field's own (a list's length), not those of the mappings inside it."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as error:
+            if not inner and any(e["loc"] for e in error.errors()):
+                raise
+            raise problem(expected, value) from None
+
+    return WrapValidator(check)
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("blank")
+    return text
+
+
+def _words(value: Any) -> Any:
+    """A list of strings; numbers (`--time-scale, 0.1`) become strings."""
+    if isinstance(value, list | tuple) and all(isinstance(v, str | int | float) for v in value):
+        return tuple(str(v) for v in value)
+    return value
+
+
+def _tokens(value: Any) -> tuple[int, int]:
+    """`256` or `[256, 64]` tokens → (mean, std); one number means a std of a quarter."""
+    parts = list(value) if isinstance(value, list | tuple) else [value]
+    if not 1 <= len(parts) <= 2 or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
+    ):
+        raise problem("a token count or [mean, std]", value)
+    if parts[0] < 1:
+        raise problem("at least 1 token", value)
+    return parts[0], parts[1] if len(parts) == 2 else parts[0] // 4
+
+
+Count = Annotated[int, Strict(), Field(ge=1), must_be("a whole number of at least 1")]
+Count0 = Annotated[int, Strict(), Field(ge=0), must_be("a whole number of at least 0")]
+Positive = Annotated[float, Strict(), Field(gt=0), must_be("a number above 0")]
+NonNegative = Annotated[float, Strict(), Field(ge=0), must_be("a number from 0")]
+Share = Annotated[float, Strict(), Field(gt=0, lt=1), must_be("a number above 0 and below 1")]
+Text = Annotated[str, Strict(), AfterValidator(_not_blank), must_be("a non-empty string")]
+Flag = Annotated[bool, Strict(), must_be("true or false")]
+Words = Annotated[tuple[str, ...], BeforeValidator(_words), must_be("a list of strings")]
+Tokens = Annotated[tuple[int, int], BeforeValidator(_tokens)]  # a count, or [mean, std]
+ApiChoice = Annotated[Api, must_be("chat or completions")]
+
+
+class SpecModel(BaseModel):
+    """A mapping of a spec file: unknown fields are errors, values never change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    what: ClassVar[str] = "a mapping"  # names it in "x is not a field of a target"
+
+
+def _unwrap(node: Any) -> Any:
+    """A field's type without Annotated metadata and without `| None`."""
+    while True:
+        origin = get_origin(node)
+        if origin is Annotated:
+            node = get_args(node)[0]
+            continue
+        if origin in (Union, types.UnionType):
+            members = [a for a in get_args(node) if a is not type(None)]
+            if len(members) == 1:
+                node = members[0]
+                continue
+        return node
+
+
+def _tag(member: Any) -> str | None:
+    """The tag of one member of a tagged union (`Annotated[ProbeCase, Tag("probe")]`)."""
+    tags = [m.tag for m in getattr(member, "__metadata__", ()) if isinstance(m, Tag)]
+    return tags[0] if tags else None
+
+
+def _tags(union: Any) -> list[str]:
+    """The tags of a tagged union's members (`kind: probe`, `kind: overhead`)."""
+    return [tag for tag in map(_tag, get_args(union)) if tag is not None]
+
+
+def _locate(
+    model: type[SpecModel], loc: Sequence[int | str]
+) -> tuple[str, type[SpecModel] | None, Any]:
+    """(`cases[0].target.launch`, the model holding the last field, the type found there)."""
+    where: str = ""
+    holder: type[SpecModel] | None = None  # the model the last field was looked up in
+    node: Any = model  # the type at the location so far
+    for part in loc:
+        node = _unwrap(node)
+        if isinstance(part, int):
+            where += f"[{part}]"
+            args = get_args(node)
+            node = args[0] if args else None
+        elif isinstance(node, type) and issubclass(node, SpecModel):
+            holder, where = node, f"{where}.{part}" if where else part
+            info = node.model_fields.get(part)
+            node = info.annotation if info is not None else None
+        elif get_origin(node) in (Union, types.UnionType) and part in _tags(node):
+            # A tagged union puts the tag it picked in the location; the file never says it.
+            node = next(get_args(m)[0] for m in get_args(node) if _tag(m) == part)
+        else:
+            where, node = f"{where}.{part}" if where else part, None
+    return where, holder, node
+
+
+def spec_problem(model: type[SpecModel], error: ValidationError) -> str:
+    """The first problem (a typo'd field before any value) as one sentence, no full stop:
+    `cases[0].parallelism must be a whole number of at least 1, not 0`."""
+    errors = error.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    where, holder, node = _locate(model, first["loc"])
+    kind, ctx, value = first["type"], first.get("ctx") or {}, first.get("input")
+    if kind == "extra_forbidden" and holder is not None:
+        fields = ", ".join(holder.model_fields)
+        return f"{where} is not a field of {holder.what}; the fields are {fields}"
+    if kind == "autotune":
+        inside = ctx.get("field") or ""
+        where = f"{where}.{inside}" if where and inside else where or inside
+        return f"{where or 'the file'} {ctx['sentence']}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tagged = value.get("kind") if isinstance(value, dict) else None
+        tags = " or ".join(_tags(_unwrap(node)))
+        return f"{where}.kind must be {tags}, not {tagged!r}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{where or 'the file'} must be a mapping of fields, not {value!r}"
+    if kind == "missing":
+        return f"{where} is missing; add it"
+    return f"{where or 'the file'}: {first['msg'].removeprefix('Value error, ')}"
+
+
+# -- what studies and bench suites share ---------------------------------------------------
+
+
+class ProbeSpec(SpecModel):
+    """How long and how precisely a probe measures one parallelism: the one set of defaults
+    (ProbeSettings, `autotune diagnose`, studies and bench suites all start from these)."""
+
+    what: ClassVar[str] = "probe settings"
+    warmup_s: NonNegative = 1.0  # and until every slot has finished a rollout
+    min_s: Positive = 3.0  # the shortest steady-state window
+    max_s: Positive = 20.0  # the time cap of one probe
+    target_halfwidth: Share = 0.05  # stop once the 95% interval is within ± this share
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProbeSpec:
+        if self.max_s < self.min_s:
+            raise problem(f"at least min_s ({self.min_s:g})", self.max_s, "max_s")
+        return self
+
+
+PROBE_DEFAULTS = ProbeSpec()
+
+
+class ServerFields(SpecModel):
+    """What any target says about its server: where it is, what it serves, its key."""
+
+    base_url: Text | None = None  # a running server (http://host:8000/v1)
+    model: Text | None = None  # None: the server's first /v1/models entry
+    api_key_env: Text = "OPENAI_API_KEY"  # the variable holding the key (never the key)
+    startup_timeout_s: Positive = 600.0  # for a server autotune starts
+
+    @field_validator("base_url")
+    @classmethod
+    def _usable_url(cls, url: str | None) -> str | None:
+        found = base_url_problem(url) if url else None
+        if found is not None:
+            text = f"{url} {found}, e.g. http://host:8000/v1"
+            raise sentence(text, message=f"base_url {text}")
+        return url
+
+
+# -- study files (autotune sweep) ---------------------------------------------------------
+
+# Server knobs with vLLM's names; each becomes `--kebab-case VALUE` on the command line.
+SERVER_KNOBS = (
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+)
+
+
+class ChoiceSpace(SpecModel):
+    choices: list[int | float | str] = Field(min_length=1)
+
+
+class IntSpace(SpecModel):
+    low: int = Field(ge=1)
+    high: int = Field(ge=1)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntSpace:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        return self
+
+
+class FloatSpace(SpecModel):
+    low: float
+    high: float
+    step: float | None = None
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FloatSpace:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log: true needs low > 0 (got {self.low})")
+        if self.step is not None:
+            if self.step <= 0:
+                raise ValueError(f"step must be > 0 (got {self.step})")
+            if self.low < self.high and self.step > self.high - self.low:
+                raise ValueError(
+                    f"step ({self.step}) must not exceed high - low ({self.high - self.low:g})"
+                )
+        return self
+
+
+IntOrChoices = IntSpace | ChoiceSpace
+FloatOrChoices = FloatSpace | ChoiceSpace
+
+
+class ParallelismSpace(SpecModel):
+    """Client parallelism: measured by doubling from `low` within each configuration."""
+
+    low: int = Field(default=4, ge=1)
+    high: int = Field(default=1024, ge=1)
+    plateau_gain: float = Field(default=0.05, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ParallelismSpace:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        return self
+
+
+class SearchSpace(SpecModel):
+    parallelism: ParallelismSpace = ParallelismSpace()
+    tensor_parallel_size: ChoiceSpace | None = None
+    gpu_memory_utilization: FloatOrChoices | None = None
+    max_num_seqs: IntOrChoices | None = None
+    max_num_batched_tokens: IntOrChoices | None = None
+    flags: dict[str, IntSpace | FloatSpace | ChoiceSpace] = {}
+
+    def server_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
+        """Every searched server flag by its knob name (vLLM's, with underscores)."""
+        knobs: dict[str, IntSpace | FloatSpace | ChoiceSpace] = {}
+        for name in SERVER_KNOBS:
+            space = getattr(self, name)
+            if space is not None:
+                knobs[name] = space
+        for flag, space in self.flags.items():
+            knobs[flag.lstrip("-").replace("-", "_")] = space
+        return knobs
+
+
+class TargetSpec(ServerFields):
+    what: ClassVar[str] = "a target"
+    kind: Literal["server", "sim", "vllm", "command"]
+    args: list[str] = []  # fixed flags for sim / vllm
+    command: list[str] = ["vllm", "serve"]  # vllm: overridable (a CPU build's module form)
+    # command: the user's own collector, with {parallelism}, {output} and {limit} in it
+    template: str | None = None
+    env: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _complete(self) -> TargetSpec:
+        if self.kind == "server" and not self.base_url:
+            raise ValueError("kind: server needs base_url (e.g. http://host:8000/v1)")
+        if self.kind == "command" and not self.template:
+            raise ValueError(
+                "kind: command needs template, e.g. 'ng_collect_rollouts ... "
+                "+num_samples_in_parallel={parallelism} +output_jsonl_fpath={output}'"
+            )
+        if self.kind == "vllm" and not self.model:
+            raise ValueError("kind: vllm needs model (a path or a model name)")
+        return self
+
+
+class SyntheticSpec(SpecModel):
+    what: ClassVar[str] = "a synthetic workload"
+    num_tasks: Count = 500
+    prompt_tokens: Tokens = (256, 64)
+    output_tokens: Tokens = (128, 32)
+    seed: int = 0
+
+
+class WorkloadSpec(SpecModel):
+    what: ClassVar[str] = "a workload"
+    input: Path | None = None
+    synthetic: SyntheticSpec = SyntheticSpec()
+    limit: Count | None = None
+    verifier: Text = "synthetic"
+    verifier_workers: Count | None = None
+    verifier_cost_ms: NonNegative = 0.0
+    api: ApiChoice = "chat"
+    stream: Flag = True
+    extra_body: dict[str, Any] | None = None  # None: ignore_eos for synthetic work on the sim
+
+
+class ObjectiveSpec(SpecModel):
+    metric: Literal["rollouts_per_s", "output_tokens_per_s"] = "rollouts_per_s"
+    max_error_rate: float = Field(default=0.05, ge=0, le=1)
+    p95_latency_slo_s: float | None = Field(default=None, gt=0)
+    second_objective: Literal["p95_latency"] | None = None
+
+
+class BudgetSpec(SpecModel):
+    trials: int = Field(default=30, ge=1)
+    time_s: float | None = Field(default=None, gt=0)
+    patience: int | None = Field(default=None, ge=1)  # stop after N trials without a 1% gain
+
+
+class Study(SpecModel):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    target: TargetSpec
+    workload: WorkloadSpec = WorkloadSpec()
+    search_space: SearchSpace = SearchSpace()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    budget: BudgetSpec = BudgetSpec()
+    probe: ProbeSpec = ProbeSpec()
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _knobs_need_a_launcher(self) -> Study:
+        if self.target.kind in ("server", "command") and self.search_space.server_knobs():
+            raise ValueError(
+                f"kind: {self.target.kind} starts no server, so no server flag can change; "
+                "search only parallelism, or use kind: vllm or kind: sim"
+            )
+        return self
+
+
+def _location(error: Any) -> str:
+    return ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-"))
+
+
+def load_study(path: Path) -> Study:
+    """Read and validate a study file; every problem becomes one UsageError sentence."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"study file {path} does not exist; check the path.") from None
+    except IsADirectoryError:
+        raise UsageError(f"study file {path} is a directory; pass its YAML file.") from None
+    except OSError as error:
+        raise UsageError(
+            f"study file {path} cannot be read ({error.strerror}); check its permissions."
+        ) from None
+    except UnicodeDecodeError:
+        raise UsageError(f"study file {path} is not UTF-8 text; pass the study YAML.") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"study file {path} is not valid YAML{where}; fix its syntax.") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"study file {path} must be a YAML mapping (name:, target:, ...).")
+    raw.setdefault("name", path.stem)
+    try:
+        study = Study.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = _location(first) or "the file"
+        message = first["msg"].removeprefix("Value error, ")
+        raise UsageError(f"study file {path}: {where}: {message}.") from None
+    if study.workload.input is not None and not study.workload.input.is_absolute():
+        study = study.model_copy(
+            update={
+                "workload": study.workload.model_copy(
+                    update={"input": (path.parent / study.workload.input).resolve()}
+                )
+            }
+        )
+    return study

@@ -10,18 +10,26 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import orjson
-
-from autotune.classify import Thresholds, classify
-from autotune.config import CollectConfig
+from autotune.classify import classify
+from autotune.config import PROBE_DEFAULTS, CollectConfig
 from autotune.errors import CollectionError, UsageError
 from autotune.pipeline import open_pipeline
-from autotune.probe import ProbeResult, ProbeSettings, run_probe
-from autotune.results import SCHEMA_VERSION, machine_identity
+from autotune.probe import ProbeSettings
+from autotune.probe.command import run_command_probe
+from autotune.probe.engine import run_probe
+from autotune.results import (
+    DiagnoseResult,
+    DiagnoseSettings,
+    DiagnoseTarget,
+    DiagnoseWorkload,
+    ProbeResult,
+    Thresholds,
+    machine_identity,
+    save,
+)
 from autotune.workload import Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds.
@@ -37,9 +45,9 @@ class DiagnoseConfig:
     collect: CollectConfig
     low: int = 5
     high: int = 20
-    min_s: float = 3.0
-    max_s: float = 20.0
-    target_halfwidth: float = 0.05
+    min_s: float = PROBE_DEFAULTS.min_s
+    max_s: float = PROBE_DEFAULTS.max_s
+    target_halfwidth: float = PROBE_DEFAULTS.target_halfwidth
     thresholds: Thresholds = field(default_factory=Thresholds)
     command: str | None = None  # the user's own collector instead of autotune's engine
 
@@ -48,8 +56,8 @@ class DiagnoseConfig:
             raise UsageError(f"--low {self.low} must be at least 1 and below --high {self.high}.")
 
 
-async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
-    """Runs both probes and returns the saved-result dict (see RESULT_FILE)."""
+async def diagnose(config: DiagnoseConfig) -> DiagnoseResult:
+    """Runs both probes and returns what RESULT_FILE saves."""
     if config.command is not None:
         return await _diagnose_command(config, config.command)
     collect = config.collect
@@ -80,26 +88,24 @@ async def diagnose(config: DiagnoseConfig) -> dict[str, Any]:
                     f"({_errors(probe.errors_by_class)}); check the server and the "
                     "workload with `autotune collect --limit 5` first."
                 )
-    target_record = {
-        "base_url": target.base_url,
-        "model": target.model,
-        "simulated": target.simulated,
-        "api": target_config.api,
-        "stream": target_config.stream,
-    }
-    workload_record = {
-        "input": str(collect.input) if collect.input else None,
-        "tasks": len(tasks),
-        "verifier": collect.verifier,
-        "verifier_workers": collect.verifier_workers,
-    }
+    target_record = DiagnoseTarget(
+        base_url=target.base_url,
+        model=target.model,
+        simulated=target.simulated,
+        api=target_config.api,
+        stream=target_config.stream,
+    )
+    workload_record = DiagnoseWorkload(
+        input=str(collect.input) if collect.input else None,
+        tasks=len(tasks),
+        verifier=collect.verifier,
+        verifier_workers=collect.verifier_workers,
+    )
     return _saved(config, probes, target_record, workload_record)
 
 
-async def _diagnose_command(config: DiagnoseConfig, template: str) -> dict[str, Any]:
+async def _diagnose_command(config: DiagnoseConfig, template: str) -> DiagnoseResult:
     """Both probes run the user's collector command; its rows are timed as they land."""
-    from autotune.servers.command import run_command_probe
-
     limit = config.collect.limit or COMMAND_LIMIT_PER_SLOT * config.high
     workdir = Path(tempfile.mkdtemp(prefix="autotune-command-"))
     probes = [
@@ -107,54 +113,42 @@ async def _diagnose_command(config: DiagnoseConfig, template: str) -> dict[str, 
         for parallelism in (config.low, config.high)
     ]
     shutil.rmtree(workdir)  # kept when a run failed: the error names its log there
-    # The same keys as an engine diagnosis has (reports read them); what a command
-    # hides from autotune is None.
-    target_record = {
-        "command": template,
-        "base_url": None,
-        "model": None,
-        "simulated": False,
-        "api": None,
-        "stream": None,
-    }
-    workload_record = {"input": None, "tasks": limit, "verifier": None, "verifier_workers": None}
-    return _saved(config, probes, target_record, workload_record)
+    target = DiagnoseTarget(base_url=None, model=None, simulated=False, command=template)
+    return _saved(config, probes, target, DiagnoseWorkload(input=None, tasks=limit))
 
 
 def _saved(
     config: DiagnoseConfig,
     probes: list[ProbeResult],
-    target: dict[str, Any],
-    workload: dict[str, Any],
-) -> dict[str, Any]:
+    target: DiagnoseTarget,
+    workload: DiagnoseWorkload,
+) -> DiagnoseResult:
     """The verdict for the probe pair and everything needed to rebuild its report."""
-    verdict = classify(probes[0], probes[1], config.thresholds)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "diagnose",
-        "created_at": time.time(),
-        **verdict.to_dict(),
-        "probes": [probe.to_dict() for probe in probes],
-        "target": target,
-        "workload": workload,
-        "settings": {
-            "low": config.low,
-            "high": config.high,
-            "min_s": config.min_s,
-            "max_s": config.max_s,
-            "target_halfwidth": config.target_halfwidth,
-            "thresholds": asdict(config.thresholds),
-        },
-        "machine": machine_identity(),
-    }
+    return DiagnoseResult(
+        created_at=time.time(),
+        verdict=classify(probes[0], probes[1], config.thresholds),
+        probes=probes,
+        target=target,
+        workload=workload,
+        settings=DiagnoseSettings(
+            low=config.low,
+            high=config.high,
+            min_s=config.min_s,
+            max_s=config.max_s,
+            target_halfwidth=config.target_halfwidth,
+            thresholds=config.thresholds,
+        ),
+        machine=machine_identity(),
+    )
 
 
 def _errors(errors: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "no error recorded"
 
 
-def save_result(result: dict[str, Any], directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / RESULT_FILE
-    path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    return path
+def write_outputs(result: DiagnoseResult, directory: Path) -> list[Path]:
+    """diagnose.json, then index.html rebuilt from it (also what `autotune report` calls)."""
+    from autotune.report import diagnose_report
+
+    saved = save(result, directory / RESULT_FILE)
+    return [saved, diagnose_report.write(result, directory)]

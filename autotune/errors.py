@@ -2,12 +2,23 @@
 
     AutotuneError                 every error autotune raises on purpose
     ├── UsageError                bad flag, bad spec, malformed or missing input file
+    │   └── ResultFormatError     a saved file is not a result this version can read
     ├── ServerError               the model server or verifier endpoint cannot be used
     │   ├── ServerUnreachable     nothing answers at the address
-    │   └── ServerStartupError    a launched server exited or never became healthy
-    └── CollectionError           a run could not go on (every request failing, ...)
+    │   ├── ServerStartupError    a launched server exited or never became healthy
+    │   └── VerifierHTTPError     the verifier endpoint answered, but not a verification
+    ├── CollectionError           a run could not go on (every request failing, ...)
+    └── BaselineUnavailable       `autotune bench`: the baseline is missing or unreadable
 
-The CLI prints `str(error)` as one sentence (cause and fix) and exits non-zero.
+Every class is defined here but ResultFormatError (autotune.results, beside the reader
+that raises it); autotune.verifiers.http and autotune.bench re-export theirs. Not in the
+tree, because no user sees them: a rollout's ModelCallError (counted in the error table,
+never raised to the caller) and the simulated server's own start-up errors (printed to
+its log, as vLLM's are, and read back into a ServerStartupError).
+
+The CLI prints `str(error)` as one sentence (cause and fix) and exits non-zero: 2 for a
+UsageError, 1 for the others; `autotune bench` exits 3 for BaselineUnavailable and 4 for
+the others (1 means a regression there).
 """
 
 
@@ -38,5 +49,13 @@ class ServerStartupError(ServerError):
         self.reason = reason or message
 
 
+class VerifierHTTPError(ServerError):
+    """The verifier endpoint answered, but not with a usable verification."""
+
+
 class CollectionError(AutotuneError):
     """A collection run had to stop (its rollouts so far are kept)."""
+
+
+class BaselineUnavailable(AutotuneError):
+    """The bench baseline file is missing or unreadable: nothing can be compared (exit 3)."""

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
+
+from autotune.results import CurveSummary
 
 HEADROOM = 0.8  # the NeMo Gym guide: "use 80% of peak to leave headroom for stability"
 MIN_POINTS_FOR_PEAK = 4  # with 3 points κ interpolates the noise exactly (R² = 1)
@@ -74,26 +75,6 @@ def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, count: int) -> tuple[f
         active.remove(min(negative, key=lambda i: coefficients[i]))
     a = max(coefficients.get(0, 0.0), 1e-12)
     return a, coefficients.get(1, 0.0), coefficients.get(2, 0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class CurveSummary:
-    """Peak, knee and recommendation for one configuration's measured curve."""
-
-    fit: dict[str, float] | None
-    peak_parallelism: float  # fitted N* inside the range, else the best measured N
-    peak_throughput: float
-    peak_inside_range: bool
-    best_measured_parallelism: int
-    best_measured_throughput: float
-    recommended_parallelism: int  # 80% of the peak parallelism
-    recommended_throughput: float  # what the fitted curve predicts there
-    knee_parallelism: float  # where linear scaling (λN) meets the peak throughput
-    smallest_parallelism_at_80pct: int  # smallest N whose fitted throughput ≥ 80% of peak
-    note: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> CurveSummary:

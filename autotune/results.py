@@ -1,15 +1,115 @@
-"""Result schemas: frozen, versioned, JSON-serialisable. Jobs and reports share them."""
+"""Result types: frozen, versioned, saved as JSON by one writer and read back by one reader.
+
+Every job's output (terminal text, HTML, CSV, the recommendation) is rebuilt from these
+types alone, so a saved file is the whole truth about a run. `schema_version` is
+checked on load: a file from another version is refused in one sentence.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import types
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
-SCHEMA_VERSION = 1
+import orjson
+
+from autotune.errors import UsageError
+
+SCHEMA_VERSION = 2
 STAGES = ("queue", "model", "ttft", "verify_wait", "verify", "total")
+
+R = TypeVar("R", bound="Record")
+
+
+class ResultFormatError(UsageError):
+    """A saved file is not a result this version of autotune can read."""
+
+
+# -- one codec -----------------------------------------------------------------------------
+
+
+def _decode(kind: Any, value: Any) -> Any:
+    """`value` (parsed JSON) as the annotated type `kind`: nested records, lists, tuples."""
+    origin = get_origin(kind)
+    if origin in (Union, types.UnionType):
+        if value is None:
+            return None
+        options = [option for option in get_args(kind) if option is not type(None)]
+        return _decode(options[0], value) if len(options) == 1 else value
+    if isinstance(kind, type) and issubclass(kind, Record):
+        return kind.from_dict(value)
+    if origin in (list, Sequence):
+        (item,) = get_args(kind)
+        return [_decode(item, v) for v in _expect(value, list)]
+    if origin is tuple:
+        return tuple(_expect(value, list))
+    if origin in (dict, Mapping):
+        _, item = get_args(kind)
+        return {str(k): _decode(item, v) for k, v in _expect(value, dict).items()}
+    if kind is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def _expect(value: Any, kind: type) -> Any:
+    if not isinstance(value, kind):
+        raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+class Record:
+    """Mixin of the result dataclasses: `to_dict` for the writer, `from_dict` for the reader."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload, no-any-return]
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        """Raises KeyError or TypeError on a malformed dict (load_result turns them into
+        one sentence)."""
+        hints = get_type_hints(cls)
+        values = {}
+        for item in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if item.name in data:
+                values[item.name] = _decode(hints[item.name], data[item.name])
+            elif (
+                item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+            ):
+                raise KeyError(item.name)
+        return cls(**values)
+
+
+def to_json(value: Record | Mapping[str, Any]) -> bytes:
+    """The one JSON writer of saved files: indented, UTF-8, NaN written as null."""
+    data = value.to_dict() if isinstance(value, Record) else value
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+
+
+def save(value: Record | Mapping[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(to_json(value))
+    return path
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content; a missing or malformed file is one sentence."""
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist; check the path.") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory; pass the JSON file.") from None
+    except orjson.JSONDecodeError as error:
+        raise UsageError(
+            f"{path} is not valid JSON ({error}); pass a file autotune saved."
+        ) from None
 
 
 def machine_identity() -> dict[str, str]:
@@ -19,6 +119,9 @@ def machine_identity() -> dict[str, str]:
     from autotune import __version__
 
     return {"host": platform.node(), "python": platform.python_version(), "autotune": __version__}
+
+
+# -- rollouts and collect --------------------------------------------------------------------
 
 
 def stage_durations(t: Mapping[str, float | None]) -> Iterator[tuple[str, float]]:
@@ -49,7 +152,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
-class StageLatency:
+class StageLatency(Record):
     """Latency of one stage, seconds."""
 
     count: int
@@ -61,6 +164,11 @@ class StageLatency:
     def of(cls, values: Sequence[float]) -> StageLatency:
         mean = sum(values) / len(values) if values else None
         return cls(len(values), mean, percentile(values, 50), percentile(values, 95))
+
+
+def no_latencies() -> dict[str, StageLatency]:
+    """Every stage without a sample (what a probe that cannot time stages reports)."""
+    return {stage: StageLatency.of([]) for stage in STAGES}
 
 
 @dataclass(slots=True)
@@ -79,7 +187,7 @@ class StageSamples:
 
 
 @dataclass(frozen=True, slots=True)
-class CollectSummary:
+class CollectSummary(Record):
     """What a collection run did; `--json` prints exactly this."""
 
     completed: int
@@ -101,5 +209,338 @@ class CollectSummary:
     output: str | None
     schema_version: int = SCHEMA_VERSION
 
+
+# -- probes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult(Record):
+    """Everything one probe measured at one parallelism. Probes that cannot see a stage
+    (a user's command, the virtual engine) leave its fields at their defaults."""
+
+    parallelism: int
+    rollouts_per_s: float
+    rollouts_per_s_ci: tuple[float, float]
+    output_tokens_per_s: float
+    error_rate: float
+    completed: int
+    failed: int
+    measured_s: float
+    warmup_s: float
+    stop_reason: str  # converged | time cap | server died | rows timed | whole run timed | ...
+    latency_s: dict[str, StageLatency] = field(default_factory=no_latencies)
+    errors_by_class: dict[str, int] = field(default_factory=dict)
+    rate_limited_responses: int = 0
+    retry_after_seen: int = 0
+    limiter_wait_share: float = 0.0
+    verifier_capacity: int | None = None
+    verifier_busy_fraction: float | None = None
+    verifier_capacity_rps: float | None = None
+    telemetry: dict[str, dict[str, float]] = field(default_factory=dict)  # "source/metric"
+    telemetry_unavailable: dict[str, str] = field(default_factory=dict)
+    token_check: dict[str, float] | None = None
+    series: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def probe_s(self) -> float:
+        """How long the probe ran (simulated seconds on the virtual engine)."""
+        return self.warmup_s + self.measured_s
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint(Record):
+    """One measured point of a configuration's throughput curve (a probe, in short)."""
+
+    parallelism: int
+    rollouts_per_s: float
+    output_tokens_per_s: float
+    error_rate: float
+    p95_latency_s: float | None
+    probe_s: float
+    stop_reason: str
+
+    @classmethod
+    def of(cls, result: ProbeResult) -> CurvePoint:
+        return cls(
+            parallelism=result.parallelism,
+            rollouts_per_s=result.rollouts_per_s,
+            output_tokens_per_s=result.output_tokens_per_s,
+            error_rate=result.error_rate,
+            p95_latency_s=result.latency_s["total"].p95,
+            probe_s=result.probe_s,
+            stop_reason=result.stop_reason,
+        )
+
+    def metric(self, name: str) -> float:
+        """The objective's figure: rollouts_per_s or output_tokens_per_s."""
+        figure = self.output_tokens_per_s if name == "output_tokens_per_s" else self.rollouts_per_s
+        return float(figure)
+
+
+# -- diagnose --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds(Record):
+    """Every number a verdict rule compares against; each is configurable."""
+
+    scaling_fraction: float = 1 / 3  # parallelism-bound: speedup ≥ 1 + f·(ratio − 1)
+    flat_gain: float = 0.20  # saturated: speedup < 1 + flat_gain
+    max_error_rate: float = 0.05
+    client_cpu_fraction: float = 0.85  # of one core
+    client_loop_lag_ms: float = 50.0  # mean of the per-sample worst lag
+    limiter_wait_share: float = 0.20
+    rate_limited_share: float = 0.01  # 429s per rollout: one stray 429 is not a limit
+    verifier_busy_fraction: float = 0.80
+    verifier_capacity_use: float = 0.80  # throughput ÷ verifier capacity
+    verify_wait_growth: float = 2.0
+    littles_law_match: float = 0.60  # observed model-latency growth ÷ predicted
+    server_waiting: float = 0.5  # mean requests waiting in the server's queue
+    kv_cache_full: float = 0.90
+    gpu_busy_pct: float = 80.0
+
+    def parallelism_bound_speedup(self, ratio: float) -> float:
+        return 1 + self.scaling_fraction * (ratio - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence(Record):
+    """One measured number beside the threshold it was compared with."""
+
+    name: str
+    value: float
+    threshold: float
+    comparison: str  # ">=" or "<" or ">"
+    met: bool
+    meaning: str
+
+    def text(self) -> str:
+        mark = "yes" if self.met else "no"
+        return (
+            f"{self.name} = {self.value:.3g} (threshold {self.comparison} {self.threshold:.3g}: "
+            f"{mark}) — {self.meaning}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict(Record):
+    verdict: str
+    leaning: bool  # True between "barely moved" and "scaled": a sweep should decide
+    speedup: float
+    parallelism_ratio: float
+    evidence: list[Evidence]
+    next_step: str
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnoseTarget(Record):
+    """What was diagnosed: a server (URL, model) or a user's collector command."""
+
+    base_url: str | None
+    model: str | None
+    simulated: bool
+    api: str | None = None
+    stream: bool | None = None
+    command: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnoseWorkload(Record):
+    input: str | None
+    tasks: int
+    verifier: str | None = None
+    verifier_workers: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnoseSettings(Record):
+    low: int
+    high: int
+    min_s: float
+    max_s: float
+    target_halfwidth: float
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnoseResult(Record):
+    """A diagnosis: the probe pair, the verdict from them, and how they were made."""
+
+    kind: ClassVar[str] = "diagnose"
+    created_at: float
+    verdict: Verdict
+    probes: list[ProbeResult]
+    target: DiagnoseTarget
+    workload: DiagnoseWorkload
+    settings: DiagnoseSettings
+    machine: dict[str, str]
+    schema_version: int = SCHEMA_VERSION
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+# -- sweep -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CurveSummary(Record):
+    """Peak, knee and recommendation for one configuration's measured curve."""
+
+    fit: dict[str, float] | None  # lambda, sigma, kappa, r2 of the USL fit
+    peak_parallelism: float  # fitted N* inside the range, else the best measured N
+    peak_throughput: float
+    peak_inside_range: bool
+    best_measured_parallelism: int
+    best_measured_throughput: float
+    recommended_parallelism: int  # 80% of the peak parallelism
+    recommended_throughput: float  # what the fitted curve predicts there
+    knee_parallelism: float  # where linear scaling (λN) meets the peak throughput
+    smallest_parallelism_at_80pct: int  # smallest N whose fitted throughput ≥ 80% of peak
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord(Record):
+    """One trial of a study: a server configuration and its measured curve."""
+
+    number: int
+    state: str  # COMPLETE, or FAIL (an infrastructure error; nothing measured counts)
+    value: float | None
+    feasible: bool
+    knobs: dict[str, Any]
+    points: list[CurvePoint] = field(default_factory=list)
+    curve: CurveSummary | None = None
+    probe_s: float | None = None
+    wall_s: float | None = None
+    p95_latency_s: float | None = None
+    error_rate: float | None = None
+    infeasible_reason: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "COMPLETE"
+
+    @property
+    def usable(self) -> bool:
+        """Complete, feasible, with a fitted curve: it can be recommended."""
+        return self.complete and self.feasible and self.curve is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult(Record):
+    """A study as saved: every trial, what was searched and how; the rest derives from it."""
+
+    kind: ClassVar[str] = "sweep"
+    study: str
+    created_at: float
+    started_at: float
+    simulated: bool
+    storage: str  # without a password
+    trials_reused: int
+    metric: str  # rollouts_per_s | output_tokens_per_s
+    max_error_rate: float
+    model: str | None  # what the recommended `vllm serve` line names
+    spec: dict[str, Any]  # the validated study file, secrets hidden
+    trials: list[TrialRecord]
+    importances: dict[str, float]
+    machine: dict[str, str]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+    @property
+    def completed(self) -> list[TrialRecord]:
+        return [t for t in self.trials if t.complete]
+
+    def best(self) -> TrialRecord | None:
+        """The feasible complete trial with the highest objective."""
+        feasible = [t for t in self.completed if t.feasible]
+        return max(feasible, key=lambda t: t.value or 0.0, default=None)
+
+    @property
+    def probe_s_total(self) -> float:
+        return sum(t.probe_s or 0.0 for t in self.trials)
+
+
+@dataclass(frozen=True, slots=True)
+class Peak(Record):
+    parallelism: float
+    throughput: float
+    inside_searched_range: bool
+    best_measured_parallelism: int
+    best_measured_throughput: float
+
+
+@dataclass(frozen=True, slots=True)
+class Recommended(Record):
+    parallelism: int
+    predicted_throughput: float
+    rule: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snippets(Record):
+    nemo_gym: str
+    vllm: str
+    openrlhf: str
+    openrlhf_note: str
+    autotune: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation(Record):
+    """The best configuration at 80% of its peak, with lines to paste into each tool."""
+
+    simulated: bool
+    metric: str
+    server: dict[str, Any]
+    peak: Peak
+    recommended: Recommended
+    knee_parallelism: float
+    smallest_parallelism_at_80pct_of_peak_throughput: int
+    note: str
+    snippets: Snippets
+
+
+# -- the reader ------------------------------------------------------------------------------
+
+SAVED_KINDS: dict[str, type[DiagnoseResult] | type[SweepResult]] = {
+    "diagnose": DiagnoseResult,
+    "sweep": SweepResult,
+}
+SAVED_FILES = {"diagnose": "diagnose.json", "sweep": "sweep.json"}
+
+
+def load_result(path: Path) -> DiagnoseResult | SweepResult:
+    """A saved diagnose or sweep result (the JSON file, or the directory holding it)."""
+    if path.is_dir():
+        found = [path / name for name in SAVED_FILES.values() if (path / name).exists()]
+        if not found:
+            raise UsageError(
+                f"{path} holds no diagnose.json or sweep.json; pass a report directory."
+            )
+        path = found[0]
+    data = read_json(path)
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in SAVED_KINDS:
+        raise ResultFormatError(
+            f"{path} is not a saved autotune result (no diagnose or sweep kind); pass the "
+            "diagnose.json or sweep.json a job wrote."
+        )
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ResultFormatError(
+            f"{path} was saved with result schema version {version}, and this autotune reads "
+            f"version {SCHEMA_VERSION}; rerun the job to save it anew, or read it with the "
+            "autotune version that wrote it."
+        )
+    try:
+        return SAVED_KINDS[kind].from_dict(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ResultFormatError(
+            f"{path} is not a complete {kind} result ({type(error).__name__}: {error}); "
+            "rerun the job to save it anew."
+        ) from None

@@ -13,11 +13,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 
-from autotune.config import TargetConfig
+from autotune.config import TargetConfig, base_url_problem
 from autotune.errors import ServerUnreachable, UsageError
 
 log = logging.getLogger("autotune")
@@ -32,20 +31,6 @@ class Target:
     base_url: str
     model: str
     simulated: bool
-
-
-def base_url_problem(url: str) -> str | None:
-    """What keeps `url` from being a server's base URL ("needs http:// ..."), else None."""
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # a port that is not a number raises ValueError
-    except ValueError as error:
-        return f"is not a valid URL ({error})"
-    if parts.scheme not in ("http", "https"):
-        return "needs http:// or https://"
-    if not parts.hostname:
-        return "needs a host"
-    return None
 
 
 @asynccontextmanager
@@ -66,15 +51,12 @@ async def embedded_server(
     if target.base_url is not None:
         yield target.base_url
         return
-    from autotune.servers.launcher import ServerProcess, free_port, sim_command
+    from autotune.servers.launcher import ServerSpec
 
-    port = free_port()
-    command = sim_command([*default_sim_args, *target.sim_args], port)
-    log.info("starting the embedded SIMULATED vLLM-like server on port %d", port)
-    async with ServerProcess(
-        command, health_url=f"http://127.0.0.1:{port}/health", startup_timeout_s=30.0
-    ):
-        yield f"http://127.0.0.1:{port}/v1"
+    spec = ServerSpec.sim([*default_sim_args, *target.sim_args], startup_timeout_s=30.0)
+    log.info("starting the embedded SIMULATED vLLM-like server at %s", spec.base_url)
+    async with spec.process():
+        yield spec.base_url or ""
 
 
 async def resolve_target(

@@ -30,7 +30,7 @@ def one_run() -> tuple[float, str]:
             capture_output=True,
         )
         elapsed = time.perf_counter() - started
-        return elapsed, json.loads(out.read_text())["verdict"]
+        return elapsed, json.loads(out.read_text())["verdict"]["verdict"]
 
 
 def main() -> int:

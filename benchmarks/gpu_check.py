@@ -340,7 +340,7 @@ async def server_call(url: str, payload: dict[str, Any] | None = None) -> str:
 
 
 async def check(args: argparse.Namespace) -> int:
-    from autotune.servers.launcher import ServerProcess, free_port
+    from autotune.servers.launcher import ServerSpec, free_port
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -360,14 +360,13 @@ async def check(args: argparse.Namespace) -> int:
             )
     results: dict[str, Any] = {"device": args.device, "cases": {}}
     started = time.perf_counter()
-    server = ServerProcess(
+    spec = ServerSpec.local(
         [*command, "--tiny"] if args.tiny else command,
-        f"{root}/health",
-        base_url=f"{root}/v1",
+        port,
         log_path=out / "server.log",
         startup_timeout_s=600,
     )
-    async with server:
+    async with spec.process() as server:
         results["server_start_s"] = time.perf_counter() - started
         print(server.log_tail(2), flush=True)
         for name, max_batch in CASES:
@@ -391,12 +390,15 @@ async def check(args: argparse.Namespace) -> int:
 def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
     """Print the figures; PASS when each verdict is as expected and, on a GPU, the
     GPU-bound case cites GPU utilisation over its threshold."""
+    from autotune.results import Evidence
+
     ok = True
     for name, case in results["cases"].items():
         result = case["diagnose"]
+        verdict = result["verdict"]  # diagnose.json nests the verdict (schema version 2)
         print(
-            f"\n== {name} (max batch {case['max_batch']}): verdict {result['verdict']}, "
-            f"speedup ×{result['speedup']:.2f}"
+            f"\n== {name} (max batch {case['max_batch']}): verdict {verdict['verdict']}, "
+            f"speedup ×{verdict['speedup']:.2f}"
         )
         case["probes"] = [probe_summary(p, smi) for p in result["probes"]]
         for s in case["probes"]:
@@ -425,11 +427,11 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
                 f"  PyTorch's peak reserved memory in the server: "
                 f"{float(reserved[0]) / 2**30:.1f} GiB"
             )
-        case["gpu_evidence"] = [e for e in result["evidence"] if e["name"].startswith("GPU")]
-        cited = "; ".join(e["text"] for e in case["gpu_evidence"]) or "none"
+        case["gpu_evidence"] = [e for e in verdict["evidence"] if e["name"].startswith("GPU")]
+        cited = "; ".join(Evidence.from_dict(e).text() for e in case["gpu_evidence"]) or "none"
         print(f"  GPU evidence cited: {cited}")
         expected = "model-bound" if case["max_batch"] == CASES[0][1] else "parallelism-bound"
-        case["verdict_as_expected"] = result["verdict"] == expected
+        case["verdict_as_expected"] = verdict["verdict"] == expected
         ok &= case["verdict_as_expected"]
     ok &= any(e["met"] for e in results["cases"][CASES[0][0]]["gpu_evidence"])
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))

@@ -30,13 +30,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.config import Study
 from autotune.errors import ServerStartupError
 from autotune.probe import ProbeSettings
-from autotune.search import grid_values, open_study, optimise
+from autotune.probe.virtual import VirtualSimLauncher
 from autotune.servers.sim.scheduler import SimEngine
 from autotune.servers.sim.server import SimConfigError, load_config
-from autotune.servers.sim.virtual import VirtualSimLauncher
-from autotune.study import Study
+from autotune.sweep.search import grid_values, open_study, optimise
 
 FIXED_ARGS = ["--gpu", "h100-80gb", "--model", "llama-3.1-70b"]
 PROMPT, OUTPUT = (512, 128), (256, 64)

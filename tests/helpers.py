@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
+from aiohttp import web
+
+from autotune.servers.launcher import ServerProcess, ServerSpec
 
 REPO = Path(__file__).resolve().parents[1]
+# The simulated server 100 times faster than real time: a probe measures in a second.
+SIM_FAST = ("--time-scale", "0.01")
+# A stand-in for a user's collector (tests/fixtures/fake_collector.py) as a command
+# template; add `--latency S`, `--capacity N`, `--fail` after it.
+COLLECTOR_TEMPLATE = (
+    f"{sys.executable} {REPO / 'tests' / 'fixtures' / 'fake_collector.py'} "
+    "--parallelism {parallelism} --limit {limit} --output {output}"
+)
+
+ServeApp = Callable[[web.Application], Awaitable[str]]
+"""The `serve_app` fixture: runs an aiohttp app on a free port, returns its root URL."""
+SimProcess = Callable[..., ServerProcess]
+"""The `sim_process` fixture: `sim_process(*flags)` is an unstarted simulated server."""
 
 
 def free_port() -> int:
@@ -39,34 +52,21 @@ def autotune(
 
 
 @contextmanager
-def server_process(module: str, *args: str) -> Iterator[str]:
-    """A server module (`autotune.servers.sim`, `autotune.servers.null`) on a free port."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, *args, "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{module} did not start: {process.stderr.read()!r}"
-                    ) from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        assert process.stderr is not None
-        process.stderr.close()
+def server_process(spec: ServerSpec) -> Iterator[str]:
+    """A server (`ServerSpec.sim(...)`, `ServerSpec.null()`) running; yields its base URL."""
+    with spec.process() as server:
+        assert server.base_url is not None
+        yield server.base_url
 
 
 def read_rows(path: Path) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def one_sentence_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The CLI failed with exactly one `autotune: error:` line and no traceback: that line."""
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("autotune: error:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]

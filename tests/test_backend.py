@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -16,6 +16,7 @@ from autotune.backends import ModelCallError
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import TargetConfig
 from autotune.workload import task_from_row
+from tests.helpers import ServeApp
 
 TASK = task_from_row(0, {"prompt": "hello", "max_tokens": 3})
 
@@ -29,24 +30,17 @@ def _chat_answer(text: str = "hi") -> dict[str, Any]:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    runners: list[web.AppRunner] = []
+def serve(serve_app: ServeApp) -> Callable[..., Any]:
+    """`await serve(handler)`: an OpenAI-style server whose completion routes call
+    `handler`; returns its base URL (ending in /v1)."""
 
     async def start(handler: Callable[[web.Request], Any]) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", handler)
         app.router.add_post("/v1/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        port = runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}/v1"
+        return await serve_app(app) + "/v1"
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 async def _generate(base_url: str, **target: Any) -> Any:
@@ -216,6 +210,7 @@ async def test_non_object_chunk_is_a_bad_response(serve: Callable[..., Any]) -> 
     assert caught.value.failure_class == "bad_response"
 
 
+@pytest.mark.slow
 async def test_slow_rpm_and_big_tpm_requests_are_paced_not_refused(
     serve: Callable[..., Any],
 ) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from autotune.classify import Thresholds, classify
-from autotune.probe import ProbeResult
-from autotune.results import STAGES, StageLatency
+from autotune.classify import classify
+from autotune.results import STAGES, ProbeResult, StageLatency, Thresholds
 
 
 def probe(

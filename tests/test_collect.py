@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, autotune, read_rows, server_process
+from autotune.servers.launcher import ServerSpec
+from tests.helpers import REPO, autotune, one_sentence_error, read_rows, server_process
 
 # Built-in verifier for each NeMo Gym example that has reference rollouts.
 VERIFIER_FOR = {"string_match": "boxed", "mcqa": "mcqa", "code_gen": "code"}
@@ -22,13 +23,13 @@ VERIFIER_FOR = {"string_match": "boxed", "mcqa": "mcqa", "code_gen": "code"}
 
 @pytest.fixture(scope="module")
 def sim_url() -> Iterator[str]:
-    with server_process("autotune.servers.sim", "--time-scale", "0.02") as url:
+    with server_process(ServerSpec.sim(["--time-scale", "0.02"])) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def null_url() -> Iterator[str]:
-    with server_process("autotune.servers.null") as url:
+    with server_process(ServerSpec.null()) as url:
         yield url
 
 
@@ -77,12 +78,10 @@ def test_nemo_gym_examples_collect_with_reference_keys(
         assert row["_autotune"]["simulated"] is True
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_loses_and_repeats_nothing(null_url: str, tmp_path: Path) -> None:
     out = tmp_path / "rollouts.jsonl"
-    args = [
-        sys.executable,
-        "-m",
-        "autotune",
+    collect = [
         "collect",
         "--base-url",
         null_url,
@@ -98,7 +97,12 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(null_url: str, tmp_path: P
         str(out),
         "--quiet",
     ]
-    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autotune", *collect],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while (not out.exists() or out.stat().st_size < 300_000) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -107,23 +111,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(null_url: str, tmp_path: P
     partial = read_rows_tolerant(out)
     assert 0 < len(partial) < 5000, "the kill must land mid-run"
 
-    resumed = autotune(
-        "collect",
-        "--base-url",
-        null_url,
-        "--model",
-        "null",
-        "--synthetic",
-        "5000",
-        "--verifier",
-        "exact",
-        "--parallelism",
-        "32",
-        "--output",
-        str(out),
-        "--resume",
-        "--quiet",
-    )
+    resumed = autotune(*collect, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     rows = read_rows(out)
     keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
@@ -136,33 +124,26 @@ def read_rows_tolerant(path: Path) -> list[bytes]:
     return [line for line in path.read_bytes().split(b"\n")[:-1] if line]
 
 
-def _one_sentence_error(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("autotune: error:")]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
-
 def test_malformed_jsonl_names_the_line(tmp_path: Path, null_url: str) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": oops}\n')
-    line = _one_sentence_error(autotune("collect", "--input", str(tasks), "--base-url", null_url))
+    line = one_sentence_error(autotune("collect", "--input", str(tasks), "--base-url", null_url))
     assert "line 3" in line and "not valid JSON" in line
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    line = _one_sentence_error(autotune("collect", "--input", str(tmp_path / "missing.jsonl")))
+    line = one_sentence_error(autotune("collect", "--input", str(tmp_path / "missing.jsonl")))
     assert "does not exist" in line
 
 
 def test_refused_connection_is_one_sentence() -> None:
-    line = _one_sentence_error(
+    line = one_sentence_error(
         autotune("collect", "--synthetic", "3", "--base-url", "http://127.0.0.1:9/v1")
     )
     assert "cannot reach the model server at http://127.0.0.1:9/v1" in line
 
 
+@pytest.mark.slow
 def test_silent_server_fails_within_5_s() -> None:
     # A socket that completes the TCP handshake (the kernel's backlog) but never answers.
     with socket.socket() as silent:
@@ -170,14 +151,14 @@ def test_silent_server_fails_within_5_s() -> None:
         silent.listen(16)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
         started = time.monotonic()
-        line = _one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", url))
+        line = one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", url))
         elapsed = time.monotonic() - started
     assert "cannot reach the model server" in line
     assert elapsed < 5 + 3  # the 5 s preflight plus interpreter start-up on a loaded machine
 
 
 def test_invalid_verifier_spec(null_url: str) -> None:
-    line = _one_sentence_error(
+    line = one_sentence_error(
         autotune("collect", "--synthetic", "3", "--base-url", null_url, "--verifier", "nonsense")
     )
     assert "unknown verifier 'nonsense'" in line

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from autotune.errors import CollectionError, UsageError
-from autotune.servers.command import command_argv, run_command_probe
-from tests.helpers import REPO, autotune, read_rows
+from autotune.probe.command import run_command_probe
+from autotune.results import DiagnoseResult, load_result
+from autotune.servers.command import command_argv
+from tests.helpers import COLLECTOR_TEMPLATE, autotune, read_rows
 
-COLLECTOR = f"{sys.executable} {REPO / 'tests' / 'fixtures' / 'fake_collector.py'}"
-TEMPLATE = f"{COLLECTOR} --parallelism {{parallelism}} --limit {{limit}} --output {{output}}"
+TEMPLATE = COLLECTOR_TEMPLATE
 
 
 def test_placeholders_are_filled_and_other_braces_kept(tmp_path: Path) -> None:
@@ -77,6 +76,7 @@ async def test_cancelling_the_probe_stops_the_command(tmp_path: Path) -> None:
         os.kill(pid, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("capacity", "verdict"), [(0, "parallelism-bound"), (2, "model-bound")])
 def test_diagnose_a_collector_command(tmp_path: Path, capacity: int, verdict: str) -> None:
     """Scales when nothing behind it limits it; flat behind a server of 2 slots."""
@@ -97,11 +97,13 @@ def test_diagnose_a_collector_command(tmp_path: Path, capacity: int, verdict: st
         str(tmp_path / "report"),
     )
     assert result.returncode == 0, result.stderr
-    diagnosis = json.loads(out.read_text())
-    assert diagnosis["verdict"] == verdict, diagnosis["evidence"]
-    assert diagnosis["target"]["command"].endswith(f"--capacity {capacity}")
-    low, high = diagnosis["probes"]
-    assert (low["parallelism"], high["parallelism"]) == (2, 8)
+    diagnosis = load_result(out)
+    assert isinstance(diagnosis, DiagnoseResult)
+    assert diagnosis.verdict.verdict == verdict, diagnosis.verdict.evidence
+    assert diagnosis.target.command is not None
+    assert diagnosis.target.command.endswith(f"--capacity {capacity}")
+    low, high = diagnosis.probes
+    assert (low.parallelism, high.parallelism) == (2, 8)
     assert (tmp_path / "report" / "index.html").exists()
 
 

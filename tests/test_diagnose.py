@@ -6,12 +6,11 @@ simulator (or the verifier) the way a real deployment could be, and reads the ve
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from autotune.results import DiagnoseResult, Evidence, load_result
 from tests.browser import render
 from tests.helpers import autotune
 
@@ -19,35 +18,35 @@ from tests.helpers import autotune
 FAST = ("--min-s", "1.5", "--max-s", "8", "--synthetic", "400", "--output-tokens", "128,16")
 
 
-def run_diagnose(tmp_path: Path, *args: str, report: bool = False) -> dict[str, Any]:
+def run_diagnose(tmp_path: Path, *args: str, report: bool = False) -> DiagnoseResult:
     out = tmp_path / "diagnose.json"
     extra = ["--report", str(tmp_path / "report")] if report else []
     result = autotune("diagnose", *FAST, *args, "--json", str(out), *extra, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    return json.loads(out.read_text())
+    saved = load_result(out)
+    assert isinstance(saved, DiagnoseResult)
+    return saved
 
 
-def _evidence(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {e["name"]: e for e in result["evidence"]}
+def _evidence(result: DiagnoseResult) -> dict[str, Evidence]:
+    return {e.name: e for e in result.verdict.evidence}
 
 
+@pytest.mark.slow
 def test_ample_capacity_is_parallelism_bound(tmp_path: Path) -> None:
     result = run_diagnose(tmp_path, "--verifier", "synthetic", report=True)
-    assert result["verdict"] == "parallelism-bound", result["evidence"]
-    assert result["speedup"] >= 2.0
-    low, high = result["probes"]
-    assert (low["parallelism"], high["parallelism"]) == (5, 20)
-    for probe in result["probes"]:
-        assert probe["error_rate"] == 0
-        assert (
-            probe["rollouts_per_s_ci"][0]
-            <= probe["rollouts_per_s"]
-            <= probe["rollouts_per_s_ci"][1]
-        )
-        assert probe["token_check"] is not None and not probe["token_check"]["mismatch"]
+    verdict = result.verdict
+    assert verdict.verdict == "parallelism-bound", verdict.evidence
+    assert verdict.speedup >= 2.0
+    low, high = result.probes
+    assert (low.parallelism, high.parallelism) == (5, 20)
+    for probe in result.probes:
+        assert probe.error_rate == 0
+        assert probe.rollouts_per_s_ci[0] <= probe.rollouts_per_s <= probe.rollouts_per_s_ci[1]
+        assert probe.token_check is not None and not probe.token_check["mismatch"]
         for stage in ("model", "verify", "total"):
-            assert probe["latency_s"][stage]["p50"] is not None
+            assert probe.latency_s[stage].p50 is not None
 
     # The report renders in headless Chromium, offline, with the verdict on the page.
     page = tmp_path / "report" / "index.html"
@@ -65,33 +64,37 @@ def test_ample_capacity_is_parallelism_bound(tmp_path: Path) -> None:
     assert "Verdict: parallelism-bound" in page.read_text()
 
 
+@pytest.mark.slow
 def test_max_num_seqs_below_the_low_probe_is_model_bound(tmp_path: Path) -> None:
     result = run_diagnose(tmp_path, "--sim-arg=--max-num-seqs=2", "--verifier", "synthetic")
-    assert result["verdict"] == "model-bound", result["evidence"]
-    assert result["speedup"] < 1.2
+    assert result.verdict.verdict == "model-bound", result.verdict.evidence
+    assert result.verdict.speedup < 1.2
     evidence = _evidence(result)
-    assert evidence["server requests waiting (mean)"]["met"]
-    assert evidence["model latency growth ÷ Little's-law prediction"]["met"]
-    assert "max_num_seqs" in result["next_step"]
+    assert evidence["server requests waiting (mean)"].met
+    assert evidence["model latency growth ÷ Little's-law prediction"].met
+    assert "max_num_seqs" in result.verdict.next_step
 
 
+@pytest.mark.slow
 def test_cpu_heavy_verifier_is_verifier_bound(tmp_path: Path) -> None:
     result = run_diagnose(
         tmp_path, "--verifier", "synthetic", "--verifier-cost-ms", "40", "--verifier-workers", "1"
     )
-    assert result["verdict"] == "verifier-bound", result["evidence"]
+    assert result.verdict.verdict == "verifier-bound", result.verdict.evidence
     evidence = _evidence(result)
-    assert evidence["verifier workers busy (fraction)"]["met"]
-    assert "add verifier workers" in result["next_step"]
+    assert evidence["verifier workers busy (fraction)"].met
+    assert "add verifier workers" in result.verdict.next_step
 
 
+@pytest.mark.slow
 def test_endpoint_answering_429_is_rate_limited(tmp_path: Path) -> None:
     result = run_diagnose(tmp_path, "--sim-arg=--max-request-rate=40", "--verifier", "synthetic")
-    assert result["verdict"] == "rate-limited", result["evidence"]
-    high = result["probes"][1]
-    assert high["rate_limited_responses"] > 0 and high["retry_after_seen"] > 0
+    assert result.verdict.verdict == "rate-limited", result.verdict.evidence
+    high = result.probes[1]
+    assert high.rate_limited_responses > 0 and high.retry_after_seen > 0
 
 
+@pytest.mark.slow
 def test_server_dying_in_the_high_probe_is_unstable(tmp_path: Path) -> None:
     result = run_diagnose(
         tmp_path,
@@ -101,18 +104,19 @@ def test_server_dying_in_the_high_probe_is_unstable(tmp_path: Path) -> None:
         "--max-retries",
         "1",
     )
-    assert result["verdict"] == "unstable", result["evidence"]
-    low, high = result["probes"]
-    assert low["error_rate"] == 0
-    assert high["stop_reason"] == "server died" or high["error_rate"] > 0.05
-    assert "lower parallelism" in result["next_step"]
+    assert result.verdict.verdict == "unstable", result.verdict.evidence
+    low, high = result.probes
+    assert low.error_rate == 0
+    assert high.stop_reason == "server died" or high.error_rate > 0.05
+    assert "lower parallelism" in result.verdict.next_step
 
 
+@pytest.mark.slow
 def test_five_diagnoses_agree(tmp_path: Path) -> None:
     verdicts = [
-        run_diagnose(tmp_path / str(i), "--sim-arg=--max-num-seqs=2", "--verifier", "synthetic")[
-            "verdict"
-        ]
+        run_diagnose(
+            tmp_path / str(i), "--sim-arg=--max-num-seqs=2", "--verifier", "synthetic"
+        ).verdict.verdict
         for i in range(5)
     ]
     assert verdicts == ["model-bound"] * 5

@@ -1,4 +1,4 @@
-"""ServerProcess: start, health-check and stop real server processes (the simulator)."""
+"""ServerSpec/ServerProcess: start, health-check and stop real server processes."""
 
 from __future__ import annotations
 
@@ -6,13 +6,20 @@ import asyncio
 import os
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from autotune.errors import ServerStartupError
-from autotune.servers.launcher import ServerProcess, free_port, last_error_line, sim_command
+from autotune.servers.launcher import (
+    ServerProcess,
+    ServerSpec,
+    free_port,
+    last_error_line,
+    sim_command,
+)
 
 FAST = ["--time-scale", "0.01"]
 
@@ -95,7 +102,7 @@ async def test_die_after_requests_kills_the_server(tmp_path: Path) -> None:
 async def test_never_healthy_times_out_and_is_stopped(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
     url = f"http://127.0.0.1:{free_port()}/health"
-    proc = ServerProcess(cmd, url, startup_timeout_s=0.5, log_path=tmp_path / "x.log")
+    proc = ServerSpec(cmd, url, startup_timeout_s=0.5, log_path=tmp_path / "x.log").process()
     with pytest.raises(ServerStartupError, match="did not answer"):
         await proc.start()
     assert proc.pid is not None and not _group_exists(proc.pid)
@@ -104,7 +111,7 @@ async def test_never_healthy_times_out_and_is_stopped(tmp_path: Path) -> None:
 async def test_cancelled_start_leaves_nothing_behind(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
     url = f"http://127.0.0.1:{free_port()}/health"
-    proc = ServerProcess(cmd, url, startup_timeout_s=60, log_path=tmp_path / "x.log")
+    proc = ServerSpec(cmd, url, startup_timeout_s=60, log_path=tmp_path / "x.log").process()
     task = asyncio.create_task(proc.start())
     while proc.pid is None:
         await asyncio.sleep(0.01)
@@ -143,13 +150,13 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 async def test_stop_kills_a_server_ignoring_sigterm_after_one_grace(tmp_path: Path) -> None:
     port = free_port()
     grace = 1.5
-    proc = ServerProcess(
+    proc = ServerSpec(
         [sys.executable, "-c", HEALTHY_BUT_STUBBORN, str(port)],
         f"http://127.0.0.1:{port}/health",
         startup_timeout_s=20,
         stop_grace_s=grace,
         log_path=tmp_path / "x.log",
-    )
+    ).process()
     await proc.start()
     pgid = proc.pid
     assert pgid is not None
@@ -180,6 +187,31 @@ async def test_stop_kills_a_server_ignoring_sigterm_after_one_grace(tmp_path: Pa
         await asyncio.sleep(0.02)
     else:
         pytest.fail("the server's process group outlived stop()")
+
+
+def test_specs_name_the_command_and_where_it_answers() -> None:
+    launched = ServerSpec.launch(["serve", "--port", "{port}"], port=8124, startup_timeout_s=9)
+    assert launched.command == ("serve", "--port", "8124")
+    assert launched.health_url == "http://127.0.0.1:8124/health"
+    assert launched.base_url == "http://127.0.0.1:8124/v1"
+    assert launched.startup_timeout_s == 9
+    sim = ServerSpec.sim(["--max-num-seqs", "8"], port=8125)
+    assert list(sim.command) == sim_command(["--max-num-seqs", "8"], 8125)
+    null = ServerSpec.null(core=1, port=8126)
+    assert null.command[-6:] == ("--host", "127.0.0.1", "--port", "8126", "--cpu", "1")
+    assert null.base_url == "http://127.0.0.1:8126/v1"
+
+
+def test_the_null_server_runs_and_stops_from_synchronous_code() -> None:
+    with (
+        ServerSpec.null().process() as proc,
+        urllib.request.urlopen(f"{proc.base_url}/models", timeout=5) as resp,
+    ):
+        assert resp.status == 200 and b'"null"' in resp.read()
+        pgid = proc.pid
+        assert pgid is not None and proc.is_alive()
+    assert not proc.is_alive() and proc.returncode == 0
+    assert not _group_exists(pgid)
 
 
 def test_last_error_line_prefers_the_exception_line() -> None:

@@ -21,12 +21,6 @@ async def base() -> AsyncIterator[str]:
     await server.wait_closed()
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
-
-
 def _chat(**extra: Any) -> dict[str, Any]:
     return {"model": "null", "messages": [{"role": "user", "content": "hi"}], **extra}
 
@@ -169,3 +163,15 @@ async def test_reply_is_configurable(session: aiohttp.ClientSession) -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+def test_the_bench_null_server_is_a_server_process() -> None:
+    """`autotune bench` and benchmarks/overhead.py start it the one way servers start."""
+    from autotune.bench.overhead import NullServer, bare_loop
+    from autotune.servers.launcher import ServerProcess
+
+    with NullServer() as server:
+        assert isinstance(server, ServerProcess) and server.is_alive()
+        run = bare_loop(server.base_url, 4, 100)
+        assert (run.requests, run.failed) == (100, 0)
+    assert not server.is_alive()

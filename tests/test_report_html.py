@@ -15,8 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from autotune.report import diagnose_report
 from autotune.report import html as h
+from autotune.report.diagnose_report import PROBE_COLUMNS
 from autotune.report.plots import bar_chart_stacked, time_series
+from autotune.report.terminal import diagnose_text
+from autotune.results import (
+    DiagnoseResult,
+    DiagnoseSettings,
+    DiagnoseTarget,
+    DiagnoseWorkload,
+    Evidence,
+    ProbeResult,
+    Verdict,
+)
 from tests.browser import VIEWPORT, RenderResult, render
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -112,6 +124,51 @@ def test_plots_return_png_and_check_their_input() -> None:
         bar_chart_stacked(["p1", "p2"], {"model": [1.0]}, "s", "t")
     with pytest.raises(ValueError, match="2 x values and 1 y values"):
         time_series({"kv": ([0.0, 1.0], [0.1])}, "y", "t")
+
+
+def _diagnosis() -> DiagnoseResult:
+    """A small diagnosis built by hand: two probes, one piece of evidence."""
+    probes = [
+        ProbeResult(
+            parallelism=n,
+            rollouts_per_s=rate,
+            rollouts_per_s_ci=(rate - 1, rate + 1),
+            output_tokens_per_s=rate * 64,
+            error_rate=0.0,
+            completed=100,
+            failed=0,
+            measured_s=4.0,
+            warmup_s=0.5,
+            stop_reason="converged",
+        )
+        for n, rate in ((2, 10.0), (8, 30.0))
+    ]
+    evidence = Evidence("speedup", 3.0, 3.0, ">=", True, "it scaled")
+    return DiagnoseResult(
+        created_at=0.0,
+        verdict=Verdict("parallelism-bound", False, 3.0, 4.0, [evidence], "raise it"),
+        probes=probes,
+        target=DiagnoseTarget(base_url="http://h/v1", model="m", simulated=True),
+        workload=DiagnoseWorkload(input=None, tasks=100),
+        settings=DiagnoseSettings(low=2, high=8, min_s=1.0, max_s=5.0, target_halfwidth=0.05),
+        machine={"autotune": "test"},
+    )
+
+
+def test_probe_table_is_one_definition_for_the_terminal_and_the_page() -> None:
+    result = _diagnosis()
+    text = diagnose_text(result)
+    page = diagnose_report.render(result)
+    shown = [c.header for c in PROBE_COLUMNS if c.terminal]
+    hidden = [c.header for c in PROBE_COLUMNS if not c.terminal]
+    assert shown and hidden
+    header = next(line for line in text.splitlines() if line.startswith("parallelism"))
+    assert header.split() == " ".join(shown).split()
+    assert not any(name in text for name in hidden)
+    for column in PROBE_COLUMNS:  # the page shows every column, the terminal's among them
+        assert re.search(rf"<th[^>]*>{re.escape(h.format_value(column.header))}</th>", page)
+    assert "9–11" in text and "9–11" in page  # the same cell in both
+    assert "speedup = 3 (threshold >= 3: yes) — it scaled" in text
 
 
 def test_importing_the_toolkit_does_not_import_matplotlib() -> None:

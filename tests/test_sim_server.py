@@ -25,12 +25,6 @@ async def base_url() -> AsyncIterator[str]:
         yield url
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def _root(base: str) -> str:
     return base.removesuffix("/v1")
 

@@ -17,10 +17,11 @@ import pytest
 import yaml
 
 from autotune.collect import run_async
+from autotune.config import load_study
 from autotune.errors import UsageError
-from autotune.search import open_study, storage_url
-from autotune.study import load_study
-from autotune.sweep import run_sweep, save_outputs
+from autotune.results import SweepResult, load_result
+from autotune.sweep.job import run_sweep, write_outputs
+from autotune.sweep.search import open_study, storage_url
 from tests.browser import render
 from tests.helpers import REPO, autotune
 
@@ -56,6 +57,7 @@ def servers_alive(marker: str) -> list[int]:
     return alive
 
 
+@pytest.mark.slow
 def test_sweep_writes_report_and_recommendation(tmp_path: Path) -> None:
     marker = f"sim/outputs-{uuid.uuid4().hex[:8]}"
     study = write_study(tmp_path, "outputs", marker)
@@ -78,14 +80,16 @@ def test_sweep_writes_report_and_recommendation(tmp_path: Path) -> None:
     assert "--max-num-seqs" in recommendation["snippets"]["vllm"]
     assert yaml.safe_load((out / "recommendation.yaml").read_text()) == recommendation
     assert len((out / "trials.csv").read_text().splitlines()) == 1 + 3
-    saved = json.loads((out / "sweep.json").read_text())
-    assert len(saved["trials"]) == 3 and saved["simulated"]
+    saved = load_result(out / "sweep.json")
+    assert isinstance(saved, SweepResult)
+    assert len(saved.completed) == 3 and saved.simulated
     page = render(out / "index.html", tmp_path / "sweep.png")
     assert page.console_errors == [] and page.failed_or_external_requests == []
     assert "Recommended: parallelism" in page.text and "SIMULATED" in page.text
     assert servers_alive(marker) == []
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_and_leaves_no_server(tmp_path: Path) -> None:
     marker = f"sim/kill-{uuid.uuid4().hex[:8]}"
     study = write_study(tmp_path, "killed", marker, budget={"trials": 4})
@@ -129,12 +133,14 @@ def test_killed_sweep_resumes_and_leaves_no_server(tmp_path: Path) -> None:
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr
-    saved = json.loads((tmp_path / "reports" / "killed" / "sweep.json").read_text())
-    assert saved["trials_reused"] >= 1
-    assert len(saved["trials"]) == 4
+    saved = load_result(tmp_path / "reports" / "killed" / "sweep.json")
+    assert isinstance(saved, SweepResult)
+    assert saved.trials_reused >= 1
+    assert len(saved.completed) == 4
     assert servers_alive(marker) == []
 
 
+@pytest.mark.slow
 def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_path: Path) -> None:
     marker = f"sim/oom-{uuid.uuid4().hex[:8]}"
     path = write_study(
@@ -162,12 +168,14 @@ def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_pat
     open_study(study, url).enqueue_trial({"tensor_parallel_size": 1})
     open_study(study, url).enqueue_trial({"tensor_parallel_size": 4})
     result = run_async(run_sweep(study, storage=url))
-    assert len(result["trials"]) == 3  # the study went on after the refusal
-    refused = [t for t in result["trials"] if t["knobs"] == {"tensor_parallel_size": 1}]
-    assert refused and not refused[0]["feasible"]
-    assert refused[0]["infeasible_reason"].startswith("ValueError: No available memory")
-    assert result["best"]["knobs"] == {"tensor_parallel_size": 4}
-    save_outputs(result, tmp_path / "report")
+    assert len(result.completed) == 3  # the study went on after the refusal
+    refused = [t for t in result.completed if t.knobs == {"tensor_parallel_size": 1}]
+    assert refused and not refused[0].feasible
+    assert refused[0].infeasible_reason is not None
+    assert refused[0].infeasible_reason.startswith("ValueError: No available memory")
+    best = result.best()
+    assert best is not None and best.knobs == {"tensor_parallel_size": 4}
+    write_outputs(result, tmp_path / "report")
     assert "No available memory" in (tmp_path / "report" / "index.html").read_text()
     assert servers_alive(marker) == []
 
@@ -210,7 +218,7 @@ def test_storage_without_its_driver_is_one_sentence(tmp_path: Path) -> None:
 
 
 def test_secret_flags_never_reach_saved_results() -> None:
-    from autotune.sweep import redacted
+    from autotune.sweep.job import redacted
 
     args = ["--model", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--port", "8"]
     assert redacted(args) == ["--model", "m", "--api-key", "***", "--hf-token=***", "--port", "8"]
@@ -223,6 +231,7 @@ def test_bogus_storage_url_is_one_sentence(tmp_path: Path) -> None:
     assert "cannot open the study storage bogus" in result.stderr
 
 
+@pytest.mark.slow
 def test_sweep_of_a_users_own_collector_command(tmp_path: Path) -> None:
     collector = f"{sys.executable} {REPO / 'tests' / 'fixtures' / 'fake_collector.py'}"
     study = tmp_path / "own.yaml"
@@ -246,9 +255,12 @@ def test_sweep_of_a_users_own_collector_command(tmp_path: Path) -> None:
         "--reports-dir", str(tmp_path / "reports"), "--quiet", timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    saved = json.loads((tmp_path / "reports" / "own" / "sweep.json").read_text())
-    points = saved["best"]["points"]
-    assert [p["parallelism"] for p in points][:2] == [2, 4]
-    assert points[1]["rollouts_per_s"] > 1.5 * points[0]["rollouts_per_s"]  # it scales
+    saved = load_result(tmp_path / "reports" / "own" / "sweep.json")
+    assert isinstance(saved, SweepResult)
+    best = saved.best()
+    assert best is not None
+    points = best.points
+    assert [p.parallelism for p in points][:2] == [2, 4]
+    assert points[1].rollouts_per_s > 1.5 * points[0].rollouts_per_s  # it scales
     recommendation = json.loads((tmp_path / "reports" / "own" / "recommendation.json").read_text())
     assert recommendation["snippets"]["nemo_gym"].startswith("+num_samples_in_parallel=")

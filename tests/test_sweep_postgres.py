@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import pytest
 
-from autotune.search import GRACE_PERIOD_S
+from autotune.sweep.search import GRACE_PERIOD_S
 from tests.helpers import REPO, free_port
 from tests.test_sweep import servers_alive, write_study
 
@@ -350,8 +350,8 @@ def _heartbeat_age_s(postgres: Postgres, database: str) -> float:
 OPEN_WHEN_TOLD = """
 import sys, time
 from pathlib import Path
-from autotune.search import open_study
-from autotune.study import load_study
+from autotune.sweep.search import open_study
+from autotune.config import load_study
 study = load_study(Path(sys.argv[1]))
 Path(sys.argv[3]).touch()
 while not Path(sys.argv[4]).exists():
@@ -398,7 +398,7 @@ def test_workers_starting_together_on_a_new_database_all_open_the_study(
 
 
 def test_storage_url_password_is_hidden() -> None:
-    from autotune.search import with_storage_hidden
+    from autotune.sweep.search import with_storage_hidden
 
     hidden = with_storage_hidden(f"postgresql+psycopg2://{USER}:{PASSWORD}@db.example:5432/s")
     assert PASSWORD not in hidden and hidden.endswith("@db.example:5432/s")

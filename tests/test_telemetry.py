@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -27,7 +26,7 @@ from autotune.telemetry import (
     parse_prometheus,
     summarise,
 )
-from tests.helpers import free_port
+from tests.helpers import ServeApp, free_port
 
 MODEL = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
 
@@ -150,33 +149,6 @@ def test_parse_infinities_and_garbage() -> None:
 
 # -- PrometheusSampler --------------------------------------------------------------------
 
-Serve = Callable[[web.Application], Awaitable[str]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    """Start an aiohttp app on a free port; returns its base URL."""
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        port = runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
-
 
 def _metrics_app(responses: list[tuple[int, str]], hits: list[int]) -> web.Application:
     """Answers /metrics with `responses` in turn (the last one repeats), counting hits."""
@@ -192,9 +164,9 @@ def _metrics_app(responses: list[tuple[int, str]], hits: list[int]) -> web.Appli
 
 
 async def test_prometheus_sampler_reports_vllm_metrics(
-    serve: Serve, session: aiohttp.ClientSession
+    serve_app: ServeApp, session: aiohttp.ClientSession
 ) -> None:
-    base = await serve(_metrics_app([(200, VLLM_METRICS)], []))
+    base = await serve_app(_metrics_app([(200, VLLM_METRICS)], []))
     sampler = PrometheusSampler(session, base + "/metrics")
     values = await sampler.sample()
     assert sampler.available and sampler.reason is None
@@ -216,10 +188,10 @@ async def test_prometheus_sampler_reports_vllm_metrics(
 
 
 async def test_prometheus_sampler_takes_the_old_kv_cache_name(
-    serve: Serve, session: aiohttp.ClientSession
+    serve_app: ServeApp, session: aiohttp.ClientSession
 ) -> None:
     old = VLLM_METRICS.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-    base = await serve(_metrics_app([(200, old)], []))
+    base = await serve_app(_metrics_app([(200, old)], []))
     values = await PrometheusSampler(session, base + "/metrics").sample()
     assert values is not None and values["vllm:kv_cache_usage_perc"] == 0.625
 
@@ -233,10 +205,10 @@ async def test_prometheus_sampler_takes_the_old_kv_cache_name(
     ],
 )
 async def test_prometheus_sampler_gives_up_once_on_a_server_without_metrics(
-    serve: Serve, session: aiohttp.ClientSession, status: int, text: str, why: str
+    serve_app: ServeApp, session: aiohttp.ClientSession, status: int, text: str, why: str
 ) -> None:
     hits: list[int] = []
-    base = await serve(_metrics_app([(status, text)], hits))
+    base = await serve_app(_metrics_app([(status, text)], hits))
     sampler = PrometheusSampler(session, base + "/metrics")
     for _ in range(3):
         assert await sampler.sample() is None
@@ -256,7 +228,7 @@ async def test_prometheus_sampler_closed_port(session: aiohttp.ClientSession) ->
 
 
 async def test_prometheus_sampler_scrape_timeout(
-    serve: Serve, session: aiohttp.ClientSession
+    serve_app: ServeApp, session: aiohttp.ClientSession
 ) -> None:
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(0.3)
@@ -264,17 +236,17 @@ async def test_prometheus_sampler_scrape_timeout(
 
     app = web.Application()
     app.router.add_get("/metrics", slow)
-    sampler = PrometheusSampler(session, await serve(app) + "/metrics", timeout_s=0.05)
+    sampler = PrometheusSampler(session, await serve_app(app) + "/metrics", timeout_s=0.05)
     assert await sampler.sample() is None
     assert sampler.reason is not None and "did not answer within 0.05 s" in sampler.reason
 
 
 async def test_prometheus_sampler_rides_out_a_blip_but_not_an_outage(
-    serve: Serve, session: aiohttp.ClientSession
+    serve_app: ServeApp, session: aiohttp.ClientSession
 ) -> None:
     hits: list[int] = []
     responses = [(200, VLLM_METRICS), (500, ""), (200, VLLM_METRICS), (500, "")]
-    base = await serve(_metrics_app(responses, hits))
+    base = await serve_app(_metrics_app(responses, hits))
     sampler = PrometheusSampler(session, base + "/metrics")
     got = [await sampler.sample() for _ in range(6)]
     assert [v is not None for v in got] == [True, False, True, False, False, False]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,17 +14,9 @@ import pytest
 
 from autotune.store import completed_keys
 from autotune.workload import rollout_key
-from tests.helpers import autotune
+from tests.helpers import autotune, one_sentence_error
 
 ROOT = os.geteuid() == 0
-
-
-def _one_sentence_error(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("autotune: error:")]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def _rollout(task: int) -> bytes:
@@ -51,13 +42,13 @@ def _study(tmp_path: Path, body: str) -> Path:
     ],
 )
 def test_base_url_without_scheme_or_host(url: str, says: str) -> None:
-    line = _one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", url))
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", url))
     assert f"--base-url {url} {says}" in line
 
 
 def test_study_base_url_without_scheme(tmp_path: Path) -> None:
     study = _study(tmp_path, "target: {kind: server, base_url: 'localhost:9/v1'}\n")
-    line = _one_sentence_error(autotune("sweep", str(study)))
+    line = one_sentence_error(autotune("sweep", str(study)))
     assert "base_url localhost:9/v1 needs http:// or https://" in line
 
 
@@ -65,14 +56,14 @@ def test_study_base_url_without_scheme(tmp_path: Path) -> None:
 
 
 def test_sweep_of_a_directory(tmp_path: Path) -> None:
-    line = _one_sentence_error(autotune("sweep", str(tmp_path)))
+    line = one_sentence_error(autotune("sweep", str(tmp_path)))
     assert "is a directory" in line
 
 
 def test_sweep_of_a_binary_file(tmp_path: Path) -> None:
     study = tmp_path / "study.yaml"
     study.write_bytes(b"\xff\xfe\x00\x81 binary")
-    line = _one_sentence_error(autotune("sweep", str(study)))
+    line = one_sentence_error(autotune("sweep", str(study)))
     assert "is not UTF-8 text" in line
 
 
@@ -80,7 +71,7 @@ def test_sweep_of_a_binary_file(tmp_path: Path) -> None:
 def test_sweep_of_an_unreadable_file(tmp_path: Path) -> None:
     study = _study(tmp_path, "target: {kind: sim}\n")
     study.chmod(0)
-    line = _one_sentence_error(autotune("sweep", str(study)))
+    line = one_sentence_error(autotune("sweep", str(study)))
     assert "cannot be read" in line
 
 
@@ -101,7 +92,7 @@ def test_float_space_optuna_would_refuse(tmp_path: Path, space: str, says: str) 
     study = _study(
         tmp_path, f"target: {{kind: sim}}\nsearch_space:\n  gpu_memory_utilization: {space}\n"
     )
-    line = _one_sentence_error(autotune("sweep", str(study)))
+    line = one_sentence_error(autotune("sweep", str(study)))
     assert "search_space.gpu_memory_utilization" in line and says in line
 
 
@@ -120,7 +111,7 @@ def test_merge_creates_the_output_directory(tmp_path: Path) -> None:
 def test_merge_into_a_path_under_a_file(tmp_path: Path) -> None:
     shard = tmp_path / "a.jsonl"
     shard.write_bytes(_rollout(0))
-    line = _one_sentence_error(autotune("merge", str(shard), "-o", str(shard / "m.jsonl")))
+    line = one_sentence_error(autotune("merge", str(shard), "-o", str(shard / "m.jsonl")))
     assert f"cannot write {shard / 'm.jsonl'}" in line
 
 
@@ -130,7 +121,7 @@ def test_merge_of_a_shard_that_fails_to_read(tmp_path: Path) -> None:
     shard = tmp_path / "a.jsonl"
     shard.write_bytes(_rollout(0))
     out = tmp_path / "m.jsonl"
-    line = _one_sentence_error(autotune("merge", str(shard), "/proc/self/mem", "-o", str(out)))
+    line = one_sentence_error(autotune("merge", str(shard), "/proc/self/mem", "-o", str(out)))
     assert f"cannot merge into {out}" in line
     assert not out.exists()
 
@@ -141,7 +132,7 @@ def test_merge_of_an_unreadable_shard(tmp_path: Path) -> None:
     shard.write_bytes(_rollout(0))
     shard.chmod(0)
     out = tmp_path / "m.jsonl"
-    line = _one_sentence_error(autotune("merge", str(shard), "-o", str(out)))
+    line = one_sentence_error(autotune("merge", str(shard), "-o", str(out)))
     assert f"shard file {shard} cannot be read" in line
     assert not out.exists()
 
@@ -152,7 +143,7 @@ def test_merge_of_an_unreadable_shard(tmp_path: Path) -> None:
 @pytest.mark.parametrize("resume", [False, True])
 def test_collect_output_is_a_directory(tmp_path: Path, resume: bool) -> None:
     args = ["collect", "--synthetic", "3", "--output", str(tmp_path)]
-    line = _one_sentence_error(autotune(*args, *(["--resume"] if resume else [])))
+    line = one_sentence_error(autotune(*args, *(["--resume"] if resume else [])))
     assert f"--output {tmp_path} is a directory" in line
 
 
@@ -160,7 +151,7 @@ def test_collect_output_under_a_file(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     out = blocker / "rollouts.jsonl"
-    line = _one_sentence_error(autotune("collect", "--synthetic", "3", "--output", str(out)))
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--output", str(out)))
     assert f"cannot write {out}" in line
 
 
@@ -171,7 +162,7 @@ def test_resume_onto_the_task_file_leaves_it_untouched(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     content = b'{"prompt": "a"}\n{"prompt": "b"}'  # no newline after the last line
     tasks.write_bytes(content)
-    line = _one_sentence_error(
+    line = one_sentence_error(
         autotune("collect", "--input", str(tasks), "--output", str(tasks), "--resume")
     )
     assert "line 1 is not a rollout row" in line
@@ -190,7 +181,7 @@ def test_resume_onto_the_task_file_leaves_it_untouched(tmp_path: Path) -> None:
 def test_resume_refuses_a_foreign_file_untouched(tmp_path: Path, content: bytes) -> None:
     out = tmp_path / "out.jsonl"
     out.write_bytes(content)
-    line = _one_sentence_error(
+    line = one_sentence_error(
         autotune("collect", "--synthetic", "3", "--output", str(out), "--resume")
     )
     assert "is not a rollout row autotune wrote" in line
@@ -221,7 +212,7 @@ def test_tools_that_are_not_objects(tmp_path: Path, tools: str, says: str) -> No
         '{"prompt": "fine"}\n'
         f'{{"responses_create_params": {{"input": "hi", "tools": {tools}}}}}\n'
     )
-    line = _one_sentence_error(autotune("collect", "--input", str(tasks)))
+    line = one_sentence_error(autotune("collect", "--input", str(tasks)))
     assert f"{tasks} line 2 is not a task: {says}" in line
 
 
@@ -232,7 +223,7 @@ FAST_DIAGNOSE = ("--synthetic", "40", "--low", "2", "--high", "4", "--min-s", "0
 
 def test_diagnose_json_into_a_directory_fails_before_measuring(tmp_path: Path) -> None:
     started = time.monotonic()
-    line = _one_sentence_error(autotune("diagnose", "--json", str(tmp_path)))
+    line = one_sentence_error(autotune("diagnose", "--json", str(tmp_path)))
     assert f"--json {tmp_path} is a directory" in line
     assert time.monotonic() - started < 10  # defaults measure for up to 2 × 20 s
 
@@ -240,7 +231,7 @@ def test_diagnose_json_into_a_directory_fails_before_measuring(tmp_path: Path) -
 def test_diagnose_json_under_a_file(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    line = _one_sentence_error(autotune("diagnose", "--json", str(blocker / "d.json")))
+    line = one_sentence_error(autotune("diagnose", "--json", str(blocker / "d.json")))
     assert f"{blocker} is a file" in line
 
 
@@ -248,14 +239,14 @@ def test_diagnose_report_is_a_file(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     for report in (blocker, blocker / "sub"):
-        line = _one_sentence_error(autotune("diagnose", "--report", str(report)))
+        line = one_sentence_error(autotune("diagnose", "--report", str(report)))
         assert f"--report {report} cannot be written: {blocker} is a file" in line
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_diagnose_write_failure_keeps_the_result() -> None:
     result = autotune("diagnose", *FAST_DIAGNOSE, "--json", "/dev/full")
-    line = _one_sentence_error(result)
+    line = one_sentence_error(result)
     assert "could not write /dev/full (No space left on device)" in line
     assert result.stdout.strip()  # the summary was printed
     saved = Path(line.split("the result is saved in ")[1].split(" instead")[0])
@@ -311,7 +302,7 @@ def test_refused_api_key_names_the_variable_not_the_key(refusing_url: str) -> No
         "MY_SERVER_KEY",
         env={"MY_SERVER_KEY": "sekrit-123"},
     )
-    line = _one_sentence_error(result)
+    line = one_sentence_error(result)
     assert f"the server at {refusing_url} refused the API key (HTTP " in line
     assert "check the environment variable MY_SERVER_KEY." in line
     assert "sekrit" not in result.stderr + result.stdout
@@ -322,11 +313,11 @@ def test_missing_api_key_says_to_set_it(refusing_url: str) -> None:
     result = autotune(
         "collect", "--synthetic", "3", "--base-url", refusing_url, "--api-key-env", "NO_SUCH_KEY"
     )
-    line = _one_sentence_error(result)
+    line = one_sentence_error(result)
     assert "needs an API key (HTTP 401); set the environment variable NO_SUCH_KEY." in line
 
 
 @pytest.mark.parametrize("refusing_url", [404], indirect=True)
 def test_models_404_still_asks_for_model(refusing_url: str) -> None:
-    line = _one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", refusing_url))
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", refusing_url))
     assert "lists no model at /models; pass --model NAME." in line

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from autotune.verifiers import VERIFIERS, Verifier, VerifierOptions, load_verifi
 from autotune.verifiers.builtin import answers_match, extract_boxed
 from autotune.verifiers.http import VerifierHTTPError
 from autotune.verifiers.pool import compare_output, default_workers, extract_code
+from tests.helpers import ServeApp
 
 DATA = Path(__file__).resolve().parents[2] / "shared/data/nemo-gym"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "verifiers"
@@ -105,20 +105,8 @@ def _make_app() -> web.Application:
 
 
 @pytest.fixture
-async def server_url() -> AsyncIterator[str]:
-    runner = web.AppRunner(_make_app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    yield f"http://{host}:{port}"
-    await runner.cleanup()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
+async def server_url(serve_app: ServeApp) -> str:
+    return await serve_app(_make_app())
 
 
 # --- the contract, over every kind --------------------------------------------------
@@ -327,6 +315,7 @@ async def test_mcqa_lenient_modes() -> None:
 # --- code (code_gen) -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_data
 async def test_code_matches_nemo_gym_code_gen_rollouts() -> None:
     verifier = await load_verifier("code", TWO)
@@ -392,6 +381,7 @@ async def test_synthetic_reward_is_a_deterministic_bit() -> None:
 # --- user callables in the pool -----------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_pool_runs_two_cpu_heavy_calls_at_once() -> None:
     verifier = await load_verifier(f"{SCORES}:cpu_burn", TWO)
     try:

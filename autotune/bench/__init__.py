@@ -18,7 +18,6 @@ from autotune.bench.compare import (
     EXIT_NOT_COMPARABLE,
     EXIT_OK,
     EXIT_REGRESSION,
-    BaselineUnavailable,
     Comparison,
     Verdict,
     compare_files,
@@ -26,6 +25,7 @@ from autotune.bench.compare import (
 from autotune.bench.results import BenchResults, CaseResult, Metric, load, save, write_baseline
 from autotune.bench.runner import run_suite
 from autotune.bench.suite import Suite, load_suite
+from autotune.errors import BaselineUnavailable
 
 __all__ = [
     "EXIT_CANNOT_RUN",

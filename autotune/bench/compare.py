@@ -22,7 +22,7 @@ from typing import Any
 from autotune.bench.fingerprint import DECISIVE, differences
 from autotune.bench.results import BenchResults, CaseResult, load
 from autotune.bench.stats import bootstrap_ratio_interval, mann_whitney_u, median
-from autotune.errors import AutotuneError, UsageError
+from autotune.errors import BaselineUnavailable, UsageError
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -34,10 +34,6 @@ IMPROVEMENT = "improvement"
 UNCHANGED = "unchanged"
 NOT_COMPARABLE = "not comparable"
 COULD_NOT_RUN = "could not run"
-
-
-class BaselineUnavailable(AutotuneError):
-    """The baseline file is missing or unreadable: nothing can be compared (exit 3)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,26 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
 import os
-import selectors
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 import orjson
 
-from autotune.errors import ServerStartupError
-from autotune.servers.null import READY_PREFIX
+from autotune.servers.launcher import ServerProcess, ServerSpec
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding autotune/
 PROMPT_CHARS = 1024  # the synthetic workload's mean prompt: 256 tokens at ~4 characters each
 
 
@@ -76,110 +68,20 @@ def cpu_seconds() -> float:
     return time.process_time()
 
 
-@dataclass
-class NullServer:
-    """`python -m autotune.servers.null` in its own session, optionally pinned to a core.
+class NullServer(ServerProcess):
+    """`python -m autotune.servers.null` on a free port, pinned to `core` when given.
 
-    Use as a context manager: entering waits for the ready line and `/health`; leaving
-    sends SIGTERM to its process group (SIGKILL after 5 s).
+    A ServerProcess like any other server autotune starts, used synchronously:
+    `with NullServer(core=1) as server:` waits for its `/health`; leaving stops its
+    process group (SIGTERM, then SIGKILL).
     """
 
-    core: int | None = None
-    host: str = "127.0.0.1"
-    startup_timeout_s: float = 60.0
-    proc: subprocess.Popen[str] | None = None
-    port: int = 0
+    def __init__(self, core: int | None = None, startup_timeout_s: float = 60.0) -> None:
+        super().__init__(ServerSpec.null(core=core, startup_timeout_s=startup_timeout_s))
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def __enter__(self) -> NullServer:
-        cmd = [sys.executable, "-m", "autotune.servers.null", "--host", self.host, "--port", "0"]
-        if self.core is not None:
-            cmd += ["--cpu", str(self.core)]  # the child pins itself before it serves
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")])
-        )
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=PACKAGE_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            self.port = self._read_port()
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _read_port(self) -> int:
-        assert self.proc is not None and self.proc.stdout is not None
-        deadline = time.monotonic() + self.startup_timeout_s
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=0.2):
-                    if self.proc.poll() is not None:
-                        break
-                    continue
-                line = self.proc.stdout.readline()
-                if not line:
-                    break
-                if line.startswith(READY_PREFIX):
-                    return int(line.strip().rsplit(":", 1)[1])
-        raise ServerStartupError(
-            f"the null server did not start (exit code {self.proc.poll()}); "
-            "try `python -m autotune.servers.null --port 0` by hand."
-        )
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            try:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=1.0)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    conn.close()
-                    return
-                conn.close()
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise ServerStartupError(
-                    "the null server never answered GET /health with 200; "
-                    "try `python -m autotune.servers.null --port 0` by hand."
-                )
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            except ProcessLookupError:
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        return self.spec.base_url or ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,8 @@ from autotune.collect import run_async
 from autotune.config import TargetConfig
 from autotune.errors import AutotuneError, CollectionError, UsageError
 from autotune.pipeline import open_pipeline
-from autotune.probe import ProbeResult, run_probe
+from autotune.probe.engine import run_probe
+from autotune.results import ProbeResult
 from autotune.target import synthetic_defaults
 from autotune.workload import Workload
 
@@ -150,20 +151,16 @@ async def _server(case: ProbeCase, target: TargetConfig) -> AsyncIterator[tuple[
     if target.base_url is not None:
         yield target, 0
         return
-    from autotune.servers.launcher import ServerProcess, free_port, sim_command
+    from autotune.servers.launcher import ServerSpec
 
-    port = free_port()
     if case.launch is not None:
-        command = [part.replace("{port}", str(port)) for part in case.launch]
+        spec = ServerSpec.launch(case.launch, startup_timeout_s=case.startup_timeout_s)
     else:
-        command = sim_command([*SIM_DEFAULT_ARGS, *target.sim_args], port)
-    async with ServerProcess(
-        command,
-        health_url=f"http://127.0.0.1:{port}/health",
-        startup_timeout_s=case.startup_timeout_s,
-    ) as server:
+        sim_args = [*SIM_DEFAULT_ARGS, *target.sim_args]
+        spec = ServerSpec.sim(sim_args, startup_timeout_s=case.startup_timeout_s)
+    async with spec.process() as server:
         assert server.pid is not None
-        yield replace(target, base_url=f"http://127.0.0.1:{port}/v1"), server.pid
+        yield replace(target, base_url=spec.base_url), server.pid
 
 
 def run_queue_wait_s(pids: list[int]) -> float | None:

@@ -20,62 +20,161 @@
         requests: 10000
 
 Paths are relative to the suite file. Every error is one sentence naming the field.
+The file is read by the pydantic specs below, built from those a study file shares
+(autotune.config: `probe:` is a study's ProbeSpec with its defaults, a target's server
+fields are a study target's, and the field types spell their errors the same way).
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
 import yaml
+from pydantic import Discriminator, Field, Strict, Tag, ValidationError, model_validator
 
-from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config import (
+    ApiChoice,
+    CollectConfig,
+    Count,
+    Count0,
+    Flag,
+    NonNegative,
+    Positive,
+    ProbeSpec,
+    ServerFields,
+    Share,
+    SpecModel,
+    SyntheticWorkload,
+    TargetConfig,
+    Text,
+    Tokens,
+    Words,
+    must_be,
+    problem,
+    spec_problem,
+)
 from autotune.errors import UsageError
 from autotune.probe import ProbeSettings
-from autotune.study import knob_flags
+from autotune.servers.flags import server_flags
 
 MAX_REPETITIONS = 20  # the exact test takes at most 40 values in all (stats.MAX_EXACT_SAMPLES)
-DEFAULT_REPETITIONS = 5
-DEFAULT_WARMUP = 1
-DEFAULT_THRESHOLD = 0.05
-DEFAULT_ALPHA = 0.01
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 
-# The fields each mapping may hold: anything else is a typo, reported before any value.
-SUITE_FIELDS = ("repetitions", "warmup", "threshold", "alpha", "cases")
-_CASE = ("name", "kind", "repetitions", "warmup", "threshold")
-PROBE_CASE_FIELDS = (
-    *_CASE,
-    "recommendation",
-    "parallelism",
-    "server_args",
-    "target",
-    "workload",
-    "verifier",
-    "verifier_workers",
-    "verifier_cost_ms",
-    "probe",
-)
-OVERHEAD_CASE_FIELDS = (*_CASE, "concurrency", "requests")
-TARGET_FIELDS = (
-    "base_url",
-    "launch",
-    "startup_timeout_s",
-    "sim_args",
-    "model",
-    "api",
-    "stream",
-    "extra_body",
-    "api_key_env",
-    "timeout_s",
-    "max_retries",
-)
-WORKLOAD_FIELDS = ("input", "synthetic", "prompt_tokens", "output_tokens", "seed", "limit")
-PROBE_FIELDS = ("warmup_s", "min_s", "max_s", "target_halfwidth")
+Repetitions = Annotated[
+    int,
+    Strict(),
+    Field(ge=1, le=MAX_REPETITIONS),
+    must_be(f"a whole number of at least 1 and at most {MAX_REPETITIONS}"),
+]
+CaseName = Annotated[
+    str,
+    Strict(),
+    Field(pattern=f"^{NAME}$"),
+    must_be("letters, digits, '.', '_' or '-' (starting with a letter or digit)"),
+]
+Requests = Annotated[int, Strict(), Field(ge=100), must_be("a whole number of at least 100")]
+ExtraBody = Annotated[dict[str, Any], must_be("a mapping of extra request fields")]
+ServerArgs = Annotated[dict[str, Any], must_be("a mapping of server flag to value")]
+
+
+# -- the file ------------------------------------------------------------------------------
+
+
+class CaseTarget(ServerFields):
+    """The server of a probe case: at base_url, launched on {port}, or the simulator."""
+
+    what: ClassVar[str] = "a target"
+    launch: Words | None = None  # a command serving on {port}, started for the case
+    sim_args: Words = ()  # flags of the embedded simulator (neither base_url nor launch)
+    api: ApiChoice = "chat"
+    stream: Flag = True
+    extra_body: ExtraBody = Field(default_factory=dict)
+    timeout_s: Positive = 600.0
+    max_retries: Count0 = 3
+
+    @model_validator(mode="after")
+    def _one_server(self) -> CaseTarget:
+        launch = list(self.launch) if self.launch is not None else None
+        if self.base_url and launch is not None:
+            expected = "absent when base_url is given (one server per case)"
+            raise problem(expected, launch, "launch")
+        if self.sim_args and (self.base_url or launch is not None):
+            expected = "absent unless the case runs on the embedded simulator"
+            raise problem(expected, list(self.sim_args), "sim_args")
+        if launch is not None and not any("{port}" in part for part in launch):
+            raise problem("a command with {port} where the server's port goes", launch, "launch")
+        return self
+
+
+class CaseWorkload(SpecModel):
+    """The tasks: a JSONL file (relative to the suite), else synthetic ones."""
+
+    what: ClassVar[str] = "a workload"
+    input: Text | None = None
+    synthetic: Count = 1000  # the number of synthetic tasks
+    prompt_tokens: Tokens = (256, 64)
+    output_tokens: Tokens = (256, 64)
+    seed: Count0 = 0
+    limit: Count | None = None
+
+
+class _CaseSpec(SpecModel):
+    name: CaseName
+    kind: str
+    repetitions: Repetitions | None = None  # None: the suite's
+    warmup: Count0 | None = None
+    threshold: Share | None = None
+
+
+class ProbeCaseSpec(_CaseSpec):
+    what: ClassVar[str] = "a probe case"
+    kind: Literal["probe"] = "probe"
+    recommendation: Text | None = None  # a recommendation.json from `autotune sweep`
+    parallelism: Count | None = None  # None: the recommendation's
+    server_args: ServerArgs | None = None  # None: the recommendation's
+    target: CaseTarget = CaseTarget()
+    workload: CaseWorkload = CaseWorkload()
+    verifier: Text | None = None  # None: none for a task file, synthetic for synthetic tasks
+    verifier_workers: Count | None = None
+    verifier_cost_ms: NonNegative = 0.0
+    probe: ProbeSpec = ProbeSpec()
+
+
+class OverheadCaseSpec(_CaseSpec):
+    what: ClassVar[str] = "an overhead case"
+    kind: Literal["overhead"]
+    concurrency: Count = 64
+    requests: Requests = 10_000
+
+
+def _kind(entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return "probe"  # (reported as a probe case that is not a mapping)
+    kind = entry.get("kind", "probe")
+    return kind if isinstance(kind, str) else None
+
+
+CaseSpec = Annotated[
+    Annotated[ProbeCaseSpec, Tag("probe")] | Annotated[OverheadCaseSpec, Tag("overhead")],
+    Discriminator(_kind),
+]
+
+
+class SuiteSpec(SpecModel):
+    what: ClassVar[str] = "a suite"
+    repetitions: Repetitions = 5  # measured repetitions of each case
+    warmup: Count0 = 1  # repetitions run first and thrown away
+    threshold: Share = 0.05  # a larger (and significant) fall of the median is a regression
+    alpha: Share = 0.01  # significance level of the exact Mann-Whitney U test
+    cases: Annotated[
+        list[CaseSpec], Field(min_length=1), must_be("a list of at least one case", inner=False)
+    ]
+
+
+# -- what the runner measures --------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,83 +272,6 @@ class Suite:
         return replace(self, cases=cases)
 
 
-class _Fields:
-    """One mapping of the suite, read field by field; each error names the field."""
-
-    def __init__(
-        self, data: Any, where: str, path: Path, fields: tuple[str, ...], what: str
-    ) -> None:
-        self.path, self.where = path, where
-        if not isinstance(data, dict):
-            self.fail("", "a mapping of fields", data)
-        for name in data:
-            if name not in fields:
-                raise UsageError(
-                    f"{path}: {self.at(str(name))} is not a field of {what}; "
-                    f"the fields are {', '.join(fields)}."
-                )
-        self.data: dict[str, Any] = data
-
-    def at(self, name: str) -> str:
-        if not self.where:
-            return name or "the file"
-        return f"{self.where}.{name}" if name else self.where
-
-    def fail(self, name: str, expected: str, value: Any) -> NoReturn:
-        raise UsageError(f"{self.path}: {self.at(name)} must be {expected}, not {value!r}.")
-
-    def raw(self, name: str, default: Any = None) -> Any:
-        return self.data.get(name, default)
-
-    def whole(self, name: str, default: int | None, low: int, high: int | None = None) -> Any:
-        value = self.raw(name, default)
-        if value is None:
-            return None
-        upper = f" and at most {high}" if high is not None else ""
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            self.fail(name, f"a whole number of at least {low}{upper}", value)
-        if high is not None and value > high:
-            self.fail(name, f"a whole number of at least {low}{upper}", value)
-        return value
-
-    def number(
-        self, name: str, default: float, *, zero: bool = False, below: float = math.inf
-    ) -> Any:
-        """A number above 0 (or from 0 with `zero`), and under `below` when given."""
-        value = self.raw(name, default)
-        expected = f"a number {'from' if zero else 'above'} 0" + (
-            f" and below {below:g}" if below < math.inf else ""
-        )
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(name, expected, value)
-        if not (value >= 0 if zero else value > 0) or value >= below:
-            self.fail(name, expected, value)
-        return float(value)
-
-    def text(self, name: str, default: str | None = None) -> Any:
-        value = self.raw(name, default)
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            self.fail(name, "a non-empty string", value)
-        return value
-
-    def flag(self, name: str, default: bool) -> bool:
-        value = self.raw(name, default)
-        if not isinstance(value, bool):
-            self.fail(name, "true or false", value)
-        return value
-
-    def strings(self, name: str) -> tuple[str, ...] | None:
-        value = self.raw(name)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
-            self.fail(name, "a list of strings", value)
-        return tuple(str(v) for v in value)
-
-    def sub(self, name: str, fields: tuple[str, ...], what: str) -> _Fields:
-        return _Fields(self.raw(name, {}), self.at(name), self.path, fields, what)
-
-
 def load_suite(path: Path) -> Suite:
     """Read and validate a suite file; UsageError, one sentence naming the field."""
     try:
@@ -260,144 +282,86 @@ def load_suite(path: Path) -> Suite:
         raise UsageError(f"cannot read {path} ({error}).") from None
     except yaml.YAMLError as error:
         raise UsageError(f"{path} is not valid YAML ({' '.join(str(error).split())}).") from None
-    top = _Fields(data, "", path, SUITE_FIELDS, "a suite")
-    defaults = (
-        top.whole("repetitions", DEFAULT_REPETITIONS, 1, MAX_REPETITIONS),
-        top.whole("warmup", DEFAULT_WARMUP, 0),
-        top.number("threshold", DEFAULT_THRESHOLD, below=1),
-    )
-    alpha = top.number("alpha", DEFAULT_ALPHA, below=1)
-    entries = top.raw("cases")
-    if not isinstance(entries, list) or not entries:
-        top.fail("cases", "a list of at least one case", entries)
-    cases = tuple(_case(e, f"cases[{i}]", path, defaults) for i, e in enumerate(entries))
+    try:
+        spec = SuiteSpec.model_validate(data)
+    except ValidationError as error:
+        raise UsageError(f"{path}: {spec_problem(SuiteSpec, error)}.") from None
+    cases = tuple(_case(c, f"cases[{i}]", path, spec) for i, c in enumerate(spec.cases))
     names = [case.name for case in cases]
     for name in names:
         if names.count(name) > 1:
             raise UsageError(f"{path}: two cases are named {name!r}; give each its own name.")
-    return Suite(path, alpha, cases)
+    return Suite(path, spec.alpha, cases)
 
 
-def _case(entry: Any, where: str, path: Path, defaults: tuple[int, int, float]) -> Case:
-    kind = entry.get("kind", "probe") if isinstance(entry, dict) else None
-    if kind == "overhead":
-        f = _Fields(entry, where, path, OVERHEAD_CASE_FIELDS, "an overhead case")
-    else:
-        f = _Fields(entry, where, path, PROBE_CASE_FIELDS, "a probe case")
-    if kind not in ("probe", "overhead"):
-        f.fail("kind", "probe or overhead", kind)
-    name = f.text("name")
-    if name is None or not _NAME.fullmatch(name):
-        f.fail("name", "letters, digits, '.', '_' or '-' (starting with a letter or digit)", name)
-    repetitions = f.whole("repetitions", defaults[0], 1, MAX_REPETITIONS)
-    warmup = f.whole("warmup", defaults[1], 0)
-    threshold = f.number("threshold", defaults[2], below=1)
-    if kind == "overhead":
-        concurrency = f.whole("concurrency", 64, 1)
-        requests = f.whole("requests", 10_000, 100)
-        return OverheadCase(name, concurrency, requests, repetitions, warmup, threshold)
-    return _probe_case(f, name, repetitions, warmup, threshold)
+def _fail(path: Path, where: str, expected: str, value: Any) -> UsageError:
+    return UsageError(f"{path}: {where} must be {expected}, not {value!r}.")
 
 
-def _probe_case(f: _Fields, name: str, repetitions: int, warmup: int, threshold: float) -> Case:
-    base = f.path.parent
-    rec_path = f.text("recommendation")
+def _case(spec: ProbeCaseSpec | OverheadCaseSpec, where: str, path: Path, suite: SuiteSpec) -> Case:
+    repetitions = suite.repetitions if spec.repetitions is None else spec.repetitions
+    warmup = suite.warmup if spec.warmup is None else spec.warmup
+    threshold = suite.threshold if spec.threshold is None else spec.threshold
+    if isinstance(spec, OverheadCaseSpec):
+        return OverheadCase(
+            spec.name, spec.concurrency, spec.requests, repetitions, warmup, threshold
+        )
+    base = path.parent
+    rec_path = spec.recommendation
     rec_parallelism, rec_server_args = _recommendation(base / rec_path) if rec_path else (None, {})
-    parallelism = f.whole("parallelism", rec_parallelism, 1)
+    parallelism = rec_parallelism if spec.parallelism is None else spec.parallelism
     if parallelism is None:
-        f.fail("parallelism", "a whole number of at least 1 (or come from a recommendation)", None)
-    server_args = f.raw("server_args", rec_server_args)
-    if not isinstance(server_args, dict):
-        f.fail("server_args", "a mapping of server flag to value", server_args)
-    flags = tuple(knob_flags(server_args))
+        expected = "a whole number of at least 1 (or come from a recommendation)"
+        raise _fail(path, f"{where}.parallelism", expected, None)
+    server_args = rec_server_args if spec.server_args is None else spec.server_args
+    flags = tuple(server_flags(server_args))
 
-    t = f.sub("target", TARGET_FIELDS, "a target")
-    base_url, launch = t.text("base_url"), t.strings("launch")
-    sim_args = t.strings("sim_args") or ()
-    if base_url and launch:
-        t.fail("launch", "absent when base_url is given (one server per case)", launch)
-    if sim_args and (base_url or launch):
-        t.fail("sim_args", "absent unless the case runs on the embedded simulator", sim_args)
-    if launch is not None and not any("{port}" in part for part in launch):
-        t.fail("launch", "a command with {port} where the server's port goes", launch)
-    if base_url and flags:
-        f.fail("server_args", "absent for a server at a base_url (autotune cannot set them)", flags)
-    extra_body = t.raw("extra_body", {})
-    if not isinstance(extra_body, dict):
-        t.fail("extra_body", "a mapping of extra request fields", extra_body)
-    api = t.raw("api", "chat")
-    if api not in ("chat", "completions"):
-        t.fail("api", "chat or completions", api)
+    t = spec.target
+    if t.base_url and flags:
+        expected = "absent for a server at a base_url (autotune cannot set them)"
+        raise _fail(path, f"{where}.server_args", expected, flags)
+    embedded = not (t.base_url or t.launch is not None)
     target = TargetConfig(
-        base_url=base_url,
-        model=t.text("model"),
-        api=api,
-        stream=t.flag("stream", True),
-        api_key_env=t.text("api_key_env", "OPENAI_API_KEY"),
-        extra_body=extra_body,
-        request_timeout_s=t.number("timeout_s", 600.0),
-        max_retries=t.whole("max_retries", 3, 0),
-        sim_args=(*sim_args, *flags) if not (base_url or launch) else (),
+        base_url=t.base_url,
+        model=t.model,
+        api=t.api,
+        stream=t.stream,
+        api_key_env=t.api_key_env,
+        extra_body=dict(t.extra_body),
+        request_timeout_s=t.timeout_s,
+        max_retries=t.max_retries,
+        sim_args=(*t.sim_args, *flags) if embedded else (),
     )
-    startup_timeout_s = t.number("startup_timeout_s", 600.0)
 
-    w = f.sub("workload", WORKLOAD_FIELDS, "a workload")
-    input_name = w.text("input")
-    task_file = base / input_name if input_name else None
+    w = spec.workload
+    task_file = base / w.input if w.input else None
     if task_file is not None and not task_file.is_file():
-        w.fail("input", "a task JSONL file (relative to the suite)", input_name)
-    prompt = _mean_std(w, "prompt_tokens", 256)
-    output = _mean_std(w, "output_tokens", 256)
+        expected = "a task JSONL file (relative to the suite)"
+        raise _fail(path, f"{where}.workload.input", expected, w.input)
     synthetic = SyntheticWorkload(
-        num_tasks=w.whole("synthetic", 1000, 1),
-        prompt_tokens_mean=prompt[0],
-        prompt_tokens_std=prompt[1],
-        output_tokens_mean=output[0],
-        output_tokens_std=output[1],
-        seed=w.whole("seed", 0, 0),
+        num_tasks=w.synthetic,
+        prompt_tokens_mean=w.prompt_tokens[0],
+        prompt_tokens_std=w.prompt_tokens[1],
+        output_tokens_mean=w.output_tokens[0],
+        output_tokens_std=w.output_tokens[1],
+        seed=w.seed,
     )
-    limit = w.whole("limit", None, 1)
-
-    p = f.sub("probe", PROBE_FIELDS, "probe settings")
-    probe = ProbeSettings(
-        parallelism=parallelism,
-        warmup_s=p.number("warmup_s", 1.0, zero=True),
-        min_s=p.number("min_s", 3.0),
-        max_s=p.number("max_s", 20.0),
-        target_halfwidth=p.number("target_halfwidth", 0.05, below=1),
-    )
-    if probe.max_s < probe.min_s:
-        p.fail("max_s", f"at least min_s ({probe.min_s:g})", probe.max_s)
-
     collect = CollectConfig(
         target=target,
         input=task_file,
         synthetic=synthetic,
-        limit=limit,
+        limit=w.limit,
         parallelism=parallelism,
-        verifier=f.text("verifier", "none" if task_file else "synthetic"),
-        verifier_workers=f.whole("verifier_workers", None, 1),
-        verifier_cost_ms=f.number("verifier_cost_ms", 0.0, zero=True),
+        verifier=spec.verifier or ("none" if task_file else "synthetic"),
+        verifier_workers=spec.verifier_workers,
+        verifier_cost_ms=spec.verifier_cost_ms,
         progress=False,
     )
-    launch_command = (*launch, *flags) if launch else None
+    launch = (*t.launch, *flags) if t.launch is not None else None
     return ProbeCase(
-        name, collect, probe, launch_command, startup_timeout_s, rec_path, repetitions, warmup,
-        threshold,
+        spec.name, collect, ProbeSettings.of(spec.probe, parallelism), launch,
+        t.startup_timeout_s, rec_path, repetitions, warmup, threshold,
     )  # fmt: skip
-
-
-def _mean_std(f: _Fields, name: str, default: int) -> tuple[int, int]:
-    """`256` or `[256, 64]` tokens → (mean, std); one number means a std of a quarter."""
-    value = f.raw(name, default)
-    parts = value if isinstance(value, list) else [value]
-    if not 1 <= len(parts) <= 2 or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
-    ):
-        f.fail(name, "a token count or [mean, std]", value)
-    if parts[0] < 1:
-        f.fail(name, "at least 1 token", value)
-    return parts[0], parts[1] if len(parts) == 2 else parts[0] // 4
 
 
 def _recommendation(path: Path) -> tuple[int, dict[str, Any]]:

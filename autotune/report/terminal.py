@@ -8,7 +8,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from autotune.results import STAGES, CollectSummary
+from autotune.report.columns import terminal_table
+from autotune.report.diagnose_report import PROBE_COLUMNS
+from autotune.results import (
+    STAGES,
+    CollectSummary,
+    DiagnoseResult,
+    Recommendation,
+    SweepResult,
+)
 
 
 class _Progress:
@@ -95,74 +103,56 @@ def collect_summary_text(summary: CollectSummary) -> str:
     return "\n".join(lines)
 
 
-def diagnose_text(result: dict[str, Any]) -> str:
+def diagnose_text(result: DiagnoseResult) -> str:
     """The terminal summary of a diagnosis: verdict, probe table, evidence, next step."""
-    from autotune.report.diagnose_report import probe_rows
-
+    verdict = result.verdict
     lines = []
-    if result["target"]["simulated"]:
+    if result.target.simulated:
         lines.append("SIMULATED: measured on autotune's simulated vLLM-like server.")
-    leaning = " (leaning; a sweep should decide)" if result["leaning"] else ""
+    leaning = " (leaning; a sweep should decide)" if verdict.leaning else ""
     lines.append(
-        f"verdict: {result['verdict']}{leaning}  —  throughput ×{result['speedup']:.2f} "
-        f"for ×{result['parallelism_ratio']:.2g} parallelism"
+        f"verdict: {verdict.verdict}{leaning}  —  throughput ×{verdict.speedup:.2f} "
+        f"for ×{verdict.parallelism_ratio:.2g} parallelism"
     )
-    columns, rows = probe_rows(result)
-    shown = [0, 1, 2, 4, 5, 6, 7, 8, 11]
-    widths = [max(len(columns[i]), 10) for i in shown]
     lines.append("")
-    lines.append("  ".join(columns[i].rjust(w) for i, w in zip(shown, widths, strict=True)))
-    for row in rows:
-        cells = []
-        for i, w in zip(shown, widths, strict=True):
-            value = row[i]
-            text = (
-                "-"
-                if value is None
-                else f"{value:,.1f}"
-                if isinstance(value, float)
-                else str(value)
-            )
-            cells.append(text.rjust(w))
-        lines.append("  ".join(cells))
+    lines += terminal_table(PROBE_COLUMNS, result.probes)
     lines.append("\nevidence:")
-    lines += [f"  - {e['text']}" for e in result["evidence"]]
-    lines.append(f"\nnext step: {result['next_step']}")
-    lines += [f"note: {note}" for note in result["notes"]]
+    lines += [f"  - {e.text()}" for e in verdict.evidence]
+    lines.append(f"\nnext step: {verdict.next_step}")
+    lines += [f"note: {note}" for note in verdict.notes]
     return "\n".join(lines)
 
 
-def sweep_text(result: dict[str, Any], directory: Path) -> str:
+def sweep_text(result: SweepResult, recommended: Recommendation | None, directory: Path) -> str:
     """The closing summary of a sweep: the recommendation and where the files are."""
     lines = []
-    if result["simulated"]:
+    if result.simulated:
         lines.append("SIMULATED: measured on autotune's simulated vLLM-like server.")
-    trials = result["trials"]
-    feasible = sum(1 for t in trials if t["feasible"])
+    trials = result.completed
+    feasible = sum(1 for t in trials if t.feasible)
     lines.append(
-        f"study {result['study']}: {len(trials)} trials ({feasible} feasible, "
-        f"{result['trials_reused']} reused), {result['probe_s_total']:.0f} s of probes"
+        f"study {result.study}: {len(trials)} trials ({feasible} feasible, "
+        f"{result.trials_reused} reused), {result.probe_s_total:.0f} s of probes"
     )
-    rec = result["recommendation"]
-    if rec is None:
+    if recommended is None:
         lines.append("no feasible configuration: see the failed configurations in the report")
     else:
-        knobs = ", ".join(f"{k}={v}" for k, v in rec["server"].items()) or "(client only)"
-        peak = rec["peak"]
-        smallest = rec["smallest_parallelism_at_80pct_of_peak_throughput"]
+        rec = recommended
+        knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(client only)"
+        smallest = rec.smallest_parallelism_at_80pct_of_peak_throughput
         lines += [
             f"best configuration   {knobs}",
-            f"peak                 {peak['throughput']:.3g} {rec['metric']} at parallelism "
-            f"{peak['parallelism']:.0f}",
-            f"recommended          parallelism {rec['recommended']['parallelism']} "
-            f"(80% of peak) → {rec['recommended']['predicted_throughput']:.3g} predicted",
-            f"knee                 parallelism {rec['knee_parallelism']:.0f}; 80% of peak "
+            f"peak                 {rec.peak.throughput:.3g} {rec.metric} at parallelism "
+            f"{rec.peak.parallelism:.0f}",
+            f"recommended          parallelism {rec.recommended.parallelism} "
+            f"(80% of peak) → {rec.recommended.predicted_throughput:.3g} predicted",
+            f"knee                 parallelism {rec.knee_parallelism:.0f}; 80% of peak "
             f"throughput from parallelism {smallest}",
-            f"note                 {rec['note']}",
+            f"note                 {rec.note}",
             "",
-            f"NeMo Gym   {rec['snippets']['nemo_gym']}",
-            f"vLLM       {rec['snippets']['vllm']}",
-            f"OpenRLHF   {rec['snippets']['openrlhf']}",
+            f"NeMo Gym   {rec.snippets.nemo_gym}",
+            f"vLLM       {rec.snippets.vllm}",
+            f"OpenRLHF   {rec.snippets.openrlhf}",
         ]
     lines.append(f"\nreport: {directory / 'index.html'}")
     return "\n".join(lines)

@@ -1,10 +1,22 @@
-"""Start, health-check and stop a model server process (the simulator now, vLLM later).
+"""The one way autotune starts, health-checks and stops a server process.
+
+A `ServerSpec` says what to run (command, environment, log file), where it answers
+(health URL, base URL) and how long it may take to start; `spec.process()` (or
+`ServerProcess(spec)`) is the running process. Every server goes through here: the
+embedded simulator (`ServerSpec.sim`), the null server that `autotune bench` measures
+the engine against (`ServerSpec.null`), a command a suite or a benchmark launches on a
+port (`ServerSpec.local`, `ServerSpec.launch`), and real vLLM (`servers.vllm.VllmServer`).
 
 The server runs in its own session (process group), so stopping it reaches every worker it
-forked; its stdout and stderr go to one log file, whose last error line becomes the
-`reason` of a ServerStartupError (a sweep records it on the infeasible trial). Without a
-`log_path` the log is a temporary file, removed after a clean stop and kept whenever
-something went wrong (the error message names it).
+forked, and Linux stops it if autotune dies; its stdout and stderr go to one log file,
+whose last error line becomes the `reason` of a ServerStartupError (a sweep records it on
+the infeasible trial). Without a `log_path` the log is a temporary file, removed after a
+clean stop and kept whenever something went wrong (the error message names it).
+
+    async with ServerSpec.sim(["--time-scale", "0.05"]).process() as server:
+        ...server.base_url...
+    with ServerSpec.null(core=1).process() as server:   # no event loop running: sync
+        ...
 """
 
 from __future__ import annotations
@@ -21,9 +33,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Self
 
 import aiohttp
 
@@ -31,6 +44,8 @@ from autotune.errors import ServerStartupError
 
 HEALTH_POLL_S = 0.2
 STOP_GRACE_S = 10.0
+LOCALHOST = "127.0.0.1"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding autotune/
 
 # `ValueError: message` (not a traceback's `raise ValueError(` line), or CUDA's OOM.
 _ERROR_LINE = re.compile(r"\b(?:[A-Za-z_][\w.]*(?:Error|Exception): |CUDA out of memory\b).*")
@@ -55,7 +70,7 @@ def _die_with_parent() -> None:
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (another process may still take it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOCALHOST, 0))
         return int(s.getsockname()[1])
 
 
@@ -77,34 +92,126 @@ def last_error_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-class ServerProcess:
-    """One server process: `async with ServerProcess(cmd, health_url) as proc:` runs it.
+def _module_env() -> dict[str, str | None]:
+    """The environment for `python -m autotune....`: this autotune first on the path, so the
+    server runs the same code as its parent even from a checkout (a benchmark script)."""
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), path]))}
 
-    Leaving the block (normally, on an error or on cancellation) stops the whole process
-    group. `stop_sync()` is safe from atexit and signal handlers; start() registers it with
-    atexit so an interpreter exit never leaves a server behind.
-    """
 
-    def __init__(
-        self,
-        cmd: Sequence[str],
-        health_url: str,
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """What to run and how to tell it is up: everything a ServerProcess needs."""
+
+    command: Sequence[str]
+    health_url: str  # answers 200 once the server serves
+    base_url: str | None = None  # the OpenAI-compatible root (http://host:port/v1)
+    env: Mapping[str, str | None] = field(default_factory=dict)  # None unsets a variable
+    startup_timeout_s: float = 120.0
+    log_path: Path | None = None  # None: a temporary file, kept only if something failed
+    cwd: Path | None = None
+    stop_grace_s: float = STOP_GRACE_S  # after SIGTERM, before SIGKILL
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", dict(self.env))
+        if self.log_path is not None:
+            object.__setattr__(self, "log_path", Path(self.log_path))
+
+    @classmethod
+    def local(
+        cls,
+        command: Sequence[str],
+        port: int,
         *,
         env: Mapping[str, str | None] | None = None,
-        base_url: str | None = None,
-        log_path: str | Path | None = None,
         startup_timeout_s: float = 120.0,
-        cwd: str | Path | None = None,
-        stop_grace_s: float = STOP_GRACE_S,
-    ) -> None:
-        self.cmd = list(cmd)
-        self.health_url = health_url
-        self.base_url = base_url
-        self.env = dict(env or {})  # a None value unsets an inherited variable
-        self.startup_timeout_s = startup_timeout_s
-        self.cwd = cwd
-        self.stop_grace_s = stop_grace_s
-        self.log_path = Path(log_path) if log_path else None
+        log_path: str | Path | None = None,
+    ) -> ServerSpec:
+        """A command that serves `/health` and `/v1` on 127.0.0.1:`port`."""
+        root = f"http://{LOCALHOST}:{port}"
+        return cls(
+            command,
+            f"{root}/health",
+            f"{root}/v1",
+            env=env or {},
+            startup_timeout_s=startup_timeout_s,
+            log_path=Path(log_path) if log_path else None,
+        )
+
+    @classmethod
+    def launch(
+        cls,
+        template: Sequence[str],
+        *,
+        port: int | None = None,
+        startup_timeout_s: float = 600.0,
+        log_path: str | Path | None = None,
+    ) -> ServerSpec:
+        """A user's server command with `{port}` where the port goes (a free one)."""
+        port = port or free_port()
+        command = [part.replace("{port}", str(port)) for part in template]
+        return cls.local(command, port, startup_timeout_s=startup_timeout_s, log_path=log_path)
+
+    @classmethod
+    def sim(
+        cls,
+        args: Sequence[str] = (),
+        *,
+        port: int | None = None,
+        startup_timeout_s: float = 30.0,
+        log_path: str | Path | None = None,
+    ) -> ServerSpec:
+        """The simulated server with vLLM-style `args` on `port` (default: a free one)."""
+        port = port or free_port()
+        return cls.local(
+            sim_command(args, port),
+            port,
+            env=_module_env(),
+            startup_timeout_s=startup_timeout_s,
+            log_path=log_path,
+        )
+
+    @classmethod
+    def null(
+        cls,
+        *,
+        core: int | None = None,
+        port: int | None = None,
+        startup_timeout_s: float = 60.0,
+        log_path: str | Path | None = None,
+    ) -> ServerSpec:
+        """The null server (answers at once), pinned to `core` when given."""
+        port = port or free_port()
+        command = [sys.executable, "-m", "autotune.servers.null", "--host", LOCALHOST]
+        command += ["--port", str(port)]
+        if core is not None:
+            command += ["--cpu", str(core)]  # the child pins itself before it serves
+        return cls.local(
+            command,
+            port,
+            env=_module_env(),
+            startup_timeout_s=startup_timeout_s,
+            log_path=log_path,
+        )
+
+    def process(self) -> ServerProcess:
+        """The (unstarted) process: `async with spec.process() as server:` runs it."""
+        return ServerProcess(self)
+
+
+class ServerProcess:
+    """One server process: `async with ServerProcess(spec) as proc:` runs it.
+
+    Leaving the block (normally, on an error or on cancellation) stops the whole process
+    group. Where no event loop runs, `with` does the same synchronously. `stop_sync()` is
+    safe from atexit and signal handlers; start() registers it with atexit so an
+    interpreter exit never leaves a server behind.
+    """
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.log_path = spec.log_path  # a temporary file from start() when None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._owns_log = False  # a temporary log we created: removed after a clean stop
@@ -119,15 +226,31 @@ class ServerProcess:
         startup_timeout_s: float = 30.0,
         log_path: str | Path | None = None,
     ) -> ServerProcess:
-        """The simulated server as a subprocess on `port` (default: a free one)."""
-        port = port or free_port()
-        return cls(
-            sim_command(args, port),
-            f"http://127.0.0.1:{port}/health",
-            base_url=f"http://127.0.0.1:{port}/v1",
-            log_path=log_path,
-            startup_timeout_s=startup_timeout_s,
+        """Shorthand for `ServerSpec.sim(...).process()`: the simulated server."""
+        spec = ServerSpec.sim(
+            args, port=port, startup_timeout_s=startup_timeout_s, log_path=log_path
         )
+        return cls(spec)
+
+    @property
+    def cmd(self) -> list[str]:
+        return list(self.spec.command)
+
+    @property
+    def health_url(self) -> str:
+        return self.spec.health_url
+
+    @property
+    def base_url(self) -> str | None:
+        return self.spec.base_url
+
+    @property
+    def env(self) -> dict[str, str | None]:
+        return dict(self.spec.env)
+
+    @property
+    def startup_timeout_s(self) -> float:
+        return self.spec.startup_timeout_s
 
     @property
     def pid(self) -> int | None:
@@ -173,7 +296,7 @@ class ServerProcess:
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 env=self._environment(),
-                cwd=self.cwd,
+                cwd=self.spec.cwd,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
@@ -193,7 +316,7 @@ class ServerProcess:
             raise
 
     def _environment(self) -> dict[str, str]:
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **self.spec.env}
         return {name: value for name, value in env.items() if value is not None}
 
     async def _wait_healthy(self) -> None:
@@ -258,7 +381,7 @@ class ServerProcess:
         if proc.poll() is None:
             self._signal_group(signal.SIGTERM)
             try:
-                proc.wait(timeout=self.stop_grace_s)
+                proc.wait(timeout=self.spec.stop_grace_s)
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
                 proc.wait()
@@ -272,7 +395,7 @@ class ServerProcess:
         try:
             if proc.poll() is None:
                 self._signal_group(signal.SIGTERM)
-                deadline = time.monotonic() + self.stop_grace_s
+                deadline = time.monotonic() + self.spec.stop_grace_s
                 while proc.poll() is None and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 if proc.poll() is None:
@@ -285,7 +408,7 @@ class ServerProcess:
             raise
         self.stop_sync()  # reaps it, kills stragglers in its group, releases the log
 
-    async def __aenter__(self) -> ServerProcess:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -296,3 +419,16 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    def __enter__(self) -> Self:
+        """Start it from synchronous code (no event loop may be running in this thread)."""
+        asyncio.run(self.start())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop_sync()

@@ -23,11 +23,13 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
-from autotune.servers.launcher import ServerProcess, free_port
+from autotune.servers.flags import server_flags
+from autotune.servers.launcher import ServerProcess, ServerSpec, free_port
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULT_COMMAND = (sys.executable, "-m", API_SERVER_MODULE)
@@ -38,34 +40,11 @@ RPC_PREFIX = "autotune-vllm-"  # then the owning autotune process's PID
 _VLLM_SHM = re.compile(r"^(psm_|sem\.mp-)")
 
 
-def _flag_value(value: object) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 def vllm_command(
     base_command: Sequence[str], model: str, port: int, flags: Mapping[str, object]
 ) -> list[str]:
-    """The server's command line: knob names become vLLM flags.
-
-    `{"max_num_seqs": 64}` → `--max-num-seqs 64`; True → `--enforce-eager`;
-    False → `--no-enable-prefix-caching`; None leaves the flag out.
-    """
-    command = [*base_command, "--model", model, "--port", str(port)]
-    for name, value in flags.items():
-        flag = "--" + name.lstrip("-").replace("_", "-")
-        if flag in ("--model", "--port"):
-            raise ValueError(f"{flag} is set by autotune; leave it out of the server flags")
-        if value is None:
-            continue
-        if value is True:
-            command.append(flag)
-        elif value is False:
-            command.append("--no-" + flag[2:])
-        else:
-            command += [flag, _flag_value(value)]
-    return command
+    """The server's command line: the knobs spelled as `server_flags` spells them."""
+    return [*base_command, "--model", model, "--port", str(port), *server_flags(flags)]
 
 
 def cpu_thread_binding(tensor_parallel_size: int, cpus: Sequence[int]) -> str:
@@ -191,21 +170,22 @@ class VllmServer(ServerProcess):
         self.model = model
         self.rpc_dir: Path | None = None
         self._shm_before: set[str] = set()
-        root = f"http://127.0.0.1:{self.port}"
         super().__init__(
-            vllm_command(command, model, self.port, flags),
-            f"{root}/health",
-            env=vllm_env(model, flags, env),
-            base_url=f"{root}/v1",
-            log_path=log_path,
-            startup_timeout_s=startup_timeout_s,
+            ServerSpec.local(
+                vllm_command(command, model, self.port, flags),
+                self.port,
+                env=vllm_env(model, flags, env),
+                log_path=log_path,
+                startup_timeout_s=startup_timeout_s,
+            )
         )
 
     async def start(self) -> None:
         remove_stale_rpc_dirs()
         self._shm_before = shm_entries()
         self.rpc_dir = Path(tempfile.mkdtemp(prefix=f"{RPC_PREFIX}{os.getpid()}-"))
-        self.env["VLLM_RPC_BASE_PATH"] = str(self.rpc_dir)
+        rpc = {"VLLM_RPC_BASE_PATH": str(self.rpc_dir)}
+        self.spec = replace(self.spec, env={**self.spec.env, **rpc})
         await super().start()
 
     def stop_sync(self) -> None:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from autotune.errors import ServerError, UsageError
+from autotune.errors import UsageError, VerifierHTTPError
 
 if TYPE_CHECKING:
     from autotune.verifiers import VerifierOptions
@@ -23,9 +23,7 @@ DEFAULT_CONNECTIONS = 64
 _HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 _ECHOED = frozenset({"responses_create_params", "response"})
 
-
-class VerifierHTTPError(ServerError):
-    """The verifier endpoint answered, but not with a usable verification."""
+__all__ = ["HttpVerifier", "VerifierHTTPError"]
 
 
 class HttpVerifier:

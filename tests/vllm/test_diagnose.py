@@ -8,11 +8,11 @@ ample KV cache it batches all 8, so throughput grows (parallelism-bound).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from autotune.results import DiagnoseResult, load_result
 from tests.helpers import autotune
 from tests.vllm.conftest import VllmInstall, running_vllm
 
@@ -43,19 +43,21 @@ def test_verdict_follows_max_num_seqs(
             timeout=180,
         )
         assert result.returncode == 0, result.stderr + server.log_tail()
-    diagnosis = json.loads(out.read_text())
-    low, high = diagnosis["probes"]
+    diagnosis = load_result(out)
+    assert isinstance(diagnosis, DiagnoseResult)
+    found = diagnosis.verdict
+    low, high = diagnosis.probes
     print(
-        f"max_num_seqs {max_num_seqs}: {low['rollouts_per_s']:.1f} → "
-        f"{high['rollouts_per_s']:.1f} rollouts/s, speedup ×{diagnosis['speedup']:.2f}, "
-        f"verdict {diagnosis['verdict']}"
+        f"max_num_seqs {max_num_seqs}: {low.rollouts_per_s:.1f} → "
+        f"{high.rollouts_per_s:.1f} rollouts/s, speedup ×{found.speedup:.2f}, "
+        f"verdict {found.verdict}"
     )
-    assert diagnosis["verdict"] == verdict, [e["text"] for e in diagnosis["evidence"]]
-    assert diagnosis["target"]["simulated"] is False
+    assert found.verdict == verdict, [e.text() for e in found.evidence]
+    assert diagnosis.target.simulated is False
     for probe in (low, high):
-        assert probe["error_rate"] == 0
-        assert probe["token_check"] is not None and not probe["token_check"]["mismatch"]
-    evidence = {e["name"]: e for e in diagnosis["evidence"]}
+        assert probe.error_rate == 0
+        assert probe.token_check is not None and not probe.token_check["mismatch"]
+    evidence = {e.name: e for e in found.evidence}
     if verdict == "model-bound":
         # The model stage is saturated: its latency grew as Little's law predicts, and/or
         # vLLM's own queue gauge saw requests waiting (the CPU build's gauges have read 0
@@ -64,7 +66,7 @@ def test_verdict_follows_max_num_seqs(
             "model latency growth ÷ Little's-law prediction",
             "server requests waiting (mean)",
         )
-        assert any(evidence[name]["met"] for name in saturation if name in evidence)
-        assert "max_num_seqs" in diagnosis["next_step"]
+        assert any(evidence[name].met for name in saturation if name in evidence)
+        assert "max_num_seqs" in found.next_step
     else:
-        assert diagnosis["speedup"] >= 2.0
+        assert found.speedup >= 2.0

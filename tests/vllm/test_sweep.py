@@ -8,7 +8,6 @@ infeasible with vLLM's own error line.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from pathlib import Path
@@ -17,7 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from autotune.results import SweepResult, load_result
 from autotune.servers.vllm import API_SERVER_MODULE, shm_entries
+from autotune.sweep.recommend import recommendation
 from tests.helpers import autotune
 from tests.vllm.conftest import VllmInstall
 
@@ -33,8 +34,9 @@ def sweep(
     env: dict[str, str],
     trials: int,
     args: list[str],
-) -> tuple[Any, dict[str, Any], Path]:
-    """Runs a study against real vLLM; returns the finished process, sweep.json, reports."""
+) -> tuple[Any, SweepResult | None, Path]:
+    """Runs a study against real vLLM; returns the finished process, sweep.json (None if
+    none was saved), reports."""
     study = {
         "name": "vllm-cpu",
         "target": {
@@ -69,8 +71,10 @@ def sweep(
         "--quiet",
         timeout=900,
     )
-    saved = reports / "vllm-cpu" / "sweep.json"
-    return result, json.loads(saved.read_text()) if saved.exists() else {}, reports / "vllm-cpu"
+    path = reports / "vllm-cpu" / "sweep.json"
+    saved = load_result(path) if path.exists() else None
+    assert saved is None or isinstance(saved, SweepResult)
+    return result, saved, reports / "vllm-cpu"
 
 
 def processes_marked(mark: str) -> list[int]:
@@ -99,13 +103,13 @@ def test_sweep_relaunches_vllm_per_configuration_and_cleans_up(
     args = [*FIXED_ARGS, "--block-size", "32"]
     result, saved, directory = sweep(vllm_install, tmp_path, space, env, trials=4, args=args)
     assert result.returncode == 0, result.stderr
-    measured = [t for t in saved["trials"] if t["probe_s"]]  # a repeat reuses, not relaunches
-    assert {t["knobs"]["max_num_seqs"] for t in measured} == {4, 16}
-    assert {t["knobs"]["max_num_batched_tokens"] for t in measured} == {2048, 4096}
-    assert all(t["feasible"] and t["points"] for t in saved["trials"])
-    assert saved["simulated"] is False
-    recommendation = saved["recommendation"]
-    assert recommendation is not None
+    assert saved is not None
+    measured = [t for t in saved.completed if t.probe_s]  # a repeat reuses, not relaunches
+    assert {t.knobs["max_num_seqs"] for t in measured} == {4, 16}
+    assert {t.knobs["max_num_batched_tokens"] for t in measured} == {2048, 4096}
+    assert all(t.feasible and t.points for t in saved.completed)
+    assert saved.simulated is False
+    assert recommendation(saved) is not None
     for name in ("index.html", "trials.csv", "recommendation.json", "recommendation.yaml"):
         assert (directory / name).exists(), name
     assert processes_marked(mark) == []
@@ -138,7 +142,9 @@ def test_a_configuration_vllm_refuses_is_infeasible_with_its_error(
 ) -> None:
     result, saved, _ = sweep(vllm_install, tmp_path, space, env, trials=1, args=FIXED_ARGS)
     assert result.returncode == 0, result.stderr
-    (trial,) = saved["trials"]
-    assert not trial["feasible"]
-    assert error in trial["infeasible_reason"], trial["infeasible_reason"]
-    assert "root cause above" not in trial["infeasible_reason"]
+    assert saved is not None
+    (trial,) = saved.completed
+    assert not trial.feasible
+    assert trial.infeasible_reason is not None
+    assert error in trial.infeasible_reason, trial.infeasible_reason
+    assert "root cause above" not in trial.infeasible_reason

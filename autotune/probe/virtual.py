@@ -1,4 +1,5 @@
-"""The simulated engine measured in virtual time, for benchmarks of the search itself.
+"""The virtual-time probe: the simulated engine measured in simulated seconds, for
+benchmarks of the search itself.
 
 The sweep's efficiency is judged in probe-seconds: how long its probes would have run
 on the real server. Driving the engine with `time_scale=0` (no sleeping) and closed-loop
@@ -18,34 +19,34 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.errors import ServerStartupError
-from autotune.launchers import Point
-from autotune.probe import ProbeSettings
-from autotune.results import percentile
+from autotune.probe.window import ProbeSettings, Window, steady_window
+from autotune.results import ProbeResult, StageLatency, no_latencies
+from autotune.servers.flags import server_flags
 from autotune.servers.sim.scheduler import SimEngine
 from autotune.servers.sim.server import SimConfigError, load_config
 from autotune.stats import batch_means_rate
-from autotune.study import knob_flags
 
 CHECK_EVERY = 32  # completions between convergence checks
 
 
 @dataclass(slots=True)
-class VirtualSession:
+class VirtualProbe:
     engine: SimEngine
     settings: ProbeSettings
     prompt_tokens: tuple[int, int]
     output_tokens: tuple[int, int]
     seed: int
 
-    async def measure(self, parallelism: int) -> Point:
+    async def measure(self, parallelism: int) -> ProbeResult:
         """A closed-loop probe at `parallelism`, timed in simulated seconds."""
-        engine, settings = self.engine, self.settings
+        engine = self.engine
+        settings = replace(self.settings, parallelism=parallelism)
         start = engine.sim_time_s
         done_at: list[float] = []
         latencies: list[float] = []
-        tokens: list[tuple[float, int]] = []
+        tokens: list[int] = []
         stop = asyncio.Event()
-        window: list[float] = []  # [warm_until, stop_at]
+        found: list[Window] = []
         rng = random.Random(self.seed * 7919 + parallelism)
 
         def lengths() -> tuple[int, int]:
@@ -54,24 +55,13 @@ class VirtualSession:
             return prompt, output
 
         def check(now: float) -> None:
-            if not window:
-                if len(done_at) >= parallelism and now - start >= settings.warmup_s:
-                    window.append(now)
-                elif now - start > settings.max_s:
-                    window.append(start)
-                return
-            elapsed = now - window[0]
-            if elapsed >= settings.max_s:
-                window.append(now)
+            mean_latency = sum(latencies) / len(latencies)
+            window = steady_window(
+                done_at, settings, started=start, now=now, mean_latency_s=mean_latency
+            )
+            if window is not None:
+                found.append(window)
                 stop.set()
-            elif elapsed >= max(settings.min_s, sum(latencies) / len(latencies)):
-                estimate = batch_means_rate(done_at, window[0], now)
-                if (
-                    estimate.events >= 20
-                    and estimate.relative_halfwidth <= settings.target_halfwidth
-                ):
-                    window.append(now)
-                    stop.set()
 
         async def client() -> None:
             while not stop.is_set():
@@ -86,8 +76,8 @@ class VirtualSession:
                 now = engine.sim_time_s
                 done_at.append(now)
                 latencies.append(now - submitted)
-                tokens.append((now, output))
-                if len(done_at) % CHECK_EVERY == 0 or len(done_at) == parallelism:
+                tokens.append(output)
+                if (len(done_at) % CHECK_EVERY == 0 or len(done_at) == parallelism) and not found:
                     check(now)
 
         clients = [asyncio.create_task(client()) for _ in range(parallelism)]
@@ -95,18 +85,24 @@ class VirtualSession:
         for task in clients:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
-        warm, end = window[0], window[1]
-        estimate = batch_means_rate(done_at, warm, end)
-        in_window = [i for i, t in enumerate(done_at) if warm <= t < end]
-        output = sum(tokens[i][1] for i in in_window)
-        return Point(
+        window = found[0]
+        estimate = batch_means_rate(done_at, window.start, window.end)
+        in_window = [i for i, t in enumerate(done_at) if window.start <= t < window.end]
+        measured = max(window.end - window.start, 1e-9)
+        latency = no_latencies()
+        latency["total"] = StageLatency.of([latencies[i] for i in in_window])
+        return ProbeResult(
             parallelism=parallelism,
             rollouts_per_s=estimate.rate,
-            output_tokens_per_s=output / max(end - warm, 1e-9),
+            rollouts_per_s_ci=(estimate.low, estimate.high),
+            output_tokens_per_s=sum(tokens[i] for i in in_window) / measured,
             error_rate=0.0,
-            p95_latency_s=percentile([latencies[i] for i in in_window], 95),
-            probe_s=end - start,
-            stop_reason="converged" if end - warm < settings.max_s else "time cap",
+            completed=len(in_window),
+            failed=0,
+            measured_s=window.end - window.start,
+            warmup_s=window.start - start,
+            stop_reason=window.reason,
+            latency_s=latency,
         )
 
 
@@ -121,15 +117,15 @@ class VirtualSimLauncher:
     seed: int = 0
 
     @asynccontextmanager
-    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[VirtualSession]:
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[VirtualProbe]:
         try:
-            config = load_config([*self.fixed_args, *knob_flags(knobs)])
+            config = load_config([*self.fixed_args, *server_flags(knobs)])
         except SimConfigError as error:
             raise ServerStartupError(
                 f"the simulated server refused this configuration: {error}", reason=str(error)
             ) from None
         engine_config = replace(config.engine_config(), time_scale=0.0)
         async with SimEngine(engine_config) as engine:
-            yield VirtualSession(
+            yield VirtualProbe(
                 engine, self.settings, self.prompt_tokens, self.output_tokens, self.seed
             )

@@ -1,18 +1,12 @@
-"""The search behind `autotune sweep`: an Optuna study over server knobs, each trial a curve.
-
-A server restart costs 30 s to minutes; a probe costs seconds. So each trial picks one
-server configuration, starts it once, and measures its throughput-versus-parallelism
-curve by doubling (the NeMo Gym guide's method) until throughput plateaus or errors
-appear; the Universal Scalability Law fit of those points places the peak and the knee
-(see knee.py). Later trials start their doubling near the best peak found so far,
-which saves the low, uninformative end of every curve.
+"""The Optuna side of a sweep: storage, sampler, the ask/tell loop, trials as records.
 
 A configuration the server refuses (out of memory, a bad flag) or that crashes under
 load is a deterministic failure: it is recorded as a COMPLETE trial that violates a
 constraint, with the server's own error line, so the sampler learns to avoid it.
 Transient infrastructure errors are FAIL. Studies live in Optuna storage
 (`studies/<name>.db` by default) and resume: rerunning the same command reuses every
-finished trial.
+finished trial. Later trials start their doubling near the best peak found so far,
+which saves the low, uninformative end of every curve.
 """
 
 from __future__ import annotations
@@ -22,36 +16,19 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune.errors import ServerStartupError, UsageError
-from autotune.knee import summarise_curve
-from autotune.launchers import ConfigSession, Launcher, Point
-from autotune.study import ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.config import ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.errors import UsageError
+from autotune.results import CurvePoint, CurveSummary, TrialRecord
+from autotune.sweep.curve import Launcher, TrialOutcome, run_trial, start_parallelism
 
 log = logging.getLogger("autotune")
 
 IMPROVEMENT = 0.01  # patience counts trials that did not beat the best by 1%
-MIN_USABLE_POINTS = 2  # a curve needs two; a start above a configuration's peak may leave one
 HEARTBEAT_INTERVAL_S = 10  # a shared study's running trial records a heartbeat this often
 GRACE_PERIOD_S = 30  # and the next worker to start fails it once it is this stale
-
-
-@dataclass(frozen=True, slots=True)
-class TrialOutcome:
-    """What one trial measured, as stored in the trial's user attributes."""
-
-    knobs: dict[str, Any]
-    points: list[dict[str, Any]]
-    curve: dict[str, Any] | None
-    value: float
-    p95_latency_s: float | None
-    error_rate: float
-    infeasible_reason: str | None
-    probe_s: float
-    wall_s: float
 
 
 def storage_url(study: Study, storage: str | None, studies_dir: Path) -> str:
@@ -100,93 +77,11 @@ def grid_values(space: IntSpace | FloatSpace | ChoiceSpace) -> list[Any]:
     return [round(space.low + i * step, 6) for i in range(count + 1)]
 
 
-async def measure_curve(
-    session: ConfigSession, study: Study, start: int
-) -> tuple[list[Point], str | None]:
-    """Double parallelism from `start` until throughput plateaus, errors appear or the
-    range ends; then, if that left fewer than two usable points (errors at `start`, or
-    a start past this configuration's own plateau), halve below `start` for more.
-    Returns the points, lowest parallelism first, and, if the server died, why."""
-    space = study.search_space.parallelism
-    limit = study.objective.max_error_rate
-    points: list[Point] = []
-    parallelism = start
-    metric = study.objective.metric
-    while parallelism <= space.high:
-        point = await session.measure(parallelism)
-        points.append(point)
-        if point.stop_reason == "server died":
-            return points, f"the server stopped answering at parallelism {parallelism}"
-        if point.error_rate > limit:
-            break
-        if len(points) >= 2:
-            before, now = getattr(points[-2], metric), getattr(point, metric)
-            if now < before * (1 + space.plateau_gain):
-                break
-        parallelism *= 2
-    parallelism = start
-    while (
-        parallelism > space.low and sum(p.error_rate <= limit for p in points) < MIN_USABLE_POINTS
-    ):
-        parallelism = max(space.low, parallelism // 2)
-        point = await session.measure(parallelism)
-        points.insert(0, point)
-        if point.stop_reason == "server died":
-            return points, f"the server stopped answering at parallelism {parallelism}"
-    return points, None
-
-
-def _start_parallelism(study: Study, best_peak: float | None) -> int:
-    """Doubling starts at `low`, or a quarter of the best peak so far on the same ladder."""
-    low = study.search_space.parallelism.low
-    if not best_peak:
-        return low
-    start = low
-    while start * 2 <= best_peak / 4 and start * 2 <= study.search_space.parallelism.high:
-        start *= 2
-    return start
-
-
-async def run_trial(
-    launcher: Launcher, knobs: dict[str, Any], study: Study, start: int
-) -> TrialOutcome:
-    """Start the configuration, measure its curve, stop it; failures become outcomes."""
-    started = time.perf_counter()
-    points: list[Point] = []
-    reason: str | None = None
-    try:
-        async with launcher.running(knobs) as session:
-            points, reason = await measure_curve(session, study, start)
-    except ServerStartupError as error:  # deterministic: the server refuses these knobs
-        reason = error.reason
-    metric = study.objective.metric
-    usable = [p for p in points if p.error_rate <= study.objective.max_error_rate]
-    best = max(usable, key=lambda p: getattr(p, metric), default=None)
-    curve = None
-    if len(usable) >= 1:
-        curve = summarise_curve(
-            [p.parallelism for p in usable], [getattr(p, metric) for p in usable]
-        ).to_dict()
-    if best is None and reason is None:
-        reason = f"every probe failed more than {study.objective.max_error_rate:.0%} of rollouts"
-    return TrialOutcome(
-        knobs=knobs,
-        points=[p.to_dict() for p in points],
-        curve=curve,
-        value=getattr(best, metric) if best else 0.0,
-        p95_latency_s=best.p95_latency_s if best else None,
-        error_rate=best.error_rate if best else 1.0,
-        infeasible_reason=reason if best is None else None,
-        probe_s=sum(p.probe_s for p in points),
-        wall_s=time.perf_counter() - started,
-    )
-
-
 def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
     objective = study.objective
     trial.set_user_attr("knobs", outcome.knobs)
-    trial.set_user_attr("points", outcome.points)
-    trial.set_user_attr("curve", outcome.curve)
+    trial.set_user_attr("points", [point.to_dict() for point in outcome.points])
+    trial.set_user_attr("curve", outcome.curve.to_dict() if outcome.curve else None)
     trial.set_user_attr("probe_s", outcome.probe_s)
     trial.set_user_attr("wall_s", outcome.wall_s)
     trial.set_user_attr("p95_latency_s", outcome.p95_latency_s)
@@ -330,7 +225,7 @@ async def optimise(
             with _heartbeat(optuna_study, trial):
                 knobs = suggest_knobs(trial, study, gpu_count)
                 outcome = _measured_before(done, knobs) or await run_trial(
-                    launcher, knobs, study, _start_parallelism(study, best_peak)
+                    launcher, knobs, study, start_parallelism(study, best_peak)
                 )
         except BaseException:
             optuna_study.tell(trial, state=TrialState.FAIL)
@@ -361,10 +256,11 @@ def _measured_before(done: list[Any], knobs: dict[str, Any]) -> TrialOutcome | N
     for trial in done:
         attrs = trial.user_attrs
         if attrs.get("knobs") == knobs and "points" in attrs:
+            curve = attrs.get("curve")
             return TrialOutcome(
                 knobs=knobs,
-                points=attrs["points"],
-                curve=attrs.get("curve"),
+                points=[CurvePoint.from_dict(point) for point in attrs["points"]],
+                curve=CurveSummary.from_dict(curve) if curve else None,
                 value=_value(trial),
                 p95_latency_s=attrs.get("p95_latency_s"),
                 error_rate=attrs.get("error_rate", 0.0),
@@ -401,35 +297,32 @@ def _stalled(done: list[Any], patience: int, startup: int) -> bool:
     return max(values[-patience:]) <= before * (1 + IMPROVEMENT)
 
 
-def best_trial(optuna_study: Any) -> Any | None:
-    """The feasible finished trial with the highest objective (first objective if two)."""
-    feasible = [t for t in finished_trials(optuna_study) if is_feasible(t)]
-    return max(feasible, key=_value, default=None)
-
-
-def trial_rows(optuna_study: Any) -> list[dict[str, Any]]:
-    """Every finished or failed trial as a flat row (trials.csv and the report table)."""
-    rows = []
+def trial_records(optuna_study: Any) -> list[TrialRecord]:
+    """Every finished or failed trial, as sweep.json saves it."""
+    records = []
     for trial in optuna_study.get_trials(deepcopy=False):
         if trial.state.name not in ("COMPLETE", "FAIL"):
             continue
-        curve = trial.user_attrs.get("curve") or {}
-        rows.append(
-            {
-                "trial": trial.number,
-                "state": trial.state.name,
-                **{k: v for k, v in trial.params.items()},
-                "value": _value(trial) if trial.state.name == "COMPLETE" else None,
-                "feasible": is_feasible(trial) if trial.state.name == "COMPLETE" else False,
-                "peak_parallelism": curve.get("peak_parallelism"),
-                "recommended_parallelism": curve.get("recommended_parallelism"),
-                "p95_latency_s": trial.user_attrs.get("p95_latency_s"),
-                "probe_s": trial.user_attrs.get("probe_s"),
-                "wall_s": trial.user_attrs.get("wall_s"),
-                "infeasible_reason": trial.user_attrs.get("infeasible_reason"),
-            }
+        attrs = trial.user_attrs
+        complete = trial.state.name == "COMPLETE"
+        curve = attrs.get("curve")
+        records.append(
+            TrialRecord(
+                number=trial.number,
+                state=trial.state.name,
+                value=_value(trial) if complete else None,
+                feasible=is_feasible(trial) if complete else False,
+                knobs=attrs.get("knobs", dict(trial.params)),
+                points=[CurvePoint.from_dict(point) for point in attrs.get("points", [])],
+                curve=CurveSummary.from_dict(curve) if curve else None,
+                probe_s=attrs.get("probe_s"),
+                wall_s=attrs.get("wall_s"),
+                p95_latency_s=attrs.get("p95_latency_s"),
+                error_rate=attrs.get("error_rate"),
+                infeasible_reason=attrs.get("infeasible_reason"),
+            )
         )
-    return rows
+    return records
 
 
 def importances(optuna_study: Any) -> dict[str, float]:

@@ -1,11 +1,7 @@
-"""A probe: one workload at one parallelism against one server, measured in steady state.
+"""The engine probe: autotune's rollout engine at one parallelism against one server.
 
-Not "time for 100 rollouts": the probe cycles through its tasks for as long as it needs,
-discards the warm-up (until every slot has finished a rollout, and at least
-`warmup_s`), stops once the throughput's 95% interval is within ±`target_halfwidth`
-(or at `max_s`), and counts only completions before that stop, so the drain at the
-end (the last rollouts finishing with slots idle) never dilutes the figure.
-Diagnose, sweep and bench are all made of probes.
+The engine cycles through the probe's tasks for as long as `steady_window` needs, with
+the server's /metrics, NVML and the client's own CPU sampled alongside.
 """
 
 from __future__ import annotations
@@ -14,14 +10,15 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
 from autotune.backends import ModelBackend
 from autotune.engine import Engine
-from autotune.results import STAGES, StageLatency, stage_durations
+from autotune.probe.window import ProbeSettings, steady_window, warm_until
+from autotune.results import STAGES, ProbeResult, StageLatency, stage_durations
 from autotune.stats import batch_means_rate, mean
 from autotune.store import RolloutSink
 from autotune.telemetry import Sample, Sampler, summarise
@@ -34,49 +31,6 @@ from autotune.workload import Task, WorkItem
 
 CHECK_EVERY_S = 0.25
 TOKEN_MISMATCH_THRESHOLD = 0.10
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeSettings:
-    """How long and how precisely to measure."""
-
-    parallelism: int
-    warmup_s: float = 1.0
-    min_s: float = 3.0
-    max_s: float = 20.0
-    target_halfwidth: float = 0.05
-    telemetry_interval_s: float = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """Everything one probe measured; plain data, saved as JSON."""
-
-    parallelism: int
-    rollouts_per_s: float
-    rollouts_per_s_ci: tuple[float, float]
-    output_tokens_per_s: float
-    error_rate: float
-    completed: int
-    failed: int
-    measured_s: float
-    warmup_s: float
-    stop_reason: str  # converged | time cap | server died
-    latency_s: dict[str, StageLatency]
-    errors_by_class: dict[str, int]
-    rate_limited_responses: int
-    retry_after_seen: int
-    limiter_wait_share: float
-    verifier_capacity: int | None
-    verifier_busy_fraction: float | None
-    verifier_capacity_rps: float | None
-    telemetry: dict[str, dict[str, float]]  # "source/metric" → mean, max (, delta)
-    telemetry_unavailable: dict[str, str]
-    token_check: dict[str, float] | None
-    series: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class _Meter:
@@ -144,7 +98,7 @@ async def run_probe(
         async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
             started = time.time()
             run = asyncio.create_task(engine.run(_cycle(tasks)))
-            warm_until, stop_at, reason = await _watch(
+            warm_at, stop_at, reason = await _watch(
                 settings, meter, run, engine, started, lambda: snapshots.append(_snapshot(counters))
             )
             snapshots.append(_snapshot(counters))
@@ -157,10 +111,32 @@ async def run_probe(
         verifier,
         recorder.samples,
         recorder.unavailable,
-        (started, warm_until, stop_at),
+        (started, warm_at, stop_at),
         reason,
         tuple(b - a for a, b in zip(warm, stop, strict=True)),
     )
+
+
+@dataclass(slots=True)
+class EngineProbe:
+    """Measures one running server at any parallelism, with the same tasks each time."""
+
+    session: aiohttp.ClientSession
+    backend: ModelBackend
+    verifier: Verifier
+    tasks: Sequence[Task]
+    base_url: str
+    settings: ProbeSettings
+
+    async def measure(self, parallelism: int) -> ProbeResult:
+        return await run_probe(
+            replace(self.settings, parallelism=parallelism),
+            self.tasks,
+            self.backend,
+            self.verifier,
+            self.session,
+            self.base_url,
+        )
 
 
 def _snapshot(counters: Any) -> tuple[float, float, float]:
@@ -186,31 +162,26 @@ async def _watch(
     started: float,
     on_warm: Callable[[], None],
 ) -> tuple[float, float, str]:
-    """Wait for warm-up, then for a precise enough estimate; returns (warm, stop, reason).
-
-    The window must also span a mean rollout latency: a closed loop's completions come
-    in waves of about that period, and a shorter window samples one phase of a wave.
-    """
-    warm_until: float | None = None
+    """Wait until `steady_window` has a window; returns (warm, stop, reason)."""
+    warm = False
     while True:
         await asyncio.wait({run}, timeout=CHECK_EVERY_S)
         now = time.time()
         if run.done() or engine.stats.stopped_early:
-            return warm_until or started, now, "server died"
-        if warm_until is None:
-            if len(meter.done_at) >= settings.parallelism and now - started >= settings.warmup_s:
-                warm_until = now
-                on_warm()
-            elif now - started > settings.max_s:
-                return started, now, "time cap"  # never warmed up: measure what there is
-            continue
-        window = now - warm_until
-        if window >= settings.max_s:
-            return warm_until, now, "time cap"
-        if window >= max(settings.min_s, meter.mean_latency_s):
-            estimate = batch_means_rate(meter.done_at, warm_until, now)
-            if estimate.events >= 20 and estimate.relative_halfwidth <= settings.target_halfwidth:
-                return warm_until, now, "converged"
+            first = warm_until(meter.done_at, settings.parallelism, started, settings.warmup_s)
+            return first or started, now, "server died"
+        window = steady_window(
+            meter.done_at, settings, started=started, now=now, mean_latency_s=meter.mean_latency_s
+        )
+        if (
+            not warm
+            and warm_until(meter.done_at, settings.parallelism, started, settings.warmup_s)
+            is not None
+        ):
+            warm = True
+            on_warm()
+        if window is not None:
+            return window.start, window.end, window.reason
 
 
 def _result(

@@ -1,0 +1,25 @@
+"""Probes: measure one setting (a parallelism, against one running configuration) →
+ProbeResult. Diagnose, sweep and bench are all made of probes.
+
+    EngineProbe    autotune's rollout engine against an OpenAI-compatible server
+    CommandProbe   a user's own collector command, its rows timed as they land
+    VirtualProbe   the simulated engine in simulated time (benchmarks of the search)
+
+All three measure in the one steady-state window of `probe.window`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autotune.probe.window import ProbeSettings, Window, steady_window
+from autotune.results import ProbeResult
+
+
+class Probe(Protocol):
+    """Measures throughput at one parallelism of an already running configuration."""
+
+    async def measure(self, parallelism: int) -> ProbeResult: ...
+
+
+__all__ = ["Probe", "ProbeResult", "ProbeSettings", "Window", "steady_window"]

@@ -1,0 +1,59 @@
+"""Tables as named columns: one definition serves the terminal text, the HTML page and CSV.
+
+A column is a header and a function of one record (a ProbeResult, a TrialRecord, ...),
+so a table shown in two places cannot drift apart: both read the same definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from autotune.report import html
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Column(Generic[T]):
+    """One column: its header, its cell for a record, and whether the terminal shows it."""
+
+    header: str
+    value: Callable[[T], object]
+    terminal: bool = True
+
+
+def headers(columns: Sequence[Column[T]]) -> list[str]:
+    return [column.header for column in columns]
+
+
+def rows(columns: Sequence[Column[T]], records: Iterable[T]) -> list[list[object]]:
+    """One row a record, one cell a column (raw values: each output formats its own)."""
+    return [[column.value(record) for column in columns] for record in records]
+
+
+def html_table(
+    columns: Sequence[Column[T]], records: Iterable[T], *, caption: str | None = None
+) -> str:
+    return html.table(headers(columns), rows(columns, records), caption=caption)
+
+
+def _terminal_cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return str(value)
+
+
+def terminal_table(columns: Sequence[Column[T]], records: Iterable[T]) -> list[str]:
+    """The columns marked `terminal`, right-aligned, at least 10 characters wide."""
+    shown = [column for column in columns if column.terminal]
+    widths = [max(len(column.header), 10) for column in shown]
+    lines = ["  ".join(c.header.rjust(w) for c, w in zip(shown, widths, strict=True))]
+    for row in rows(shown, records):
+        lines.append(
+            "  ".join(_terminal_cell(v).rjust(w) for v, w in zip(row, widths, strict=True))
+        )
+    return lines

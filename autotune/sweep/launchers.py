@@ -1,0 +1,142 @@
+"""What starts one server configuration of a study and hands back a probe of it.
+
+The search sees only `curve.Launcher`, so the same search runs against real vLLM, the
+simulated server over HTTP, a server someone else runs, a user's own collector command,
+or (for benchmarks) the simulated engine in virtual time (probe.virtual).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.openai import OpenAIBackend
+from autotune.config import Study, SyntheticWorkload, TargetConfig
+from autotune.probe import ProbeSettings
+from autotune.probe.command import CommandProbe
+from autotune.probe.engine import EngineProbe
+from autotune.servers.flags import server_flags
+from autotune.servers.launcher import ServerProcess
+from autotune.target import api_key, open_session, resolve_target
+from autotune.verifiers import Verifier
+from autotune.workload import Task, Workload
+
+COMMAND_ROLLOUTS = 200  # rollouts per run of a user's collector, unless workload.limit says
+
+
+@dataclass(slots=True)
+class HttpLauncher:
+    """Launches a server process per configuration (the sim or vLLM), or uses a running one.
+
+    `server(knobs)` makes the (unstarted) server process for a configuration; None means
+    the server at `target.base_url` is used as it is (no knobs can change).
+    """
+
+    target: TargetConfig
+    verifier: Verifier
+    tasks: Sequence[Task]
+    settings: ProbeSettings
+    server: Callable[[Mapping[str, Any]], ServerProcess] | None = None
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[EngineProbe]:
+        if self.server is None:
+            async with self._probe(self.target.base_url or "") as probe:
+                yield probe
+            return
+        process = self.server(knobs)
+        async with process, self._probe(process.base_url or "") as probe:
+            yield probe
+
+    @asynccontextmanager
+    async def _probe(self, base_url: str) -> AsyncIterator[EngineProbe]:
+        async with open_session(self.target) as session:
+            key = api_key(self.target)
+            target = await resolve_target(
+                session, base_url, self.target.model, key, self.target.api_key_env
+            )
+            backend = OpenAIBackend(
+                session, replace(self.target, base_url=target.base_url), target.model, key
+            )
+            yield EngineProbe(
+                session, backend, self.verifier, self.tasks, target.base_url, self.settings
+            )
+
+
+@dataclass(slots=True)
+class CommandLauncher:
+    """No server to start: the command is the whole collection stack, run per point."""
+
+    template: str
+    limit: int
+    workdir: Path
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[CommandProbe]:
+        yield CommandProbe(self.template, self.limit, self.workdir, tolerate_failures=True)
+
+
+def command_launcher(study: Study, studies_dir: Path) -> CommandLauncher:
+    return CommandLauncher(
+        study.target.template or "",
+        study.workload.limit or COMMAND_ROLLOUTS,
+        studies_dir / "runs" / study.name,
+    )
+
+
+def http_launcher(study: Study, verifier: Verifier) -> HttpLauncher:
+    """Probes of autotune's engine with the study's tasks, per configuration."""
+    settings = ProbeSettings.of(study.probe, parallelism=1)
+    return HttpLauncher(_target_config(study), verifier, _tasks(study), settings, _server(study))
+
+
+def _target_config(study: Study) -> TargetConfig:
+    workload = study.workload
+    extra_body = workload.extra_body
+    if extra_body is None:
+        synthetic_on_sim = workload.input is None and study.target.kind == "sim"
+        extra_body = {"ignore_eos": True} if synthetic_on_sim else {}
+    return TargetConfig(
+        base_url=study.target.base_url,
+        model=study.target.model if study.target.kind != "vllm" else None,
+        api=workload.api,
+        stream=workload.stream,
+        extra_body=extra_body,
+        api_key_env=study.target.api_key_env,
+    )
+
+
+def _tasks(study: Study) -> list[Task]:
+    workload = study.workload
+    synthetic = SyntheticWorkload(
+        num_tasks=workload.synthetic.num_tasks,
+        prompt_tokens_mean=workload.synthetic.prompt_tokens[0],
+        prompt_tokens_std=workload.synthetic.prompt_tokens[1],
+        output_tokens_mean=workload.synthetic.output_tokens[0],
+        output_tokens_std=workload.synthetic.output_tokens[1],
+        seed=workload.synthetic.seed,
+    )
+    return Workload(workload.input, synthetic, workload.limit).probe_tasks()
+
+
+def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerProcess] | None:
+    """What starts one configuration: the simulator, real vLLM, or nothing (kind: server)."""
+    target = study.target
+    if target.kind == "sim":
+        return lambda knobs: ServerProcess.sim(
+            [*target.args, *server_flags(knobs)], startup_timeout_s=target.startup_timeout_s
+        )
+    if target.kind == "vllm":
+        from autotune.servers.vllm import VllmServer
+
+        return lambda knobs: VllmServer(
+            target.model or "",  # validated: kind vllm always names its model
+            knobs,
+            command=[*target.command, *target.args],
+            env=target.env,
+            startup_timeout_s=target.startup_timeout_s,
+        )
+    return None

@@ -1,0 +1,160 @@
+"""The recommendation (sweep/recommend.py), computed from hand-built sweep results, and
+the promise behind its `vllm serve` line: the flags recommended are the flags launched."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from autotune.knee import summarise_curve
+from autotune.results import CurveSummary, SweepResult, TrialRecord
+from autotune.servers.flags import server_flags
+from autotune.servers.vllm import vllm_command
+from autotune.sweep.recommend import recommendation, vllm_serve_line
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+KNOBS: dict[str, Any] = {
+    "gpu_memory_utilization": 0.85,
+    "max_num_seqs": 64.0,  # Optuna hands integer choices back as floats at times
+    "enable_prefix_caching": False,
+    "enforce_eager": True,
+}
+
+
+def usl_curve(lam: float, sigma: float = 0.02, kappa: float = 0.0005) -> CurveSummary:
+    """The summary of a measured doubling ladder of a USL-shaped configuration."""
+    ladder = [4, 8, 16, 32, 64, 128]
+    rates = [lam * n / (1 + sigma * (n - 1) + kappa * n * (n - 1)) for n in ladder]
+    return summarise_curve(ladder, rates)
+
+
+def trial(
+    number: int,
+    value: float | None,
+    knobs: dict[str, Any],
+    *,
+    state: str = "COMPLETE",
+    feasible: bool = True,
+    curve: CurveSummary | None = None,
+) -> TrialRecord:
+    return TrialRecord(
+        number=number,
+        state=state,
+        value=value,
+        feasible=feasible,
+        knobs=knobs,
+        curve=curve,
+        infeasible_reason=None if feasible else "ValueError: No available memory",
+    )
+
+
+def sweep(*trials: TrialRecord, model: str | None = MODEL) -> SweepResult:
+    return SweepResult(
+        study="s",
+        created_at=0.0,
+        started_at=0.0,
+        simulated=True,
+        storage="sqlite:///s.db",
+        trials_reused=0,
+        metric="rollouts_per_s",
+        max_error_rate=0.05,
+        model=model,
+        spec={},
+        trials=list(trials),
+        importances={},
+        machine={},
+    )
+
+
+def test_the_best_feasible_complete_trial_is_recommended() -> None:
+    best = usl_curve(lam=2.0)
+    result = sweep(
+        trial(0, 10.0, {"max_num_seqs": 16}, curve=usl_curve(lam=0.5)),
+        trial(1, 99.0, {"max_num_seqs": 512}, feasible=False),  # refused by the server
+        trial(2, 98.0, {"max_num_seqs": 1024}, state="FAIL", curve=usl_curve(lam=5.0)),
+        trial(3, 30.0, KNOBS, curve=best),
+        trial(4, 20.0, {"max_num_seqs": 32}, curve=usl_curve(lam=1.0)),
+    )
+    rec = recommendation(result)
+    assert rec is not None
+    assert rec.server == KNOBS
+    assert rec.peak.parallelism == best.peak_parallelism
+    assert rec.peak.throughput == best.peak_throughput
+    assert rec.metric == "rollouts_per_s" and rec.simulated is True
+
+
+def test_it_recommends_80_percent_of_the_peak_parallelism() -> None:
+    curve = usl_curve(lam=1.0)
+    assert curve.peak_inside_range  # the USL peak (about 44) lies inside 4..128
+    rec = recommendation(sweep(trial(0, 15.0, KNOBS, curve=curve)))
+    assert rec is not None
+    parallelism = math.floor(0.8 * rec.peak.parallelism)
+    assert rec.recommended.parallelism == parallelism == curve.recommended_parallelism
+    assert rec.recommended.predicted_throughput == curve.recommended_throughput
+    assert rec.recommended.predicted_throughput < rec.peak.throughput
+    assert "80%" in rec.recommended.rule
+    assert rec.snippets.nemo_gym == f"+num_samples_in_parallel={parallelism}"
+    assert rec.snippets.autotune == f"autotune collect --parallelism {parallelism}"
+    assert f"near {parallelism} requests" in rec.snippets.openrlhf_note
+
+
+@pytest.mark.parametrize(
+    "trials",
+    [
+        [],
+        [trial(0, 50.0, KNOBS, feasible=False)],
+        [trial(0, 50.0, KNOBS, state="FAIL", curve=usl_curve(1.0))],
+        [trial(0, 50.0, KNOBS, curve=None)],  # feasible, but no curve to recommend from
+    ],
+    ids=["no trial", "only infeasible", "only failed", "no fitted curve"],
+)
+def test_nothing_is_recommended_without_a_usable_trial(trials: list[TrialRecord]) -> None:
+    assert recommendation(sweep(*trials)) is None
+
+
+def test_the_vllm_snippet_is_the_serve_line_spelled_as_launched() -> None:
+    rec = recommendation(sweep(trial(0, 15.0, KNOBS, curve=usl_curve(1.0))))
+    assert rec is not None
+    expected = "vllm serve " + MODEL + " " + " ".join(server_flags(KNOBS))
+    assert rec.snippets.vllm == vllm_serve_line(MODEL, KNOBS) == expected
+    assert expected == (
+        f"vllm serve {MODEL} --gpu-memory-utilization 0.85 --max-num-seqs 64 "
+        "--no-enable-prefix-caching --enforce-eager"
+    )
+
+
+def test_a_sweep_without_a_model_name_says_model() -> None:
+    rec = recommendation(sweep(trial(0, 15.0, KNOBS, curve=usl_curve(1.0)), model=None))
+    assert rec is not None
+    assert rec.snippets.vllm.startswith("vllm serve MODEL --gpu-memory-utilization 0.85")
+
+
+def test_openrlhf_gets_the_knobs_it_has_flags_for() -> None:
+    knobs = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9, "max_num_seqs": 64}
+    rec = recommendation(sweep(trial(0, 15.0, knobs, curve=usl_curve(1.0))))
+    assert rec is not None
+    assert rec.snippets.openrlhf == (
+        "--vllm.tensor_parallel_size 2 --vllm.gpu_memory_utilization 0.9"
+    )
+
+
+def test_the_launched_vllm_command_carries_exactly_the_recommended_flags() -> None:
+    """What autotune launched for a trial and what it recommends for the same knobs
+    must be the same flags, floats and booleans included."""
+    base = ("python", "-m", "vllm.entrypoints.openai.api_server")
+    command = vllm_command(base, "M", 8123, KNOBS)
+    assert command[: len(base) + 4] == [*base, "--model", "M", "--port", "8123"]
+    launched = command[len(base) + 4 :]
+    rec = recommendation(sweep(trial(0, 15.0, KNOBS, curve=usl_curve(1.0)), model="M"))
+    assert rec is not None
+    assert rec.snippets.vllm == " ".join(["vllm serve", "M", *launched])
+    assert launched == [
+        "--gpu-memory-utilization",
+        "0.85",
+        "--max-num-seqs",
+        "64",
+        "--no-enable-prefix-caching",
+        "--enforce-eager",
+    ]
