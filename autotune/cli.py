@@ -7,7 +7,6 @@ and leaves as one sentence on stderr with a non-zero exit code.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -16,9 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from autotune import __version__
 from autotune.config import PROBE_DEFAULTS, CollectConfig, Shard, SyntheticWorkload, TargetConfig
 from autotune.errors import AutotuneError, UsageError
+from autotune.results import to_json
 
 if TYPE_CHECKING:
     from autotune.results import DiagnoseResult
@@ -139,8 +141,8 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
     extra_body: dict[str, Any] = {}
     if args.extra_body:
         try:
-            extra_body = json.loads(args.extra_body)
-        except json.JSONDecodeError as error:
+            extra_body = orjson.loads(args.extra_body)
+        except orjson.JSONDecodeError as error:
             raise UsageError(
                 f"--extra-body is not valid JSON ({error}); quote it as one JSON object."
             ) from None
@@ -203,7 +205,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     with progress_bar(enabled=config.progress, unit="rollout") as bar:
         summary = run_collect(config, progress=bar)
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        print(to_json(summary).decode())
     else:
         print(collect_summary_text(summary))
     return 0
@@ -213,7 +215,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     from autotune.collect import run_async
     from autotune.diagnose import DiagnoseConfig, diagnose, write_outputs
     from autotune.report.terminal import diagnose_text
-    from autotune.results import save, to_json
+    from autotune.results import save
 
     config = DiagnoseConfig(
         collect=collect_config(args),
@@ -268,8 +270,6 @@ def _check_writable_dir(directory: Path, what: str) -> None:
 
 def _rescue_json(result: DiagnoseResult) -> str:
     """Saves a measured result where it can go; says where (the end of an error sentence)."""
-    from autotune.results import to_json
-
     try:
         fd, name = tempfile.mkstemp(prefix="autotune-diagnose-", suffix=".json")
         with os.fdopen(fd, "wb") as handle:
@@ -289,7 +289,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.schema:
         from autotune.config import Study
 
-        print(json.dumps(Study.model_json_schema(), indent=2))
+        print(to_json(Study.model_json_schema()).decode())
         return 0
     if args.study is None:
         raise UsageError("autotune sweep needs a study file; pass e.g. studies/demo.yaml.")
@@ -315,7 +315,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     write_outputs(result, directory)
     recommended = recommendation(result)
     if args.json:
-        print(json.dumps(recommended.to_dict() if recommended else None, indent=2))
+        print(to_json(recommended).decode() if recommended else "null")
     else:
         print(sweep_text(result, recommended, directory))
     return 0
@@ -403,7 +403,7 @@ def _bench_compare(args: argparse.Namespace) -> int:
         _write_text(args.markdown, table)
     if args.html:
         print(f"report: {outputs.write_html(comparison, args.html)}", file=sys.stderr)
-    document = json.dumps(comparison.to_dict(), indent=2)
+    document = to_json(comparison.to_dict()).decode()
     if args.json == "-":
         print(document)
     else:

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from autotune.servers.launcher import ServerProcess
+from autotune.servers.launcher import ServerProcess, ServerSpec
 from tests.helpers import SIM_FAST, ServeApp, SimProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +56,6 @@ def sim_process() -> SimProcess:
     `.base_url`. The one place tests spell how a server process is made."""
 
     def make(*flags: str) -> ServerProcess:
-        return ServerProcess.sim([*SIM_FAST, *flags])
+        return ServerSpec.sim([*SIM_FAST, *flags]).process()
 
     return make

@@ -51,6 +51,14 @@ def autotune(
     )
 
 
+def sweep(study: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    """`autotune sweep STUDY` keeping its storage and reports under `root`."""
+    return autotune(
+        "sweep", str(study), "--studies-dir", str(root / "studies"),
+        "--reports-dir", str(root / "reports"), "--quiet", timeout=300,
+    )  # fmt: skip
+
+
 @contextmanager
 def server_process(spec: ServerSpec) -> Iterator[str]:
     """A server (`ServerSpec.sim(...)`, `ServerSpec.null()`) running; yields its base URL."""

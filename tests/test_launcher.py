@@ -56,7 +56,10 @@ def test_sim_command_and_free_port() -> None:
 
 async def test_sim_subprocess_serves_and_stops_with_its_group(tmp_path: Path) -> None:
     log = tmp_path / "sim.log"
-    async with ServerProcess.sim(FAST, log_path=log) as proc, aiohttp.ClientSession() as session:
+    async with (
+        ServerSpec.sim(FAST, log_path=log).process() as proc,
+        aiohttp.ClientSession() as session,
+    ):
         assert proc.is_alive() and proc.pid is not None
         pgid = os.getpgid(proc.pid)
         assert pgid == proc.pid != os.getpgid(0)  # its own session and process group
@@ -75,7 +78,7 @@ async def test_sim_subprocess_serves_and_stops_with_its_group(tmp_path: Path) ->
 
 async def test_bad_config_raises_with_the_servers_own_error_line(tmp_path: Path) -> None:
     flags = ["--model", "llama-3.1-70b", "--gpu", "h100-80gb"]
-    proc = ServerProcess.sim(flags, log_path=tmp_path / "sim.log")
+    proc = ServerSpec.sim(flags, log_path=tmp_path / "sim.log").process()
     with pytest.raises(ServerStartupError) as info:
         await proc.start()
     error = info.value
@@ -87,7 +90,7 @@ async def test_bad_config_raises_with_the_servers_own_error_line(tmp_path: Path)
 
 async def test_die_after_requests_kills_the_server(tmp_path: Path) -> None:
     flags = [*FAST, "--die-after-requests", "1"]
-    async with ServerProcess.sim(flags, log_path=tmp_path / "sim.log") as proc:
+    async with ServerSpec.sim(flags, log_path=tmp_path / "sim.log").process() as proc:
         payload = {"prompt": "hello", "max_tokens": 3}
         async with aiohttp.ClientSession() as session:
             with pytest.raises(aiohttp.ClientError):
@@ -122,11 +125,11 @@ async def test_cancelled_start_leaves_nothing_behind(tmp_path: Path) -> None:
 
 
 async def test_a_temporary_log_is_removed_only_after_a_clean_stop() -> None:
-    async with ServerProcess.sim(FAST) as proc:
+    async with ServerSpec.sim(FAST).process() as proc:
         log = proc.log_path
         assert log is not None and log.exists()
     assert not log.exists()
-    failing = ServerProcess.sim(["--gpu", "nope"])
+    failing = ServerSpec.sim(["--gpu", "nope"]).process()
     with pytest.raises(ServerStartupError, match="Known profiles"):
         await failing.start()
     assert failing.log_path is not None and failing.log_path.exists()

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from autotune.results import SCHEMA_VERSION
-from tests.helpers import autotune, one_sentence_error
+from tests.helpers import autotune, one_sentence_error, sweep
 
 DIAGNOSE = ("--synthetic", "40", "--low", "2", "--high", "4", "--min-s", "0.2", "--max-s", "1")
 SAVED = {"diagnose": "diagnose.json", "sweep": "sweep.json"}
@@ -66,10 +66,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             }
         )
     )
-    swept = autotune(
-        "sweep", str(study), "--studies-dir", str(root / "studies"),
-        "--reports-dir", str(root / "reports"), "--quiet", timeout=300,
-    )  # fmt: skip
+    swept = sweep(study, root)
     assert swept.returncode == 0, swept.stderr
     return {"diagnose": root / "diagnose", "sweep": root / "reports" / "rebuild"}
 

@@ -23,7 +23,7 @@ from autotune.results import SweepResult, load_result
 from autotune.sweep.job import run_sweep, write_outputs
 from autotune.sweep.search import open_study, storage_url
 from tests.browser import render
-from tests.helpers import REPO, autotune
+from tests.helpers import REPO, autotune, sweep
 
 
 def write_study(tmp_path: Path, name: str, marker: str, **overrides: object) -> Path:
@@ -61,16 +61,7 @@ def servers_alive(marker: str) -> list[int]:
 def test_sweep_writes_report_and_recommendation(tmp_path: Path) -> None:
     marker = f"sim/outputs-{uuid.uuid4().hex[:8]}"
     study = write_study(tmp_path, "outputs", marker)
-    result = autotune(
-        "sweep",
-        str(study),
-        "--studies-dir",
-        str(tmp_path / "studies"),
-        "--reports-dir",
-        str(tmp_path / "reports"),
-        "--quiet",
-        timeout=300,
-    )
+    result = sweep(study, tmp_path)
     assert result.returncode == 0, result.stderr
     out = tmp_path / "reports" / "outputs"
     recommendation = json.loads((out / "recommendation.json").read_text())
@@ -122,16 +113,7 @@ def test_killed_sweep_resumes_and_leaves_no_server(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert servers_alive(marker) == [], "a simulated server outlived the killed sweep"
 
-    resumed = autotune(
-        "sweep",
-        str(study),
-        "--studies-dir",
-        str(tmp_path / "studies"),
-        "--reports-dir",
-        str(tmp_path / "reports"),
-        "--quiet",
-        timeout=300,
-    )
+    resumed = sweep(study, tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     saved = load_result(tmp_path / "reports" / "killed" / "sweep.json")
     assert isinstance(saved, SweepResult)
@@ -250,10 +232,7 @@ def test_sweep_of_a_users_own_collector_command(tmp_path: Path) -> None:
             }
         )
     )
-    result = autotune(
-        "sweep", str(study), "--studies-dir", str(tmp_path / "studies"),
-        "--reports-dir", str(tmp_path / "reports"), "--quiet", timeout=300,
-    )  # fmt: skip
+    result = sweep(study, tmp_path)
     assert result.returncode == 0, result.stderr
     saved = load_result(tmp_path / "reports" / "own" / "sweep.json")
     assert isinstance(saved, SweepResult)

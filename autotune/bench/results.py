@@ -19,6 +19,7 @@ import orjson
 
 from autotune.bench.fingerprint import Fingerprint
 from autotune.errors import UsageError
+from autotune.results import to_json
 
 SCHEMA_VERSION = 1
 
@@ -153,7 +154,7 @@ def _write(results: BenchResults, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(orjson.dumps(results.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+        tmp.write_bytes(to_json(results.to_dict()) + b"\n")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

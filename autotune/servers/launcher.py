@@ -217,21 +217,6 @@ class ServerProcess:
         self._owns_log = False  # a temporary log we created: removed after a clean stop
         self._keep_log = False  # set when an error message points at the log
 
-    @classmethod
-    def sim(
-        cls,
-        args: Sequence[str] = (),
-        *,
-        port: int | None = None,
-        startup_timeout_s: float = 30.0,
-        log_path: str | Path | None = None,
-    ) -> ServerProcess:
-        """Shorthand for `ServerSpec.sim(...).process()`: the simulated server."""
-        spec = ServerSpec.sim(
-            args, port=port, startup_timeout_s=startup_timeout_s, log_path=log_path
-        )
-        return cls(spec)
-
     @property
     def cmd(self) -> list[str]:
         return list(self.spec.command)

@@ -19,7 +19,7 @@ from autotune.probe import ProbeSettings
 from autotune.probe.command import CommandProbe
 from autotune.probe.engine import EngineProbe
 from autotune.servers.flags import server_flags
-from autotune.servers.launcher import ServerProcess
+from autotune.servers.launcher import ServerProcess, ServerSpec
 from autotune.target import api_key, open_session, resolve_target
 from autotune.verifiers import Verifier
 from autotune.workload import Task, Workload
@@ -126,9 +126,9 @@ def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerProcess] | None
     """What starts one configuration: the simulator, real vLLM, or nothing (kind: server)."""
     target = study.target
     if target.kind == "sim":
-        return lambda knobs: ServerProcess.sim(
+        return lambda knobs: ServerSpec.sim(
             [*target.args, *server_flags(knobs)], startup_timeout_s=target.startup_timeout_s
-        )
+        ).process()
     if target.kind == "vllm":
         from autotune.servers.vllm import VllmServer
 

@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import importlib
 import importlib.util
-import json
 import math
 import multiprocessing
 import os
@@ -37,6 +36,8 @@ from concurrent.futures.process import BrokenProcessPool
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from autotune.errors import UsageError
 from autotune.responses import response_text
@@ -262,12 +263,12 @@ def extract_code(text: str) -> str | None:
 def _unit_tests(metadata: Any) -> tuple[list[str], list[str]]:
     """(inputs, outputs) from `verifier_metadata` (a dict, or a JSON string of one)."""
     if isinstance(metadata, str):
-        metadata = json.loads(metadata)
+        metadata = orjson.loads(metadata)
     tests = (metadata or {}).get("unit_tests") if isinstance(metadata, dict) else None
     if isinstance(tests, str):
-        tests = json.loads(tests)
+        tests = orjson.loads(tests)
     if isinstance(tests, dict) and "packed" in tests:  # NeMo Gym's compressed form
-        unpacked = json.loads(zlib.decompress(base64.b64decode(tests["packed"])))
+        unpacked = orjson.loads(zlib.decompress(base64.b64decode(tests["packed"])))
         tests = {**unpacked, "fn_name": tests.get("fn_name")}
     if not isinstance(tests, dict) or not tests.get("inputs"):
         raise ValueError("the row has no verifier_metadata.unit_tests with inputs and outputs")
