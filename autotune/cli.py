@@ -369,6 +369,8 @@ def _bench_run(args: argparse.Namespace) -> int:
     from autotune.bench.results import refuse_baseline
 
     suite = load_suite(args.suite).select(args.case, args.repetitions, args.warmup)
+    if args.launch:
+        suite = suite.with_launch(args.launch)
     refuse_baseline(args.out)
 
     def report(line: str) -> None:
@@ -391,11 +393,65 @@ def _bench_run(args: argparse.Namespace) -> int:
 
 
 def _bench_compare(args: argparse.Namespace) -> int:
-    from autotune.bench import compare_files, outputs
+    from autotune.bench import compare_files
 
     comparison = compare_files(
         args.results, args.baseline, args.threshold, args.alpha, args.ignore_fingerprint
     )
+    return _comparison_outputs(comparison, args)
+
+
+def _bench_ab(args: argparse.Namespace) -> int:
+    from autotune.bench import ab
+
+    if (args.baseline_cmd is None) != (args.candidate_cmd is None):
+        raise UsageError("--baseline-cmd and --candidate-cmd go together; pass both.")
+    ignore = list(args.ignore_fingerprint)
+    candidate = ab.this_side()
+    if args.baseline_cmd is not None:
+        baseline = ab.command_side(args.baseline_cmd)
+        candidate = ab.command_side(args.candidate_cmd)
+        ignore = sorted({*ignore, "server"})  # the servers are what is compared
+    elif args.baseline_python is not None:
+        baseline = ab.python_side(args.baseline_python)
+    else:
+        ref = args.baseline_ref or _recorded_commit(args.baseline_ref_from)
+        baseline = ab.ref_side(ref, args.repo, _cache_dir())
+    settings = ab.Settings(
+        args.min_pairs, args.max_pairs, args.threshold, args.alpha, tuple(ignore)
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def report(line: str) -> None:
+        print(f"bench ab: {line}", file=sys.stderr, flush=True)
+
+    comparison = ab.run_ab(
+        args.suite, baseline, candidate, settings, args.out, None if args.quiet else report
+    )
+    return _comparison_outputs(comparison, args)
+
+
+def _recorded_commit(baseline: Path) -> str:
+    from autotune.bench import load
+
+    commit = (load(baseline).baseline or {}).get("commit")
+    if not commit:
+        raise UsageError(
+            f"{baseline} records no commit; make it with `autotune bench update-baseline` "
+            "in a git checkout, or pass --baseline-ref."
+        )
+    return str(commit)
+
+
+def _cache_dir() -> Path:
+    """Where slow set-ups are kept between runs: $AUTOTUNE_CACHE, else ~/.cache/autotune."""
+    return Path(os.environ.get("AUTOTUNE_CACHE") or Path.home() / ".cache" / "autotune")
+
+
+def _comparison_outputs(comparison: Any, args: argparse.Namespace) -> int:
+    """The terminal table, JSON, JUnit, Markdown, HTML and step summary of a comparison."""
+    from autotune.bench import outputs
+
     table = outputs.markdown(comparison)
     if args.junit:
         _write_text(args.junit, outputs.junit_xml(comparison))
@@ -435,6 +491,13 @@ def _bench_update_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_comparison_outputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="the comparison as JSON (- for stdout)")
+    parser.add_argument("--junit", type=Path, metavar="PATH", help="JUnit XML")
+    parser.add_argument("--markdown", type=Path, metavar="PATH", help="the Markdown table")
+    parser.add_argument("--html", type=Path, metavar="DIR", help="the HTML report")
+
+
 def _add_bench_commands(commands: Any) -> None:
     bench = commands.add_parser(
         "bench",
@@ -451,6 +514,12 @@ def _add_bench_commands(commands: Any) -> None:
     run.add_argument("--repetitions", type=_positive_int, help="override every case's")
     run.add_argument("--warmup", type=int, help="override every case's warm-up repetitions")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    run.add_argument(
+        "--launch",
+        metavar="CMD",
+        help="every probe case against the server CMD starts ({port} where its port goes); "
+        "overhead cases are left out",
+    )
     run.set_defaults(handler=_cmd_bench, bench_handler=_bench_run)
 
     compare = bench_commands.add_parser(
@@ -469,11 +538,46 @@ def _add_bench_commands(commands: Any) -> None:
         metavar="FIELD",
         help="compare across a difference in this field, e.g. server for a vLLM upgrade",
     )
-    compare.add_argument("--json", metavar="PATH", help="the comparison as JSON (- for stdout)")
-    compare.add_argument("--junit", type=Path, metavar="PATH", help="JUnit XML")
-    compare.add_argument("--markdown", type=Path, metavar="PATH", help="the Markdown table")
-    compare.add_argument("--html", type=Path, metavar="DIR", help="the HTML report")
+    _add_comparison_outputs(compare)
     compare.set_defaults(handler=_cmd_bench, bench_handler=_bench_compare)
+
+    ab = bench_commands.add_parser(
+        "ab",
+        help="measure a baseline beside the candidate, interleaved (exit 1 on a regression)",
+        description="The baseline is a git ref (--baseline-ref, or the commit a baseline file "
+        "records: --baseline-ref-from), another install (--baseline-python), or a server "
+        "command (--baseline-cmd, with --candidate-cmd); the candidate is this autotune.",
+    )
+    ab.add_argument("suite", type=Path, help="the suite YAML file")
+    which = ab.add_mutually_exclusive_group(required=True)
+    which.add_argument("--baseline-ref", metavar="REF", help="a git ref of this repository")
+    which.add_argument(
+        "--baseline-ref-from",
+        type=Path,
+        metavar="BASELINE",
+        help="the commit recorded in a baseline file (benchmarks/baseline.json)",
+    )
+    which.add_argument("--baseline-python", metavar="PYTHON", help="another install's python")
+    which.add_argument("--baseline-cmd", metavar="CMD", help="the baseline server's command")
+    ab.add_argument("--candidate-cmd", metavar="CMD", help="the candidate server's command")
+    ab.add_argument(
+        "--repo", type=Path, default=Path("."), help="the git repository --baseline-ref names"
+    )
+    ab.add_argument("--min-pairs", type=_positive_int, default=5, help="pairs before stopping")
+    ab.add_argument("--max-pairs", type=_positive_int, default=12, help="pairs at most")
+    ab.add_argument("--threshold", type=float, help="override each case's, e.g. 0.05")
+    ab.add_argument("--alpha", type=float, help="significance level (default: the suite's)")
+    ab.add_argument(
+        "--ignore-fingerprint", action="append", default=[], metavar="FIELD",
+        help="compare across a difference in this field (server is ignored with --*-cmd)",
+    )  # fmt: skip
+    ab.add_argument(
+        "--out", type=Path, default=Path("reports/bench/ab"),
+        help="folder for each pair's results and both sides' merged results",
+    )  # fmt: skip
+    ab.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    _add_comparison_outputs(ab)
+    ab.set_defaults(handler=_cmd_bench, bench_handler=_bench_ab)
 
     update = bench_commands.add_parser(
         "update-baseline", help="make results the new baseline, on purpose"

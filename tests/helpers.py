@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,15 +39,15 @@ def free_port() -> int:
 
 
 def autotune(
-    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
-    """`autotune ARGS` in a subprocess, as a user runs it."""
+    """`autotune ARGS` in a subprocess, as a user runs it (from the checkout's root)."""
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=REPO,
+        cwd=cwd,
         env={**os.environ, **(env or {})},
     )
 
@@ -78,3 +79,22 @@ def one_sentence_error(result: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith("autotune: error:")]
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+PLANTED_AT = "    def _row(self, item: WorkItem, generation: Generation) -> dict[str, Any]:\n"
+
+
+def plant_slowdown(destination: Path, micros: float) -> Path:
+    """A copy of this autotune whose engine burns `micros` µs of CPU per rollout (the
+    regression a gate must catch); returns the folder to put on PYTHONPATH."""
+    shutil.copytree(REPO / "autotune", destination / "autotune")
+    engine = destination / "autotune" / "engine.py"
+    text = engine.read_text()
+    assert PLANTED_AT in text, "the engine changed: move the planted slowdown"
+    burn = (
+        "        _until = time.perf_counter() + %r  # planted\n"
+        "        while time.perf_counter() < _until:\n"
+        "            pass\n" % (micros / 1e6)
+    )
+    engine.write_text(text.replace(PLANTED_AT, PLANTED_AT + burn))
+    return destination

@@ -67,6 +67,18 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
+class AbRecord:
+    """How `bench ab` measured its two sides: interleaved pairs, and why it stopped."""
+
+    baseline: str  # what the baseline side ran: a git ref, an install, a server command
+    candidate: str
+    pairs: int
+    stopped: str  # one sentence: the verdict was clear, or the pair cap was reached
+    pair_ratios: dict[str, tuple[float, ...]]  # "case/metric" → candidate ÷ baseline, a pair
+    wall_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Comparison:
     results: str
     baseline: str
@@ -80,6 +92,7 @@ class Comparison:
     baseline_medians: dict[str, float]
     fingerprints: dict[str, dict[str, Any]]  # case → the results' fingerprint
     exit_code: int
+    ab: AbRecord | None = None  # set by `bench ab`: how the two sides were measured
     kind: str = "bench-comparison"
     schema_version: int = 1
 
@@ -121,6 +134,23 @@ def compare_files(
     ignore: Sequence[str] = (),
 ) -> Comparison:
     """The newest of `results` against `baseline`; the others make the history."""
+    check_options(threshold, alpha, ignore)
+    runs = sorted(((load(path), path) for path in results), key=lambda pair: pair[0].created_at)
+    newest, newest_path = runs[-1]
+    return compare_results(
+        newest,
+        load_baseline(baseline),
+        results_name=str(newest_path),
+        baseline_name=str(baseline),
+        threshold=threshold,
+        alpha=alpha,
+        ignore=ignore,
+        history=tuple(_run(r, p) for r, p in runs),
+    )
+
+
+def check_options(threshold: float | None, alpha: float | None, ignore: Sequence[str]) -> None:
+    """--threshold, --alpha and --ignore-fingerprint, refused in one sentence if wrong."""
     for name in ignore:
         if name not in DECISIVE:
             raise UsageError(
@@ -131,9 +161,21 @@ def compare_files(
         raise UsageError("--threshold must be between 0 and 1, e.g. 0.05 for 5%.")
     if alpha is not None and not 0 < alpha < 1:
         raise UsageError("--alpha must be between 0 and 1, e.g. 0.01.")
-    runs = sorted(((load(path), path) for path in results), key=lambda pair: pair[0].created_at)
-    base = load_baseline(baseline)
-    newest, newest_path = runs[-1]
+
+
+def compare_results(
+    newest: BenchResults,
+    base: BenchResults,
+    *,
+    results_name: str,
+    baseline_name: str,
+    threshold: float | None = None,
+    alpha: float | None = None,
+    ignore: Sequence[str] = (),
+    history: tuple[Run, ...] = (),
+    ab: AbRecord | None = None,
+) -> Comparison:
+    """Every case and metric of `newest` judged against `base` (saved or measured beside)."""
     level = alpha if alpha is not None else newest.alpha
     verdicts = tuple(
         v
@@ -157,18 +199,19 @@ def compare_files(
         for name, metric in c.metrics.items()
     )
     return Comparison(
-        results=str(newest_path),
-        baseline=str(baseline),
+        results=results_name,
+        baseline=baseline_name,
         created_at=newest.created_at,
         baseline_created_at=base.created_at,
         baseline_reason=(base.baseline or {}).get("reason"),
         alpha=level,
         ignored=tuple(ignore),
         verdicts=verdicts,
-        history=tuple(_run(r, p) for r, p in runs),
+        history=history or (_run(newest, Path(results_name)),),
         baseline_medians=_medians(base),
         fingerprints={c.name: asdict(c.fingerprint) for c in newest.cases if c.fingerprint},
         exit_code=exit_code(verdicts),
+        ab=ab,
     )
 
 

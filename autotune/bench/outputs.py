@@ -17,6 +17,7 @@ from autotune.bench.compare import (
     NOT_COMPARABLE,
     REGRESSION,
     UNCHANGED,
+    AbRecord,
     Comparison,
     Verdict,
 )
@@ -116,22 +117,67 @@ def _notes(c: Comparison) -> list[str]:
     return notes
 
 
+def _measured(c: Comparison) -> str:
+    """What was compared with what: two saved files, or two sides measured in one run."""
+    if c.ab is None:
+        return (
+            f"`{c.results}` ({_when(c.created_at)}) against the baseline `{c.baseline}` "
+            f"({_when(c.baseline_created_at)})."
+        )
+    return (
+        f"A/B in one run on this machine: the candidate `{c.ab.candidate}` beside the "
+        f"baseline `{c.ab.baseline}`, interleaved, {c.ab.pairs} pairs in "
+        f"{c.ab.wall_s:.0f} s ({c.ab.stopped})."
+    )
+
+
+def _faster(c: Comparison) -> list[str]:
+    """Which side is faster on each metric (an interval clear of 1 and p < alpha), by how
+    much, with the interval that says so."""
+    lines = []
+    for v in c.verdicts:
+        if v.ratio is None or v.interval is None:
+            continue
+        low, high = v.interval
+        shown = (
+            f"candidate ÷ baseline {v.ratio:.3f}, {1 - c.alpha:.0%} interval {low:.3f}–{high:.3f}"
+        )
+        significant = v.p_value is not None and v.p_value < c.alpha
+        if low > 1 and significant:
+            lines.append(
+                f"{v.case} / {v.metric}: the candidate is faster by {v.ratio - 1:.1%} ({shown})."
+            )
+        elif high < 1 and significant:
+            lines.append(
+                f"{v.case} / {v.metric}: the baseline is faster by {1 / v.ratio - 1:.1%} ({shown})."
+            )
+        else:
+            lines.append(f"{v.case} / {v.metric}: neither side is clearly faster ({shown}).")
+    return lines
+
+
+def _pair_lines(ab: AbRecord) -> list[str]:
+    """Each metric's candidate ÷ baseline, pair by pair."""
+    return [
+        f"{name}, candidate ÷ baseline by pair: " + ", ".join(f"{r:.3f}" for r in ratios)
+        for name, ratios in ab.pair_ratios.items()
+    ]
+
+
 def markdown(c: Comparison) -> str:
     """A table with the ratio and p-value of each case and metric, then the notes."""
 
     def row(cells: list[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
-    lines = [
-        f"## {headline(c)}",
-        "",
-        f"`{c.results}` ({_when(c.created_at)}) against the baseline `{c.baseline}` "
-        f"({_when(c.baseline_created_at)}). {_rule(c)}",
-        "",
+    lines = [f"## {headline(c)}", "", _measured(c) + " " + _rule(c), ""]
+    lines += [
         row(_columns(c)),
         "| --- | --- | ---: | ---: | ---: | --- | ---: | --- |",
         *(row(_marked(_cells(v))) for v in c.verdicts),
     ]
+    if c.ab is not None:
+        lines += ["", *(f"- {line}" for line in [*_faster(c), *_pair_lines(c.ab)])]
     notes = _notes(c)
     if notes:
         lines += ["", *(f"- {note}" for note in notes)]

@@ -176,9 +176,23 @@ def write_baseline(source: Path, baseline: Path, reason: str) -> BenchResults:
             f"{source} has cases that could not run ({names}); a baseline needs every case, "
             "so fix them and run the suite again."
         )
-    stamped = replace(
-        results,
-        baseline={"reason": reason, "written_at": time.time(), "source": str(source)},
-    )
+    record = {"reason": reason, "written_at": time.time(), "source": str(source)}
+    commit = _head_commit()
+    if commit is not None:  # what `bench ab --baseline-ref-from` measures again
+        record["commit"] = commit
+    stamped = replace(results, baseline=record)
     _write(stamped, baseline)
     return stamped
+
+
+def _head_commit() -> str | None:
+    """The commit checked out here (the code that measured the results), if in git."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None

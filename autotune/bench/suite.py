@@ -27,6 +27,7 @@ fields are a study target's, and the field types spell their errors the same way
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -269,6 +270,34 @@ class Suite:
             for case in self.cases
             if not names or case.name in names
         )
+        return replace(self, cases=cases)
+
+    def with_launch(self, command: str) -> Suite:
+        """Every probe case against the server `command` starts (`{port}` where the port
+        goes), in place of its own target; overhead cases, which use no server, are left
+        out. How `bench ab --baseline-cmd/--candidate-cmd` A/Bs two servers."""
+        try:
+            argv = tuple(shlex.split(command))
+        except ValueError as error:
+            raise UsageError(
+                f"the server command cannot be split ({error}); check its quotes."
+            ) from None
+        if not argv or "{port}" not in command:
+            raise UsageError(
+                "the server command needs {port} where its port goes, e.g. "
+                "'python -m autotune.servers.sim --max-num-seqs 64 --port {port}'."
+            )
+        cases = tuple(
+            replace(
+                case,
+                launch=argv,
+                collect=replace(case.collect, target=replace(case.collect.target, base_url=None)),
+            )
+            for case in self.cases
+            if isinstance(case, ProbeCase)
+        )
+        if not cases:
+            raise UsageError(f"{self.path} has no probe case to run against a server command.")
         return replace(self, cases=cases)
 
 

@@ -1,0 +1,145 @@
+"""`autotune bench ab`: both sides measured in one run, interleaved, judged as `compare` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.bench.ab import Settings, _clear, ref_side
+from autotune.bench.compare import REGRESSION, UNCHANGED, Verdict
+from autotune.errors import UsageError
+from tests.helpers import REPO, autotune, one_sentence_error, plant_slowdown
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SIM = f"{sys.executable} -m autotune.servers.sim --port {{port}} --time-scale"
+
+
+def ab(*args: str, tmp_path: Path, candidate: Path | None = None) -> tuple[int, dict]:
+    """`autotune bench ab ARGS` → (exit code, the comparison it saved as JSON); run by the
+    code in `candidate` (from outside the checkout, so that it is what imports) if given."""
+    out = tmp_path / "comparison.json"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    result = autotune(
+        "bench", "ab", *args, "--repo", str(REPO), "--out", str(tmp_path / "ab"),
+        "--json", str(out), "--markdown", str(tmp_path / "summary.md"), "--quiet", timeout=600,
+        env={"PYTHONPATH": str(candidate)} if candidate else None,
+        cwd=tmp_path if candidate else REPO,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    assert out.exists(), result.stderr
+    return result.returncode, json.loads(out.read_text())
+
+
+def verdicts(comparison: dict, metric: str) -> dict:
+    return next(v for v in comparison["verdicts"] if v["metric"] == metric)
+
+
+@pytest.mark.slow
+def test_a_planted_slowdown_of_100_us_a_rollout_is_flagged(tmp_path: Path) -> None:
+    candidate = plant_slowdown(tmp_path / "candidate", micros=100)
+    code, comparison = ab(
+        str(FIXTURES / "ab_overhead_suite.yaml"), "--baseline-ref", "HEAD",
+        tmp_path=tmp_path / "run", candidate=candidate,
+    )  # fmt: skip
+    overhead = verdicts(comparison, "engine_over_bare")
+    assert code == 1, overhead
+    assert overhead["verdict"] == REGRESSION
+    assert overhead["ratio"] < 0.8 and overhead["p_value"] < 0.01
+    record = comparison["ab"]
+    assert record["pairs"] == 5  # clear at the first chance: sequential stopping
+    assert "git HEAD" in record["baseline"]
+    assert record["candidate"] == "this autotune"
+    assert len(record["pair_ratios"]["engine-overhead/engine_over_bare"]) == 5
+
+
+@pytest.mark.slow
+def test_a_15_percent_slower_server_is_flagged_and_a_2_percent_one_is_not(
+    tmp_path: Path,
+) -> None:
+    suite = str(FIXTURES / "ab_sim_suite.yaml")
+    code, slower = ab(
+        suite, "--baseline-cmd", f"{SIM} 0.1", "--candidate-cmd", f"{SIM} 0.1176",
+        tmp_path=tmp_path / "15",
+    )  # fmt: skip
+    rate = verdicts(slower, "rollouts_per_s")
+    assert code == 1 and rate["verdict"] == REGRESSION, rate
+    low, high = rate["interval"]
+    assert 0.78 < low <= rate["ratio"] <= high < 0.92  # the baseline is ~15% faster
+    assert "--time-scale 0.1176" in slower["ab"]["candidate"]
+    summary = (tmp_path / "15" / "summary.md").read_text()
+    assert "sim-streaming / rollouts_per_s: the baseline is faster by 1" in summary
+
+    code, near = ab(
+        suite, "--baseline-cmd", f"{SIM} 0.1", "--candidate-cmd", f"{SIM} 0.102",
+        tmp_path=tmp_path / "2",
+    )  # fmt: skip
+    rate = verdicts(near, "rollouts_per_s")
+    assert code == 0 and rate["verdict"] == UNCHANGED, rate
+    assert 0.95 < rate["ratio"] < 1.0
+
+
+def test_a_ref_that_is_not_a_commit_is_one_sentence(tmp_path: Path) -> None:
+    result = autotune(
+        "bench", "ab", str(FIXTURES / "ab_overhead_suite.yaml"),
+        "--baseline-ref", "no-such-ref-anywhere", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert "no-such-ref-anywhere is not a commit" in one_sentence_error(result)
+    assert result.returncode == 2
+
+
+def test_one_server_command_without_the_other_is_refused(tmp_path: Path) -> None:
+    result = autotune(
+        "bench", "ab", str(FIXTURES / "ab_sim_suite.yaml"), "--baseline-cmd", f"{SIM} 0.1",
+    )  # fmt: skip
+    assert "go together" in one_sentence_error(result)
+
+
+def test_a_server_command_without_a_port_is_refused(tmp_path: Path) -> None:
+    result = autotune(
+        "bench", "run", str(FIXTURES / "ab_sim_suite.yaml"), "--out", str(tmp_path / "r.json"),
+        "--launch", f"{sys.executable} -m autotune.servers.sim",
+    )  # fmt: skip
+    assert "{port}" in one_sentence_error(result)
+
+
+def test_baseline_from_a_ref_runs_that_commits_code(tmp_path: Path) -> None:
+    """The exported tree, not this checkout's editable install, is what the side imports."""
+    side = ref_side("HEAD", REPO, tmp_path / "cache")
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    where = subprocess.run(
+        [side.python, "-c", "import autotune, sys; print(autotune.__file__)"],
+        capture_output=True, text=True, check=True, env={**os.environ, **side.env}, cwd=tmp_path,
+    ).stdout.strip()  # fmt: skip
+    assert where.startswith(str(tmp_path / "cache" / "ab" / head / "src")), where
+    again = ref_side("HEAD", REPO, tmp_path / "cache")  # cached: ready at once
+    assert again == side
+
+
+def test_settings_refuse_impossible_pair_counts() -> None:
+    with pytest.raises(UsageError, match="--min-pairs 6"):
+        Settings(min_pairs=6, max_pairs=5)
+    with pytest.raises(UsageError, match="--threshold"):
+        Settings(threshold=1.5)
+
+
+def _verdict(verdict: str, interval: tuple[float, float] | None) -> Verdict:
+    return Verdict("c", "m", "x", verdict, "", 0.05, interval=interval)
+
+
+def test_stopping_waits_until_a_fall_past_the_threshold_is_ruled_out() -> None:
+    from autotune.bench.compare import Comparison
+
+    def comparison(*found: Verdict) -> Comparison:
+        return Comparison("a", "b", 0, 0, None, 0.01, (), found, (), {}, {}, 0)
+
+    assert _clear(comparison(_verdict(UNCHANGED, (0.97, 1.03))))
+    assert not _clear(comparison(_verdict(UNCHANGED, (0.93, 1.03))))  # could be a 7% fall
+    assert _clear(comparison(_verdict(REGRESSION, (0.5, 0.6)), _verdict(UNCHANGED, (0.99, 1.0))))
+    assert not _clear(comparison(_verdict(UNCHANGED, None)))
