@@ -59,7 +59,7 @@ bench-diagnose: setup
 # committed baseline records, interleaved on this machine (autotune bench ab).
 bench-ci: setup
 	$(BIN)/autotune bench ab benchmarks/suite.yaml --baseline-ref-from benchmarks/baseline.json \
-		--out reports/bench/ab --json reports/bench/comparison.json \
+		--max-pairs 10 --out reports/bench/ab --json reports/bench/comparison.json \
 		--junit reports/bench/junit.xml --markdown reports/bench/summary.md --html reports/bench/report
 
 # Twenty A/B runs of this version against itself (never flagged) and a planted slowdown.

@@ -49,12 +49,14 @@ def test_a_planted_slowdown_of_100_us_a_rollout_is_flagged(tmp_path: Path) -> No
     overhead = verdicts(comparison, "engine_over_bare")
     assert code == 1, overhead
     assert overhead["verdict"] == REGRESSION
-    assert overhead["ratio"] < 0.8 and overhead["p_value"] < 0.01
     record = comparison["ab"]
-    assert record["pairs"] == 5  # clear at the first chance: sequential stopping
+    assert overhead["ratio"] < 0.8 and overhead["p_value"] < 0.01 / record["looks"]
+    # 8 looks (pairs 5 to 12) test at 0.01 / 8: 7 against 7 is the first count that can
+    # reach it, and a slowdown this size is clear at once.
+    assert record["looks"] == 8 and record["pairs"] == 7
     assert "git HEAD" in record["baseline"]
     assert record["candidate"] == "this autotune"
-    assert len(record["pair_ratios"]["engine-overhead/engine_over_bare"]) == 5
+    assert len(record["pair_ratios"]["engine-overhead/engine_over_bare"]) == 7
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ one repetition a pair, in a process of its own:
 
 After `min_pairs` pairs it stops as soon as every verdict is clear (a significant fall
 past the threshold, or an interval that rules one out), else at `max_pairs`. The
-verdicts are `compare`'s: the same statistics, outputs and exit codes.
+verdicts are `compare`'s (the same statistics, outputs and exit codes), with the test at
+alpha / looks for the `max_pairs - min_pairs + 1` points where it may stop: a version
+against itself must not be flagged more often for being looked at more often.
 """
 
 from __future__ import annotations
@@ -278,6 +280,7 @@ def _compare(
         baseline=sides["baseline"].describe,
         candidate=sides["candidate"].describe,
         pairs=pairs,
+        looks=settings.max_pairs - settings.min_pairs + 1,
         stopped=stopped,
         pair_ratios=_pair_ratios(baseline, candidate),
         wall_s=time.monotonic() - started,

@@ -73,6 +73,7 @@ class AbRecord:
     baseline: str  # what the baseline side ran: a git ref, an install, a server command
     candidate: str
     pairs: int
+    looks: int  # the pair counts at which it could have stopped (each tests at alpha / looks)
     stopped: str  # one sentence: the verdict was clear, or the pair cap was reached
     pair_ratios: dict[str, tuple[float, ...]]  # "case/metric" → candidate ÷ baseline, a pair
     wall_s: float
@@ -175,12 +176,17 @@ def compare_results(
     history: tuple[Run, ...] = (),
     ab: AbRecord | None = None,
 ) -> Comparison:
-    """Every case and metric of `newest` judged against `base` (saved or measured beside)."""
+    """Every case and metric of `newest` judged against `base` (saved or measured beside).
+
+    An A/B that may stop at any of `ab.looks` looks tests each at alpha / looks
+    (Bonferroni), so that looking often does not raise its false-alarm rate.
+    """
     level = alpha if alpha is not None else newest.alpha
+    looks = ab.looks if ab is not None else 1
     verdicts = tuple(
         v
         for case in newest.cases
-        for v in compare_case(case, base.case(case.name), level, threshold, ignore)
+        for v in compare_case(case, base.case(case.name), level, threshold, ignore, looks)
     )
     verdicts += tuple(
         Verdict(
@@ -232,8 +238,10 @@ def compare_case(
     alpha: float,
     threshold: float | None = None,
     ignore: Sequence[str] = (),
+    looks: int = 1,
 ) -> list[Verdict]:
-    """One verdict per metric of `case` (one, metric "-", if it could not run)."""
+    """One verdict per metric of `case` (one, metric "-", if it could not run); the test's
+    level is alpha / looks, the interval's confidence 1 - alpha."""
     limit = case.threshold if threshold is None else threshold
     if case.error is not None:
         return [Verdict(case.name, "-", "", COULD_NOT_RUN, case.error, limit)]
@@ -251,7 +259,7 @@ def compare_case(
         old = base.metrics[name].samples
         ratio = now / median(old)
         p_value = mann_whitney_u(metric.samples, old).p_value
-        verdict, reason = _judge(ratio, p_value, limit, alpha)
+        verdict, reason = _judge(ratio, p_value, limit, alpha / looks)
         verdicts.append(
             Verdict(
                 case=case.name,

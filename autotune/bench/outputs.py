@@ -127,7 +127,8 @@ def _measured(c: Comparison) -> str:
     return (
         f"A/B in one run on this machine: the candidate `{c.ab.candidate}` beside the "
         f"baseline `{c.ab.baseline}`, interleaved, {c.ab.pairs} pairs in "
-        f"{c.ab.wall_s:.0f} s ({c.ab.stopped})."
+        f"{c.ab.wall_s:.0f} s ({c.ab.stopped}); it could stop at {c.ab.looks} points, so "
+        f"each tests at p < {c.alpha / c.ab.looks:.2g} (alpha ÷ {c.ab.looks})."
     )
 
 
@@ -142,7 +143,8 @@ def _faster(c: Comparison) -> list[str]:
         shown = (
             f"candidate ÷ baseline {v.ratio:.3f}, {1 - c.alpha:.0%} interval {low:.3f}–{high:.3f}"
         )
-        significant = v.p_value is not None and v.p_value < c.alpha
+        looks = c.ab.looks if c.ab is not None else 1
+        significant = v.p_value is not None and v.p_value < c.alpha / looks
         if low > 1 and significant:
             lines.append(
                 f"{v.case} / {v.metric}: the candidate is faster by {v.ratio - 1:.1%} ({shown})."
