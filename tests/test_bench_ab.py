@@ -145,3 +145,26 @@ def test_stopping_waits_until_a_fall_past_the_threshold_is_ruled_out() -> None:
     assert not _clear(comparison(_verdict(UNCHANGED, (0.93, 1.03))))  # could be a 7% fall
     assert _clear(comparison(_verdict(REGRESSION, (0.5, 0.6)), _verdict(UNCHANGED, (0.99, 1.0))))
     assert not _clear(comparison(_verdict(UNCHANGED, None)))
+
+
+def test_another_install_is_a_baseline_side(tmp_path: Path) -> None:
+    code, comparison = ab(
+        str(FIXTURES / "ab_overhead_suite.yaml"), "--baseline-python", sys.executable,
+        "--min-pairs", "1", "--max-pairs", "1", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 0, comparison
+    assert comparison["ab"]["baseline"] == f"python: {sys.executable}"
+    assert comparison["ab"]["pairs"] == 1
+    assert (tmp_path / "ab" / "baseline.json").exists()
+    assert (tmp_path / "ab" / "candidate.json").exists()
+
+
+def test_a_baseline_file_without_a_commit_is_one_sentence(tmp_path: Path) -> None:
+    baseline = json.loads((REPO / "benchmarks" / "baseline.json").read_text())
+    baseline["baseline"].pop("commit")
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(baseline))
+    result = autotune(
+        "bench", "ab", str(FIXTURES / "ab_overhead_suite.yaml"), "--baseline-ref-from", str(path),
+    )  # fmt: skip
+    assert "records no commit" in one_sentence_error(result)
