@@ -44,6 +44,7 @@ from autotune.errors import ServerStartupError
 
 HEALTH_POLL_S = 0.2
 STOP_GRACE_S = 10.0
+GROUP_EXIT_WAIT_S = 5.0  # for SIGKILLed stragglers to exit (zombies do not count)
 LOCALHOST = "127.0.0.1"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding autotune/
 
@@ -65,6 +66,31 @@ def _die_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Until no live (non-zombie) process is left in process group `pgid`, or the timeout."""
+    if not sys.platform.startswith("linux"):
+        return
+    deadline = time.monotonic() + timeout_s
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of a group, from /proc (a zombie holds no memory any more)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
 
 
 def free_port() -> int:
@@ -342,8 +368,12 @@ class ServerProcess:
             os.killpg(self._proc.pid, sig)
 
     def _finish_stop(self) -> None:
-        """After the leader exited: kill stragglers left in its group, release resources."""
+        """After the leader exited: kill stragglers left in its group and wait until they
+        are gone (what they had mapped, such as vLLM's shared memory, is free only then),
+        release resources."""
         self._signal_group(signal.SIGKILL)
+        if self._proc is not None:
+            _wait_group_gone(self._proc.pid, GROUP_EXIT_WAIT_S)
         self._close_log()
         clean = self._proc is not None and self._proc.returncode in (0, -signal.SIGTERM)
         if self._owns_log and clean and not self._keep_log and self.log_path is not None:
