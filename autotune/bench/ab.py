@@ -37,7 +37,6 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
-import autotune
 from autotune.bench.compare import (
     COULD_NOT_RUN,
     NOT_COMPARABLE,
@@ -49,11 +48,11 @@ from autotune.bench.compare import (
 )
 from autotune.bench.results import BenchResults, CaseResult, Metric, load, save
 from autotune.errors import CollectionError, UsageError
+from autotune.servers.launcher import PACKAGE_ROOT
 
 MIN_PAIRS = 5  # the exact Mann-Whitney test needs 5 against 5 to reach p < 0.01
 MAX_PAIRS = 12
 RUN_TIMEOUT_S = 600.0
-PACKAGE_ROOT = Path(autotune.__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +207,11 @@ def run_ab(
         if pair + 1 >= settings.min_pairs and _clear(comparison):
             stopped = f"every verdict was clear after {pair + 1} pairs"
             break
-    assert comparison is not None
-    final = _compare(runs, sides, settings, len(runs["baseline"]), stopped, started)
+    assert comparison is not None and comparison.ab is not None
     save(_merged(runs["baseline"]), workdir / "baseline.json")
     save(_merged(runs["candidate"]), workdir / "candidate.json")
-    return final
+    # The last pair's comparison is the result; only why it stopped is known after it.
+    return replace(comparison, ab=replace(comparison.ab, stopped=stopped))
 
 
 def _run_once(side: Side, suite: Path, out: Path, name: str) -> BenchResults:
