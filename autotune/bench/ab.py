@@ -94,6 +94,7 @@ def ref_side(ref: str, repo: Path, cache: Path) -> Side:
     root = cache / "ab" / sha
     if not (root / ".ready").exists():
         _prepare(repo, sha, root)
+    _share_packages(root, sha)
     return Side(
         f"git {ref} ({sha[:12]})", str(root / "venv" / "bin" / "python"), {"PYTHONPATH": ""}
     )
@@ -119,8 +120,18 @@ def _prepare(repo: Path, sha: str, root: Path) -> None:
         raise CollectionError(f"git archive {sha[:12]} failed: {archive.stderr.decode()[:200]}")
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(source, filter="data")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    (root / ".ready").touch()
+
+
+def _share_packages(root: Path, sha: str) -> None:
+    """Point the cached baseline at this environment's packages, on every use.
+
+    The cache outlives the environment that made it (a CI clone's venv is deleted after
+    the run), so the link is written afresh each time, and whatever the baseline needs
+    that this environment lacks is installed into its own venv.
+    """
+    source, venv = root / "src", root / "venv"
     # The baseline's code first, then this environment's packages (never its autotune: a
     # path line does not run the editable install's hook, and the code comes first).
     shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
@@ -134,7 +145,6 @@ def _prepare(repo: Path, sha: str, root: Path) -> None:
                 f"the baseline {sha[:12]} needs {', '.join(missing)}, which could not be "
                 f"installed ({done.stderr.decode(errors='replace').strip()[-200:]})."
             )
-    (root / ".ready").touch()
 
 
 def _site_packages(venv: Path) -> Path:
