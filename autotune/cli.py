@@ -1,19 +1,24 @@
 """Command line: parse, build one validated config, call one function, print.
 
 No measuring happens here. Every error a user can cause arrives as an AutotuneError
-and leaves as one sentence on stderr with a non-zero exit code.
+(or is a flag argparse refuses) and leaves as one `autotune: error:` sentence on stderr
+with a non-zero exit code; the codes are in autotune.errors' docstring and each
+command's `--help`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -27,7 +32,43 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_GATE = 3  # the run finished but fails its gate (--max-failure-rate, --fail-on)
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
+# What an interrupted (Ctrl-C) or terminated (SIGTERM) job leaves behind, by command.
+_KEPT_ON_INTERRUPT = {
+    "collect": "every finished rollout is on disk (rerun with --resume)",
+    "sweep": "every finished trial is kept in the study storage (rerun the same command to resume)",
+    "diagnose": "nothing was written",
+}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt, so that both stop the same way:
+    output flushed, worker processes and launched servers stopped (see run_async)."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+_EXIT_CODES = (
+    "exit status: 0 done; 1 a runtime error (one sentence on stderr); 2 a usage error "
+    "(a bad flag, file or spec); {gate}130 interrupted (Ctrl-C); 143 terminated (SIGTERM)."
+)
+
+
+def _epilog(gate: str = "") -> str:
+    """The exit-code paragraph of a command's --help; `gate` says what exit 3 means."""
+    return _EXIT_CODES.format(gate=f"3 {gate}; " if gate else "")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors one `autotune: error:` sentence like every other error (no
+    usage block: the sentence names the flag and points at --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"autotune: error: {message}; see `{self.prog} --help`.\n")
 
 
 def _mean_std(text: str) -> tuple[int, int]:
@@ -35,22 +76,71 @@ def _mean_std(text: str) -> tuple[int, int]:
     try:
         parts = [int(p) for p in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not MEAN or MEAN,STD in tokens") from None
+        parts = []
     if len(parts) == 1:
-        return parts[0], parts[0] // 4
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    raise argparse.ArgumentTypeError(f"{text!r} is not MEAN or MEAN,STD in tokens")
+        parts.append(parts[0] // 4)
+    if len(parts) != 2 or parts[0] < 1 or parts[1] < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be MEAN or MEAN,STD in tokens (mean at least 1, std at least 0), not {text!r}"
+        )
+    return parts[0], parts[1]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+def _whole(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `least`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number of at least {least}, not {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def _real(expected: str, within: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a finite number `within` its range (`expected` names it)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and within(value)):
+            raise argparse.ArgumentTypeError(f"must be {expected}, not {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _whole(1)
+_count = _whole(0)
+_positive = _real("a number above 0", lambda value: value > 0)
+_non_negative = _real("a number of at least 0", lambda value: value >= 0)
+_share = _real("a share from 0 to 1", lambda value: 0 <= value <= 1)
+_inner_share = _real("a number above 0 and below 1", lambda value: 0 < value < 1)
+
+
+def _verdicts(text: str) -> frozenset[str]:
+    """`--fail-on`: verdict names, comma-separated, each one classify.VERDICTS holds."""
+    from autotune.classify import VERDICTS
+
+    names = frozenset(name.strip() for name in text.split(","))
+    unknown = sorted(names - set(VERDICTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(map(repr, unknown))} is not a verdict; use {', '.join(VERDICTS)}"
+        )
+    return names
+
+
+# One set of defaults: the configs' own (the flags only say them again in --help).
+_DEFAULTS = CollectConfig()
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,13 +167,25 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         default="OPENAI_API_KEY",
         help="environment variable holding the API key (never printed)",
     )
-    group.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
-    group.add_argument("--max-retries", type=int, default=3)
+    group.add_argument(
+        "--timeout", type=_positive, default=600.0, metavar="SECONDS", help="per-request timeout"
+    )
+    group.add_argument(
+        "--idle-timeout",
+        type=_positive,
+        default=_DEFAULTS.target.idle_timeout_s,
+        metavar="SECONDS",
+        help="a stream silent this long after its first byte has stalled: that attempt fails "
+        "(default: 60)",
+    )
+    group.add_argument(
+        "--max-retries", type=_count, default=3, help="retries of a failed model call"
+    )
     group.add_argument(
         "--pool-limit", type=_positive_int, default=1024, help="most open connections"
     )
-    group.add_argument("--rpm", type=float, help="requests per minute limit")
-    group.add_argument("--tpm", type=float, help="tokens per minute limit")
+    group.add_argument("--rpm", type=_positive, help="requests per minute limit")
+    group.add_argument("--tpm", type=_positive, help="tokens per minute limit")
     group.add_argument(
         "--sim-arg",
         action="append",
@@ -111,8 +213,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--prompt-tokens", type=_mean_std, default=(256, 64), metavar="MEAN[,STD]")
     group.add_argument("--output-tokens", type=_mean_std, default=(256, 64), metavar="MEAN[,STD]")
-    group.add_argument("--seed", type=int, default=0)
-    group.add_argument("--limit", type=int, help="only the first N tasks")
+    group.add_argument("--seed", type=_count, default=0)
+    group.add_argument("--limit", type=_count, help="only the first N tasks")
     group.add_argument(
         "--num-repeats", type=_positive_int, default=1, help="rollouts per task (GRPO groups)"
     )
@@ -131,9 +233,17 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--verifier-cost-ms",
-        type=float,
+        type=_non_negative,
         default=0.0,
         help="CPU milliseconds the synthetic verifier burns per rollout",
+    )
+    group.add_argument(
+        "--verifier-timeout",
+        type=_positive,
+        default=_DEFAULTS.verifier_timeout_s,
+        metavar="SECONDS",
+        help="longest one verification by a user function or an HTTP verifier may take; "
+        "a stuck function's worker is replaced (default: 60)",
     )
 
 
@@ -162,6 +272,7 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
         api_key_env=args.api_key_env,
         extra_body=extra_body,
         request_timeout_s=args.timeout,
+        idle_timeout_s=args.idle_timeout,
         max_retries=args.max_retries,
         pool_limit=args.pool_limit,
         rpm=args.rpm,
@@ -188,17 +299,20 @@ def collect_config(args: argparse.Namespace) -> CollectConfig:
         num_repeats=args.num_repeats,
         shard=Shard.parse(args.shard) if args.shard else None,
         parallelism=args.parallelism,
+        adaptive_concurrency=args.adaptive_concurrency,
         verifier=verifier,
         verifier_workers=args.verifier_workers,
         verifier_cost_ms=args.verifier_cost_ms,
+        verifier_timeout_s=args.verifier_timeout,
         output=args.output,
         resume=args.resume,
         progress=not args.quiet,
+        max_failure_rate=args.max_failure_rate,
     )
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from autotune.collect import run_collect
+    from autotune.collect import failure_gate, run_collect
     from autotune.report.terminal import collect_summary_text, progress_bar
 
     config = collect_config(args)
@@ -208,6 +322,10 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         print(to_json(summary).decode())
     else:
         print(collect_summary_text(summary))
+    failed = failure_gate(summary, config.max_failure_rate)
+    if failed is not None:
+        print(f"autotune: error: {failed}", file=sys.stderr)
+        return EXIT_GATE
     return 0
 
 
@@ -252,6 +370,13 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         raise AutotuneError(
             f"could not write {writing} ({error.strerror}); {_rescue_json(result)}"
         ) from None
+    if result.verdict.verdict in args.fail_on:
+        print(
+            f"autotune: error: the verdict is {result.verdict.verdict}, which --fail-on "
+            f"{','.join(sorted(args.fail_on))} fails; its evidence and next step are above.",
+            file=sys.stderr,
+        )
+        return EXIT_GATE
     return 0
 
 
@@ -283,7 +408,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from autotune.collect import run_async
     from autotune.config import load_study
     from autotune.report.terminal import progress_bar, sweep_text
-    from autotune.sweep.job import run_sweep, write_outputs
+    from autotune.sweep.job import check_storage, redact_text, run_sweep, write_outputs
     from autotune.sweep.recommend import recommendation
 
     if args.schema:
@@ -294,6 +419,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.study is None:
         raise UsageError("autotune sweep needs a study file; pass e.g. studies/demo.yaml.")
     study = load_study(args.study)
+    directory = args.reports_dir / study.name
+    check_storage(args.storage)
+    # Checked now: the reports are written only after every trial has run.
+    _check_writable_dir(directory, f"--reports-dir {args.reports_dir}")
+    if args.storage is None or study.target.kind == "command":  # where studies_dir is used
+        _check_writable_dir(args.studies_dir, f"--studies-dir {args.studies_dir}")
     with progress_bar(enabled=not args.quiet, unit="trial") as bar:
         bar.set_total(study.budget.trials)
 
@@ -301,7 +432,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             bar.rollout_done({}, 0)
             knobs = ", ".join(f"{k}={v}" for k, v in outcome.knobs.items()) or "client only"
             found = (
-                f"infeasible: {outcome.infeasible_reason}"
+                f"infeasible: {redact_text(outcome.infeasible_reason)}"
                 if outcome.infeasible_reason
                 else f"{outcome.value:.3g} at parallelism "
                 f"{outcome.curve.best_measured_parallelism if outcome.curve else '-'}"
@@ -311,8 +442,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         result = run_async(
             run_sweep(study, storage=args.storage, studies_dir=args.studies_dir, on_trial=on_trial)
         )
-    directory = args.reports_dir / study.name
-    write_outputs(result, directory)
+    try:
+        write_outputs(result, directory)
+    except OSError as error:
+        raise AutotuneError(
+            f"could not write the reports in {directory} ({error.strerror}); the study "
+            "storage keeps every trial: rerun the same command with another --reports-dir."
+        ) from None
     recommended = recommendation(result)
     if args.json:
         print(to_json(recommended).decode() if recommended else "null")
@@ -358,9 +494,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     except AutotuneError as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    except KeyboardInterrupt:
-        print("autotune: interrupted; no results or outputs were written.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interrupt:
+        what = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        print(f"autotune: {what}; no results or outputs were written.", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(interrupt, Terminated) else EXIT_INTERRUPTED
 
 
 def _bench_run(args: argparse.Namespace) -> int:
@@ -512,7 +649,7 @@ def _add_bench_commands(commands: Any) -> None:
     run.add_argument("--out", "-o", type=Path, required=True, help="results JSON to write")
     run.add_argument("--case", action="append", metavar="NAME", help="only this case (repeat)")
     run.add_argument("--repetitions", type=_positive_int, help="override every case's")
-    run.add_argument("--warmup", type=int, help="override every case's warm-up repetitions")
+    run.add_argument("--warmup", type=_count, help="override every case's warm-up repetitions")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     run.add_argument(
         "--launch",
@@ -529,8 +666,10 @@ def _add_bench_commands(commands: Any) -> None:
         "results", type=Path, nargs="+", help="results JSON; the newest is judged, all are history"
     )
     compare.add_argument("--baseline", type=Path, required=True, help="the baseline JSON")
-    compare.add_argument("--threshold", type=float, help="override each case's, e.g. 0.05")
-    compare.add_argument("--alpha", type=float, help="significance level (default: the suite's)")
+    compare.add_argument("--threshold", type=_inner_share, help="override each case's, e.g. 0.05")
+    compare.add_argument(
+        "--alpha", type=_inner_share, help="significance level (default: the suite's)"
+    )
     compare.add_argument(
         "--ignore-fingerprint",
         action="append",
@@ -565,8 +704,8 @@ def _add_bench_commands(commands: Any) -> None:
     )
     ab.add_argument("--min-pairs", type=_positive_int, default=5, help="pairs before stopping")
     ab.add_argument("--max-pairs", type=_positive_int, default=12, help="pairs at most")
-    ab.add_argument("--threshold", type=float, help="override each case's, e.g. 0.05")
-    ab.add_argument("--alpha", type=float, help="significance level (default: the suite's)")
+    ab.add_argument("--threshold", type=_inner_share, help="override each case's, e.g. 0.05")
+    ab.add_argument("--alpha", type=_inner_share, help="significance level (default: the suite's)")
     ab.add_argument(
         "--ignore-fingerprint", action="append", default=[], metavar="FIELD",
         help="compare across a difference in this field (server is ignored with --*-cmd)",
@@ -594,16 +733,38 @@ def _cmd_sim_serve(args: argparse.Namespace) -> int:
     return sim_main(args.sim_args)
 
 
+def _split_sim_serve(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(autotune's arguments, the simulator's) of `autotune [-v] sim serve FLAGS...`.
+
+    The simulator parses its own flags (vLLM's names, its own range checks); an argparse
+    REMAINDER would lose those that start with `-` (`--port 8000`).
+    """
+    for index, word in enumerate(argv[:-1]):
+        if word == "sim" and argv[index + 1] == "serve":
+            return argv[: index + 2], argv[index + 2 :]
+        if not word.startswith("-"):
+            break
+    return argv, []
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autotune",
         description="Measure and tune RL rollout collection throughput.",
+        epilog=_epilog("a command's gate failed (see its --help)"),
     )
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    collect = commands.add_parser("collect", help="collect rollouts (the engine on its own)")
+    collect = commands.add_parser(
+        "collect",
+        help="collect rollouts (the engine on its own)",
+        epilog=_epilog(
+            "the run finished, but no rollout succeeded or a larger share failed than "
+            "--max-failure-rate (the rollouts collected are kept)"
+        ),
+    )
     add_workload_arguments(collect)
     add_target_arguments(collect)
     run = collect.add_argument_group("run")
@@ -616,12 +777,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--output", "-o", type=Path, help="rollout JSONL to append to")
     run.add_argument("--resume", action="store_true", help="continue --output where it stopped")
+    run.add_argument(
+        "--max-failure-rate",
+        type=_share,
+        default=_DEFAULTS.max_failure_rate,
+        metavar="SHARE",
+        help="exit 3 when a larger share of rollouts fails (default: 0.05)",
+    )
+    run.add_argument(
+        "--no-adaptive-concurrency",
+        dest="adaptive_concurrency",
+        action="store_false",
+        help="keep --parallelism in flight even when the server answers 429/503",
+    )
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     collect.set_defaults(handler=_cmd_collect)
 
     diagnose = commands.add_parser(
-        "diagnose", help="paired low/high parallelism probes → a bottleneck verdict"
+        "diagnose",
+        help="paired low/high parallelism probes → a bottleneck verdict",
+        epilog=_epilog("the verdict is one of --fail-on"),
     )
     add_workload_arguments(diagnose)
     add_target_arguments(diagnose)
@@ -630,12 +806,19 @@ def build_parser() -> argparse.ArgumentParser:
     probes.add_argument("--high", type=_positive_int, default=20, help="high probe parallelism")
     probes.add_argument(
         "--min-s",
-        type=float,
+        type=_positive,
         default=PROBE_DEFAULTS.min_s,
         help="shortest steady-state window",
     )
     probes.add_argument(
-        "--max-s", type=float, default=PROBE_DEFAULTS.max_s, help="time cap per probe"
+        "--max-s", type=_positive, default=PROBE_DEFAULTS.max_s, help="time cap per probe"
+    )
+    probes.add_argument(
+        "--fail-on",
+        type=_verdicts,
+        default=frozenset(),
+        metavar="VERDICT[,VERDICT]",
+        help="exit 3 when the verdict is one of these, e.g. unstable,rate-limited",
     )
     probes.add_argument("--json", metavar="PATH", help="write the result as JSON (- for stdout)")
     probes.add_argument("--report", type=Path, metavar="DIR", help="write an HTML report here")
@@ -654,10 +837,14 @@ def build_parser() -> argparse.ArgumentParser:
         resume=False,
         quiet=True,
         num_repeats=1,
+        adaptive_concurrency=_DEFAULTS.adaptive_concurrency,
+        max_failure_rate=_DEFAULTS.max_failure_rate,
     )
 
     sweep = commands.add_parser(
-        "sweep", help="an Optuna study over parallelism and server knobs → a recommendation"
+        "sweep",
+        help="an Optuna study over parallelism and server knobs → a recommendation",
+        epilog=_epilog(),
     )
     sweep.add_argument("study", type=Path, nargs="?", help="study YAML (examples in studies/)")
     sweep.add_argument(
@@ -676,39 +863,47 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     sweep.set_defaults(handler=_cmd_sweep)
 
-    report = commands.add_parser("report", help="render a report again from its saved results")
+    report = commands.add_parser(
+        "report", help="render a report again from its saved results", epilog=_epilog()
+    )
     report.add_argument("directory", type=Path, help="a --report directory (or its JSON file)")
     report.add_argument("--out", type=Path, help="write the page here instead")
     report.set_defaults(handler=_cmd_report)
 
-    merge = commands.add_parser("merge", help="join shard outputs without duplicates")
+    merge = commands.add_parser(
+        "merge", help="join shard outputs without duplicates", epilog=_epilog()
+    )
     merge.add_argument("shards", nargs="+", type=Path)
     merge.add_argument("--output", "-o", type=Path, required=True)
     merge.set_defaults(handler=_cmd_merge)
 
     _add_bench_commands(commands)
 
-    sim = commands.add_parser("sim", help="the embedded simulated vLLM-like server")
+    sim = commands.add_parser(
+        "sim", help="the embedded simulated vLLM-like server", epilog=_epilog()
+    )
     sim_commands = sim.add_subparsers(dest="sim_command", required=True, metavar="COMMAND")
     serve = sim_commands.add_parser(
         "serve",
         help="serve it (takes vLLM's flag names; see `autotune sim serve --help`)",
         add_help=False,
     )
-    serve.add_argument("sim_args", nargs=argparse.REMAINDER)
-    serve.set_defaults(handler=_cmd_sim_serve)
+    serve.set_defaults(handler=_cmd_sim_serve)  # its flags: see _split_sim_serve
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    own, sim_flags = _split_sim_serve(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own)
+    args.sim_args = sim_flags
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="autotune: %(message)s",
         stream=sys.stderr,
     )
     handler: Callable[[argparse.Namespace], int] = args.handler
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return handler(args)
     except UsageError as error:
@@ -720,9 +915,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader (`| head`) has gone: the rest is not wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
-        print(
-            "autotune: interrupted; every finished rollout is on disk (rerun with --resume).",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, Terminated)
+        kept = _KEPT_ON_INTERRUPT.get(args.command)
+        what = "terminated" if terminated else "interrupted"
+        print(f"autotune: {what}{f'; {kept}' if kept else ''}.", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)

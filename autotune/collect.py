@@ -8,19 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+import signal
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol, TypeVar
 
 from autotune.backends.openai import OpenAIBackend
+from autotune.concurrency import AdaptiveConcurrency
 from autotune.config import CollectConfig
 from autotune.engine import Engine, EngineObserver, RunStats
 from autotune.errors import CollectionError
 from autotune.pipeline import open_pipeline
 from autotune.results import CollectSummary
-from autotune.store import RolloutSink
+from autotune.store import RolloutSink, check_run, failures_path, input_identity, save_run
 from autotune.target import Target
 from autotune.workload import Workload, rollout_key, work_items
 
 log = logging.getLogger("autotune")
+
+T = TypeVar("T")
 
 SIM_DEFAULT_ARGS = ("--time-scale", "1.0")
 
@@ -38,6 +46,9 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
     )
     workload.validate()
     start, stop = workload.task_range()
+    run = run_record(config)
+    if config.resume and config.output is not None:
+        check_run(config.output, run)  # before the sink cuts a tail: refuse untouched
     sink = RolloutSink(config.output, config.resume)
     repeats = config.num_repeats
     skipped = sum(
@@ -56,6 +67,11 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
     todo = (stop - start) * repeats - skipped
     try:
         async with open_pipeline(config, SIM_DEFAULT_ARGS) as pipeline:
+            if config.output is not None:  # the model is known only now
+                run["model"] = pipeline.target.model
+                if config.resume:
+                    check_run(config.output, run)
+                save_run(config.output, run)
             if progress is not None:
                 progress.set_total(todo)
             engine = Engine(
@@ -65,6 +81,7 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
                 parallelism=max(1, min(parallelism, todo)),
                 observer=progress,
                 extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
+                adaptive_concurrency=config.adaptive_concurrency,
             )
             try:
                 stats = await engine.run(work_items(workload, start, stop, sink.done))
@@ -75,7 +92,7 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
                 ) from None
     finally:
         sink.close()
-    summary = _summarise(stats, pipeline.backend, pipeline.target, config, skipped)
+    summary = _summarise(stats, engine.limiter, pipeline.backend, pipeline.target, config, skipped)
     if stats.stopped_early:
         where = f"; {stats.completed} rollouts are kept in {config.output}" if config.output else ""
         raise CollectionError(
@@ -85,8 +102,60 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
     return summary
 
 
+def run_record(config: CollectConfig) -> dict[str, Any]:
+    """What makes this run's rollouts what they are, saved beside its output so that
+    `--resume` can refuse another run's file (see store.check_run); the model is added
+    once the target has named it."""
+    tasks: dict[str, Any]
+    if config.input is not None:
+        tasks = input_identity(config.input)
+    else:
+        spec = config.synthetic
+        tasks = {
+            "synthetic": {
+                "seed": spec.seed,
+                "prompt_tokens": [spec.prompt_tokens_mean, spec.prompt_tokens_std],
+                "output_tokens": [spec.output_tokens_mean, spec.output_tokens_std],
+            }
+        }
+    shard = config.shard
+    return {
+        "tasks": tasks,
+        "input": str(config.input) if config.input is not None else None,
+        "synthetic_tasks": None if config.input is not None else config.synthetic.num_tasks,
+        "verifier": config.verifier,
+        "num_repeats": config.num_repeats,
+        "limit": config.limit,
+        "shard": f"{shard.index}/{shard.count}" if shard is not None else None,
+    }
+
+
+def failure_gate(summary: CollectSummary, max_failure_rate: float) -> str | None:
+    """Why a finished run fails its gate (none succeeded, or a larger share failed than
+    `max_failure_rate`), as one sentence; None when it passes."""
+    attempted = summary.completed + summary.failed
+    if not summary.failed or (summary.completed and summary.failed / attempted <= max_failure_rate):
+        return None
+    classes = ", ".join(f"{name} {n:,}" for name, n in sorted(summary.errors_by_class.items()))
+    if summary.completed:
+        share = f"{summary.failed / attempted:.0%}, above --max-failure-rate {max_failure_rate:g}"
+    else:
+        share = "none succeeded"
+    failed = f"{summary.failed:,} of {attempted:,} rollouts failed ({share}; {classes})"
+    if summary.output is None:
+        return f"{failed}; none was kept: pass --output to keep rollouts and each failure's cause."
+    kept = summary.completed + summary.skipped
+    where = f"keeps the {kept:,} rollouts collected" if kept else "holds no rollout yet"
+    failures = failures_path(Path(summary.output))
+    return (
+        f"{failed}; {summary.output} {where}, and each failure's cause is in {failures}: "
+        "fix it and rerun with --resume."
+    )
+
+
 def _summarise(
     stats: RunStats,
+    limiter: AdaptiveConcurrency | None,
     backend: OpenAIBackend,
     target: Target,
     config: CollectConfig,
@@ -111,16 +180,58 @@ def _summarise(
         base_url=target.base_url,
         simulated=target.simulated,
         output=str(config.output) if config.output else None,
+        rate_limited_responses=backend.counters.rate_limited_responses,
+        concurrency_decreases=limiter.decreases if limiter else 0,
+        concurrency_limit_min=limiter.lowest if limiter else None,
+        concurrency_limit_final=limiter.limit if limiter else None,
     )
 
 
-def run_async(coro: Any) -> Any:
-    """Runs a coroutine on uvloop where available (a faster loop for the client)."""
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs a coroutine on uvloop where available (a faster loop for the client).
+
+    SIGTERM ends it as Ctrl-C does: it cancels the coroutine, so every `finally` on the
+    way out runs (the rollout file synced, verifier workers and launched servers
+    stopped), and only then takes its course: the CLI's handler (exit status 143), else
+    Python's default (the process ends). A second SIGTERM does not cut that short.
+    """
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+        loop_factory = None
+    else:
+        loop_factory = uvloop.new_event_loop
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous in (
+        signal.SIG_IGN,
+        None,  # a handler installed outside Python: leave it alone
+    ):
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(coro)
+    terminated = False
+
+    async def cancelled_by_sigterm() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            nonlocal terminated
+            if not terminated:
+                terminated = True
+                loop.call_soon_threadsafe(task.cancel)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        return await coro
+
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(cancelled_by_sigterm())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if terminated:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def run_collect(config: CollectConfig, progress: Progress | None = None) -> CollectSummary:

@@ -112,6 +112,7 @@ class TargetConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
+    idle_timeout_s: float | None = 60.0  # tokens come ms apart: a stream silent 60 s stalled
     max_retries: int = 3
     retry_base_s: float = 0.5
     retry_max_s: float = 30.0
@@ -132,12 +133,17 @@ class CollectConfig:
     num_repeats: int = 1
     shard: Shard | None = None
     parallelism: int | None = 64  # None: unlimited (bounded by target.pool_limit)
+    adaptive_concurrency: bool = True  # AIMD below parallelism on 429/503 (--no-adaptive-...)
     verifier: str = "none"
     verifier_workers: int | None = None
     verifier_cost_ms: float = 0.0
+    verifier_timeout_s: float = 60.0  # one HTTP or user-function verification, at most
     output: Path | None = None  # None: rollouts are not written (probes)
     resume: bool = False
     progress: bool = True
+    # `autotune collect` exits 3 when a larger share of its rollouts failed (or none
+    # succeeded); what it collected is kept either way.
+    max_failure_rate: float = 0.05
 
     def __post_init__(self) -> None:
         if self.parallelism is not None and self.parallelism < 1:
@@ -148,6 +154,8 @@ class CollectConfig:
             raise UsageError("--limit must be zero or more.")
         if self.resume and self.output is None:
             raise UsageError("--resume needs --output, the file to continue.")
+        if not 0 <= self.max_failure_rate <= 1:
+            raise UsageError("--max-failure-rate must be a share from 0 to 1, e.g. 0.05.")
 
 
 def base_url_problem(url: str) -> str | None:
@@ -426,6 +434,23 @@ class ParallelismSpace(SpecModel):
         return self
 
 
+def _flag_name(flag: str) -> str:
+    """`--max-num-seqs=8`, `max_num_seqs` → `max-num-seqs`."""
+    return flag.partition("=")[0].lstrip("-").replace("_", "-")
+
+
+def _launcher_flag(flag: str) -> str | None:
+    """Why `flag` (a server flag, any spelling) is the launcher's to set, else None."""
+    name = _flag_name(flag)
+    if name == "port":
+        return f"sets {flag}, which autotune picks itself (a free port per server); remove it"
+    if name == "host":
+        return f"sets {flag}; use the study's target.host instead (default 127.0.0.1)"
+    if name == "model":
+        return f"sets {flag}; use the study's target.model instead"
+    return None
+
+
 class SearchSpace(SpecModel):
     parallelism: ParallelismSpace = ParallelismSpace()
     tensor_parallel_size: ChoiceSpace | None = None
@@ -433,6 +458,14 @@ class SearchSpace(SpecModel):
     max_num_seqs: IntOrChoices | None = None
     max_num_batched_tokens: IntOrChoices | None = None
     flags: dict[str, IntSpace | FloatSpace | ChoiceSpace] = {}
+
+    @model_validator(mode="after")
+    def _no_launcher_flags(self) -> SearchSpace:
+        for flag in self.flags:
+            why = _launcher_flag(flag)
+            if why is not None:
+                raise ValueError(f"flags {why}")
+        return self
 
     def server_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
         """Every searched server flag by its knob name (vLLM's, with underscores)."""
@@ -454,6 +487,9 @@ class TargetSpec(ServerFields):
     # command: the user's own collector, with {parallelism}, {output} and {limit} in it
     template: str | None = None
     env: dict[str, str] = {}
+    # sim / vllm: the interface the launched server listens on (None: 127.0.0.1, this
+    # machine only: vLLM's API has no authentication; 0.0.0.0 opens it to the network)
+    host: Text | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> TargetSpec:
@@ -466,6 +502,16 @@ class TargetSpec(ServerFields):
             )
         if self.kind == "vllm" and not self.model:
             raise ValueError("kind: vllm needs model (a path or a model name)")
+        if self.host is not None and self.kind in ("server", "command"):
+            raise ValueError(
+                f"kind: {self.kind} starts no server, so host does not apply; remove it"
+            )
+        # `--model` of the simulator picks the simulated model: the sim keeps it.
+        launched = [*self.args, *self.command] if self.kind == "vllm" else self.args
+        for flag in launched:
+            why = _launcher_flag(flag) if flag.startswith("-") else None
+            if why is not None and (self.kind == "vllm" or _flag_name(flag) != "model"):
+                raise ValueError(f"{'args' if flag in self.args else 'command'} {why}")
         return self
 
 

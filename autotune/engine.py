@@ -5,6 +5,11 @@ verify inline (cheap verifiers) or hand the rollout to the verifier stage throug
 queue bounded by the verifier's capacity. So a slow verifier holds back new model
 requests only once its own queue is full, never before.
 
+With `adaptive_concurrency` (collect turns it on; probes measure at a fixed
+parallelism) every model call, retries included, also passes an AIMD limit that halves
+when the server refuses calls (429/503) and grows back on successes, so a rate-limited
+endpoint is not stormed by `parallelism` calls retrying together (autotune/concurrency.py).
+
 The loop is the hot path of every measurement autotune makes, so it does as little
 as it can per rollout: no task objects per rollout, no locks, one write per row.
 """
@@ -12,12 +17,17 @@ as it can per rollout: no task objects per rollout, no locks, one write per row.
 from __future__ import annotations
 
 import asyncio
+import math
+import numbers
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from autotune.backends import Generation, ModelBackend, ModelCallError
+from autotune.concurrency import AdaptiveConcurrency
 from autotune.responses import build_response
 from autotune.results import StageSamples, stage_durations
 from autotune.store import RolloutSink
@@ -27,6 +37,12 @@ from autotune.workload import WorkItem
 # After this many model calls in a row fail to connect, the server is taken for dead.
 DEAD_SERVER_CONSECUTIVE_FAILURES = 20
 AGENT_REF = {"name": "autotune"}
+# Keys the engine writes into every row. A verifier's answer never replaces them: answers
+# often echo the row (NeMo Gym's /verify does), so such keys are dropped without a word.
+RESERVED_KEYS = frozenset(
+    ("_ng_task_index", "_ng_rollout_index", "responses_create_params", "response", "agent_ref",
+     "_autotune")
+)  # fmt: skip
 
 # A rollout waiting for the verifier: (item, generation, row so far, queued time).
 _VerifyJob = tuple[WorkItem, Generation, dict[str, Any], float]
@@ -72,6 +88,7 @@ class Engine:
         parallelism: int,
         observer: EngineObserver | None = None,
         extra_row_fields: dict[str, Any] | None = None,
+        adaptive_concurrency: bool = False,
     ) -> None:
         self._backend = backend
         self._verifier = verifier
@@ -83,6 +100,9 @@ class Engine:
         self._stopping = False
         self.stats = RunStats()
         self._queue: asyncio.Queue[_VerifyJob | None] | None = None
+        # None: exactly `parallelism` calls in flight, as a probe needs.
+        self.limiter = AdaptiveConcurrency(parallelism) if adaptive_concurrency else None
+        self._refusals_seen = 0
 
     async def run(self, items: Iterator[WorkItem]) -> RunStats:
         """Make every rollout `items` yields; returns the run's totals."""
@@ -93,6 +113,10 @@ class Engine:
         if capacity is not None:
             self._queue = asyncio.Queue(maxsize=capacity)
             consumers = [asyncio.create_task(self._verify_worker()) for _ in range(capacity)]
+        counters = self._backend.counters
+        if self.limiter is not None:
+            self._refusals_seen = counters.overloads
+            counters.retry_gate = self._before_retry
         workers = [asyncio.create_task(self._model_worker(items)) for _ in range(self._parallelism)]
         try:
             await _until_done(workers, also_watch=consumers)
@@ -104,20 +128,29 @@ class Engine:
             for task in (*workers, *consumers):
                 task.cancel()
             stats.finished = time.perf_counter()
+            if self.limiter is not None:
+                counters.retry_gate = None
         return stats
 
     async def _model_worker(self, items: Iterator[WorkItem]) -> None:
         backend = self._backend
+        limiter = self.limiter
         inline = self._queue is None
         for item in items:  # one shared iterator: each worker takes the next rollout
             if self._stopping:
                 return
             queued = time.time()
+            if limiter is not None:
+                await limiter.acquire()  # the wait counts as the rollout's queue time
             try:
                 generation = await backend.generate(item.task)
             except ModelCallError as error:
+                if limiter is not None:
+                    self._call_ended(limiter, None)
                 self._model_failed(item, error, queued)
                 continue
+            if limiter is not None:
+                self._call_ended(limiter, generation.model_end - generation.model_start)
             self._consecutive_connection_failures = 0
             row = self._row(item, generation)
             if inline:
@@ -125,6 +158,27 @@ class Engine:
             else:
                 assert self._queue is not None
                 await self._queue.put((item, generation, row, queued))
+
+    def _call_ended(self, limiter: AdaptiveConcurrency, rtt_s: float | None) -> None:
+        """Frees a call's slot after stepping the limit: down if the server refused any
+        call since the last look, up by a success (`rtt_s`: its last attempt's time)."""
+        self._look_for_refusals(limiter)
+        if rtt_s is not None:
+            limiter.succeeded(rtt_s)
+        limiter.release()
+
+    async def _before_retry(self) -> None:
+        """The backend's retry, about to re-send (CallCounters.before_retry): it backs the
+        limit off for the refusal it follows, then waits its turn if over the limit."""
+        assert self.limiter is not None
+        self._look_for_refusals(self.limiter)
+        await self.limiter.requeue()
+
+    def _look_for_refusals(self, limiter: AdaptiveConcurrency) -> None:
+        refusals = self._backend.counters.overloads
+        if refusals != self._refusals_seen:
+            self._refusals_seen = refusals
+            limiter.overloaded()
 
     async def _verify_worker(self) -> None:
         assert self._queue is not None
@@ -163,10 +217,10 @@ class Engine:
     ) -> None:
         verify_start = time.time()
         try:
-            result = await self._verifier.verify(row)
+            result = storable(await self._verifier.verify(row))
         except asyncio.CancelledError:
             raise
-        except Exception as error:  # a user's verifier may raise anything: record, go on
+        except Exception as error:  # a user's verifier may raise or return anything: record, go on
             verify_end = time.time()
             self._failed(
                 item,
@@ -187,9 +241,9 @@ class Engine:
         stats.completed += 1
         stats.input_tokens += generation.input_tokens
         stats.output_tokens += generation.output_tokens
-        reward = result.get("reward")
+        reward = result["reward"]
         if reward is not None:
-            stats.reward_sum += float(reward)
+            stats.reward_sum += reward
             stats.reward_count += 1
         add = stats.samples.add
         for stage, seconds in stage_durations(timings):
@@ -243,6 +297,76 @@ class Engine:
         self._sink.write_failure(failure)
         if self._observer is not None:
             self._observer.rollout_failed(failure_class)
+
+
+class VerifierResultError(ValueError):
+    """A verifier answered something no row can hold: that rollout fails, the run goes on."""
+
+
+_MISSING: Any = object()  # a verifier answer without 'reward'
+
+
+def storable(result: Any) -> dict[str, Any]:
+    """The verifier's answer, fit to merge into a row: a dict, `reward` None or a finite
+    float, every value one orjson can write (the sink would fail on it later, killing the
+    run), and none of RESERVED_KEYS. Else VerifierResultError names the bad key.
+
+    Per rollout, so the common answer (a dict with a finite float reward) costs a type
+    check, a subtraction and one small orjson.dumps.
+    """
+    if not isinstance(result, dict):
+        raise VerifierResultError(
+            f"the verifier returned a {type(result).__name__}, not a dict; "
+            "return a dict with a float 'reward'"
+        )
+    reward = result.get("reward", _MISSING)
+    if reward is not None and (type(reward) is not float or reward - reward != 0.0):
+        result = {**result, "reward": _finite_reward(reward)}
+    if not RESERVED_KEYS.isdisjoint(result):
+        result = {key: value for key, value in result.items() if key not in RESERVED_KEYS}
+    try:
+        orjson.dumps(result)
+    except orjson.JSONEncodeError:
+        raise VerifierResultError(_unstorable(result)) from None
+    return result
+
+
+def _finite_reward(reward: Any) -> float:
+    """A reward as NeMo Gym's float field takes it (ints and bools become floats), if finite."""
+    if reward is _MISSING:
+        raise VerifierResultError("the verifier's answer has no 'reward'; add a float 'reward'")
+    if not isinstance(reward, numbers.Real):
+        raise VerifierResultError(
+            f"the verifier's 'reward' is a {type(reward).__name__} ({reward!r:.60}), "
+            "not a number; return a float"
+        )
+    try:
+        value = float(reward)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise VerifierResultError(
+            f"the verifier's 'reward' is {value}; return a finite float (0.0 for a failed check)"
+        )
+    return value
+
+
+def _unstorable(result: dict[Any, Any]) -> str:
+    """Which key of `result` orjson cannot write, and why (the slow path of `storable`)."""
+    for key, value in result.items():
+        if not isinstance(key, str):
+            return (
+                f"the verifier's answer has a {type(key).__name__} key ({key!r:.60}); "
+                "JSON keys are strings"
+            )
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError as error:
+            return (
+                f"the verifier's {key!r} is a {type(value).__name__} JSON cannot hold ({error}); "
+                "return lists, dicts, strings, numbers, booleans or None"
+            )
+    return "the verifier's answer cannot be written as JSON"
 
 
 def _timings(

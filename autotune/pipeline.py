@@ -41,7 +41,11 @@ async def open_pipeline(
         )
         verifier = await load_verifier(
             config.verifier,
-            VerifierOptions(workers=config.verifier_workers, cost_ms=config.verifier_cost_ms),
+            VerifierOptions(
+                workers=config.verifier_workers,
+                cost_ms=config.verifier_cost_ms,
+                timeout_s=config.verifier_timeout_s,
+            ),
             session,
         )
         try:

@@ -207,6 +207,12 @@ class CollectSummary(Record):
     base_url: str
     simulated: bool
     output: str | None
+    rate_limited_responses: int = 0  # HTTP 429 answers, every attempt counted
+    # The adaptive concurrency limit (None: calls ran at a fixed parallelism): how often
+    # refusals lowered it, how low it went, where it ended.
+    concurrency_decreases: int = 0
+    concurrency_limit_min: int | None = None
+    concurrency_limit_final: int | None = None
     schema_version: int = SCHEMA_VERSION
 
 

@@ -3,10 +3,14 @@
 Each finished rollout is one JSONL line, written and flushed as it finishes, so a
 killed run (kill -9 included) loses at most the line being written; `--resume` cuts
 that truncated tail off and skips every (task, rollout) already on disk.
+
+Beside the rollouts, `<stem>_run.json` records what made them (tasks, verifier,
+repeats, model), so `--resume` refuses to mix in rollouts of a different run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,6 +24,89 @@ from autotune.workload import rollout_key
 def failures_path(output: Path) -> Path:
     """`out.jsonl` → `out_failures.jsonl`, beside it."""
     return output.with_name(f"{output.stem}_failures{output.suffix or '.jsonl'}")
+
+
+def run_path(output: Path) -> Path:
+    """`out.jsonl` → `out_run.json`, beside it: the record of the run that made it."""
+    return output.with_name(f"{output.stem}_run.json")
+
+
+RUN_FORMAT = 1
+_HEAD_BYTES = 4 << 20  # the hash covers this much of a task file, so a large one costs ms
+
+# The keys of a run record that must match for a resumed run to add the same kind of
+# rollout: (what differs, the fix). The rest of a record (input path, --limit, --shard,
+# the synthetic task count) says which rollouts of those tasks a run makes; a wider or
+# another slice adds rows under their own (task, rollout) keys, never mixes them.
+_MUST_MATCH = {
+    "tasks": ("tasks were", "pass the same --input (or the same synthetic settings)"),
+    "verifier": ("verifier was", "pass the same --verifier"),
+    "num_repeats": ("--num-repeats was", "pass the same --num-repeats"),
+    "model": ("model was", "collect from the same model (--model, --base-url)"),
+}
+
+
+def input_identity(path: Path) -> dict[str, Any]:
+    """A task file's size and the hash of its first 4 MiB: the same tasks wherever the
+    file is moved; a changed file, other tasks."""
+    with _open_for_reading(path, "task file") as handle:
+        head = handle.read(_HEAD_BYTES)
+        size = os.fstat(handle.fileno()).st_size
+    return {"bytes": size, "sha256_head": hashlib.sha256(head).hexdigest()}
+
+
+def check_run(output: Path, run: dict[str, Any]) -> None:
+    """Refuse to resume `output` when its run record says a different run made it.
+
+    Only keys in both records are compared, so a model not yet known passes, and an
+    output from before run records (none beside it) resumes as before.
+    """
+    path = run_path(output)
+    try:
+        saved = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return
+    except (OSError, orjson.JSONDecodeError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise UsageError(
+            f"{path} is not a run record autotune can read; delete it to resume {output} "
+            "without checking which run made it."
+        )
+    for key, (what, fix) in _MUST_MATCH.items():
+        if key in saved and key in run and saved[key] != run[key]:
+            raise UsageError(
+                f"--resume: {output} holds rollouts of another run (its {what} "
+                f"{_shown(key, saved)}, now {_shown(key, run)}); {fix}, "
+                "or choose another --output."
+            )
+
+
+def _shown(key: str, run: dict[str, Any]) -> str:
+    value = run[key]
+    if key != "tasks":
+        return repr(value)
+    if "synthetic" in value:
+        spec = value["synthetic"]
+        return (
+            f"synthetic with seed {spec['seed']}, prompts of {spec['prompt_tokens'][0]}±"
+            f"{spec['prompt_tokens'][1]} and outputs of {spec['output_tokens'][0]}±"
+            f"{spec['output_tokens'][1]} tokens"
+        )
+    return f"{run.get('input')} of {value['bytes']:,} bytes, sha256 {value['sha256_head'][:12]}"
+
+
+def save_run(output: Path, run: dict[str, Any]) -> None:
+    """Write `run` beside `output` (whole or not at all: a kill leaves the old one)."""
+    path = run_path(output)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(orjson.dumps({"format": RUN_FORMAT, **run}, option=orjson.OPT_INDENT_2))
+        os.replace(partial, path)
+    except OSError as error:
+        raise UsageError(
+            f"cannot write {path} ({error.strerror}); choose a writable --output path."
+        ) from None
 
 
 def _row_key(line: bytes) -> int | None:

@@ -81,22 +81,41 @@ async def resolve_target(
             if resp.status in (401, 403):
                 raise _refused(base_url, resp.status, api_key, api_key_env)
             simulated = resp.headers.get("x-autotune-simulated") == "true"
-            payload: dict[str, Any] = await resp.json() if resp.status == 200 else {}
+            payload: Any = await resp.json() if resp.status == 200 else {}
     except (aiohttp.ClientConnectionError, TimeoutError) as error:
         reason = str(error) or "no answer within 5 s"
         raise ServerUnreachable(
             f"cannot reach the model server at {base_url} ({reason}); start it or fix --base-url."
         ) from None
-    except (aiohttp.ContentTypeError, ValueError):
-        payload = {}
+    except (aiohttp.ContentTypeError, aiohttp.ClientPayloadError, ValueError):
+        payload = {}  # an answer of the wrong kind lists no model
+    except aiohttp.ClientResponseError as error:  # a status line or header aiohttp refuses
+        reason = error.message.splitlines()[0] if error.message else f"HTTP {error.status}"
+        raise ServerUnreachable(
+            f"the server at {base_url} does not answer in HTTP ({reason}); "
+            "check that --base-url points at the model server."
+        ) from None
     if model is None:
-        models = [entry.get("id") for entry in payload.get("data") or () if entry.get("id")]
+        models = _listed_models(payload)
         if not models:
             raise ServerUnreachable(
                 f"the server at {base_url} lists no model at /models; pass --model NAME."
             )
-        model = str(models[0])
+        model = models[0]
     return Target(base_url, model, simulated or model.startswith("sim/"))
+
+
+def _listed_models(payload: Any) -> list[str]:
+    """The model ids in a `/models` answer (`{"data": [{"id": ...}, ...]}`); none from an
+    answer of any other shape, which then counts as listing no model."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [
+        entry["id"]
+        for entry in data
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]
+    ]
 
 
 def _refused(base_url: str, status: int, key: str | None, env: str | None) -> UsageError:

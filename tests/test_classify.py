@@ -101,8 +101,7 @@ def test_flat_with_growing_model_latency_is_model_bound() -> None:
 
 def test_errors_make_it_unstable_before_anything_else() -> None:
     failing = probe(20, 0.0, error_rate=0.6, errors_by_class={"connection": 30})
-    limited = replace(failing, rate_limited_responses=10)
-    verdict = classify(probe(5, 10), limited)
+    verdict = classify(probe(5, 10), failing)
     assert verdict.verdict == "unstable"
     assert "lower parallelism" in verdict.next_step
 
@@ -110,6 +109,62 @@ def test_errors_make_it_unstable_before_anything_else() -> None:
 def test_429s_are_rate_limited() -> None:
     verdict = classify(probe(5, 10), probe(20, 11, rate_limited_responses=4, retry_after_seen=4))
     assert verdict.verdict == "rate-limited"
+
+
+def test_rate_limited_failures_are_rate_limited_whatever_their_share() -> None:
+    # Seen: a high probe whose failures were nearly all 429s was called unstable.
+    high = probe(
+        20, 8.0, completed=40, failed=123, measured_s=5.0, error_rate=123 / 163,
+        errors_by_class={"rate_limited": 121, "timeout": 2}, rate_limited_responses=480,
+    )  # fmt: skip
+    verdict = classify(probe(5, 6.0, completed=30, measured_s=5.0), high)
+    assert verdict.verdict == "rate-limited"
+    assert "accepts about 8 requests/s" in verdict.next_step  # 40 answered in 5 s
+    assert "--rpm 432" in verdict.next_step  # 90% of 8/s, per minute
+    assert "check the server" not in verdict.next_step  # 2 timeouts of 163 are noise
+    assert "out of memory" not in verdict.next_step
+    sunk = next(e for e in verdict.evidence if e.name.startswith("rollouts failed on rate"))
+    assert sunk.met and sunk.value == 121
+
+
+def test_rate_limits_do_not_hide_other_failures() -> None:
+    high = probe(
+        20, 8.0, completed=40, failed=60, error_rate=0.6,
+        errors_by_class={"rate_limited": 30, "http_5xx": 30}, rate_limited_responses=90,
+    )  # fmt: skip
+    verdict = classify(probe(5, 10), high)
+    assert verdict.verdict == "rate-limited"
+    assert "Other failures exceed the error limit too" in verdict.next_step
+    other = next(e for e in verdict.evidence if e.name.startswith("high probe error rate"))
+    assert other.met and abs(other.value - 0.3) < 1e-9  # the 5xx half of the failures
+
+
+def test_a_server_that_died_is_unstable_even_with_429s() -> None:
+    died = probe(
+        20, 0.0, error_rate=0.6, errors_by_class={"connection": 30}, rate_limited_responses=10,
+        stop_reason="server died",
+    )  # fmt: skip
+    assert classify(probe(5, 10), died).verdict == "unstable"
+
+
+def test_the_limit_is_estimated_from_the_probe_that_got_most_through() -> None:
+    # At a fixed high parallelism, retries of refused calls can keep an attempt-counting
+    # limit tripped: the low probe saw more of what the endpoint accepts.
+    low = probe(2, 14.0, completed=70, measured_s=5.0, rate_limited_responses=5)
+    high = probe(
+        16, 3.0, completed=15, failed=40, measured_s=5.0, error_rate=40 / 55,
+        errors_by_class={"rate_limited": 40}, rate_limited_responses=200,
+    )  # fmt: skip
+    verdict = classify(low, high)
+    assert verdict.verdict == "rate-limited"
+    assert "accepts about 14 requests/s" in verdict.next_step
+    assert "at 16 it refused 40 requests/s" in verdict.next_step
+
+
+def test_only_the_clients_own_limiter_says_so() -> None:
+    verdict = classify(probe(5, 10), probe(20, 11, limiter_wait_share=0.5))
+    assert verdict.verdict == "rate-limited"
+    assert "the client's own --rpm/--tpm limit" in verdict.next_step
 
 
 def test_token_mismatch_is_reported() -> None:

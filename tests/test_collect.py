@@ -164,7 +164,10 @@ def test_invalid_verifier_spec(null_url: str) -> None:
     assert "unknown verifier 'nonsense'" in line
 
 
-def test_raising_verifier_sends_rollouts_to_failures(null_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("max_failure_rate", "exit_code"), [("0.05", 3), ("0.5", 0)])
+def test_raising_verifier_sends_rollouts_to_failures(
+    null_url: str, tmp_path: Path, max_failure_rate: str, exit_code: int
+) -> None:
     verifier = tmp_path / "flaky.py"
     verifier.write_text(
         "def score(row):\n"
@@ -189,13 +192,59 @@ def test_raising_verifier_sends_rollouts_to_failures(null_url: str, tmp_path: Pa
         str(out),
         "--json",
         "--quiet",
+        "--max-failure-rate",
+        max_failure_rate,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == exit_code, result.stderr
+    if exit_code:  # half failed: the run finished but fails its gate, its rows kept
+        line = one_sentence_error(result)
+        assert "10 of 20 rollouts failed (50%, above --max-failure-rate 0.05; " in line
     assert sorted(r["_ng_task_index"] for r in read_rows(out)) == list(range(0, 20, 2))
     failures = read_rows(tmp_path / "out_failures.jsonl")
     assert sorted(f["_ng_task_index"] for f in failures) == list(range(1, 20, 2))
     assert {f["failure_class"] for f in failures} == {"verifier_error"}
     assert all("ZeroDivisionError" in str(f["message"]) for f in failures)
+
+
+def test_a_verifier_stuck_on_one_rollout_fails_only_that_one(null_url: str, tmp_path: Path) -> None:
+    verifier = tmp_path / "stuck.py"
+    verifier.write_text(
+        "import time\n"
+        "def score(row):\n"
+        "    if row['_ng_task_index'] == 0:\n"
+        "        time.sleep(3600)\n"
+        "    return 1.0\n"
+    )
+    out = tmp_path / "out.jsonl"
+    started = time.monotonic()
+    result = autotune(
+        "collect", "--synthetic", "12", "--base-url", null_url, "--model", "null",
+        "--verifier", f"{verifier}:score", "--verifier-workers", "1",
+        "--verifier-timeout", "1", "--output", str(out), "--quiet",
+    )  # fmt: skip
+    # Before, the stuck worker was never replaced: every later rollout timed out too.
+    assert time.monotonic() - started < 30
+    assert "1 of 12 rollouts failed (8%, above --max-failure-rate 0.05; verifier_error 1)" in (
+        one_sentence_error(result)
+    )
+    assert result.returncode == 3
+    assert sorted(r["_ng_task_index"] for r in read_rows(out)) == list(range(1, 12))
+    (failure,) = read_rows(tmp_path / "out_failures.jsonl")
+    assert "took longer than 1 s (--verifier-timeout); its worker was replaced" in str(
+        failure["message"]
+    )
+
+
+def test_nothing_succeeding_fails_the_gate_whatever_the_rate(null_url: str) -> None:
+    result = autotune(
+        "collect", "--synthetic", "3", "--base-url", null_url, "--model", "null",
+        "--verifier", "tests/fixtures/verifiers/autotune_test_scores.py:raises_value_error",
+        "--verifier-workers", "1", "--max-failure-rate", "1", "--quiet",
+    )  # fmt: skip
+    assert result.returncode == 3
+    line = one_sentence_error(result)
+    assert "3 of 3 rollouts failed (none succeeded; verifier_error 3); none was kept" in line
+    assert "pass --output to keep rollouts" in line
 
 
 def test_api_key_never_reaches_output(null_url: str, tmp_path: Path) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.classify import VERDICTS
 from autotune.results import DiagnoseResult, Evidence, load_result
 from tests.browser import render
-from tests.helpers import autotune
+from tests.helpers import autotune, one_sentence_error
 
 # Short probes keep the suite quick; the rules compare ratios, not absolute figures.
 FAST = ("--min-s", "1.5", "--max-s", "8", "--synthetic", "400", "--output-tokens", "128,16")
@@ -138,3 +139,17 @@ def test_bad_probe_flags(flags: tuple[str, ...]) -> None:
     result = autotune("diagnose", *flags)
     assert result.returncode == 2
     assert "--low 20 must be at least 1 and below --high 5" in result.stderr
+
+
+def test_a_verdict_named_in_fail_on_exits_3_after_saving_the_result(tmp_path: Path) -> None:
+    out = tmp_path / "diagnose.json"
+    every = ",".join(VERDICTS)  # so whatever this machine measures, the gate fails
+    result = autotune(
+        "diagnose", *FAST, "--max-s", "3", "--fail-on", every, "--json", str(out), timeout=120
+    )
+    assert result.returncode == 3, result.stderr
+    saved = load_result(out)
+    assert isinstance(saved, DiagnoseResult)
+    line = one_sentence_error(result)
+    assert f"the verdict is {saved.verdict.verdict}, which --fail-on " in line
+    assert saved.verdict.verdict in result.stdout  # the summary came first

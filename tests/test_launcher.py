@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import psutil
 import pytest
 
 from autotune.errors import ServerStartupError
@@ -20,6 +21,7 @@ from autotune.servers.launcher import (
     last_error_line,
     sim_command,
 )
+from autotune.servers.vllm import VllmServer
 
 FAST = ["--time-scale", "0.01"]
 
@@ -49,6 +51,8 @@ def test_sim_command_and_free_port() -> None:
         "autotune.servers.sim",
         "--max-num-seqs",
         "8",
+        "--host",
+        "127.0.0.1",
         "--port",
         str(port),
     ]
@@ -222,3 +226,30 @@ def test_last_error_line_prefers_the_exception_line() -> None:
     assert last_error_line(log) == "ValueError: bad things. Fix it."
     assert last_error_line("just\nnoise\n") == "noise"
     assert last_error_line("") == ""
+
+
+def _listening_on(pid: int) -> set[str]:
+    """The addresses a process accepts TCP connections on."""
+    connections = psutil.Process(pid).net_connections(kind="tcp")
+    return {c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN}
+
+
+@pytest.mark.parametrize(("host", "listening"), [(None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")])
+async def test_a_launched_server_listens_on_loopback_unless_told(
+    host: str | None, listening: str
+) -> None:
+    spec = ServerSpec.sim(FAST) if host is None else ServerSpec.sim(FAST, host=host)
+    async with spec.process() as proc:
+        assert proc.pid is not None and _listening_on(proc.pid) == {listening}
+        assert proc.base_url is not None and proc.base_url.startswith("http://127.0.0.1:")
+
+
+def test_vllm_is_told_its_host() -> None:
+    base = ("python", "-m", "vllm.entrypoints.openai.api_server")
+    default = VllmServer("m", {"max_num_seqs": 2}, command=base, port=8127)
+    assert default.cmd[len(base) + 4 : len(base) + 6] == ["--host", "127.0.0.1"]
+    everywhere = VllmServer("m", command=base, port=8127, host="0.0.0.0")
+    assert everywhere.cmd[-2:] == ["--host", "0.0.0.0"]
+    assert everywhere.base_url == "http://127.0.0.1:8127/v1"
+    ipv6 = VllmServer("m", command=base, port=8127, host="::1")
+    assert ipv6.health_url == "http://[::1]:8127/health"

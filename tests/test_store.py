@@ -1,4 +1,5 @@
-"""Rollout files: refusing to clobber, resume after a truncated tail, merging shards."""
+"""Rollout files: refusing to clobber, resume after a truncated tail (and never onto
+another run's file), merging shards."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import orjson
 import pytest
 
 from autotune.errors import UsageError
-from autotune.store import RolloutSink, completed_keys, failures_path, merge_rollouts
+from autotune.store import (
+    RolloutSink,
+    check_run,
+    completed_keys,
+    failures_path,
+    input_identity,
+    merge_rollouts,
+    run_path,
+    save_run,
+)
 from autotune.workload import rollout_key
 
 
@@ -80,3 +90,60 @@ def test_merge_of_a_foreign_file_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a rollout row"):
         merge_rollouts([bad], tmp_path / "merged.jsonl")
     assert not (tmp_path / "merged.jsonl").exists()
+
+
+RUN = {
+    "tasks": {"synthetic": {"seed": 0, "prompt_tokens": [256, 64], "output_tokens": [8, 2]}},
+    "input": None,
+    "verifier": "exact",
+    "num_repeats": 2,
+    "limit": 10,
+    "model": "m",
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"verifier": "boxed"}, "its verifier was 'exact', now 'boxed'); pass the same --verifier"),
+        ({"num_repeats": 4}, "its --num-repeats was 2, now 4); pass the same --num-repeats"),
+        ({"model": "other"}, "its model was 'm', now 'other'); collect from the same model"),
+        (
+            {"tasks": {"bytes": 9, "sha256_head": "ab" * 32}, "input": "t.jsonl"},
+            "its tasks were synthetic with seed 0, prompts of 256±64 and outputs of 8±2 "
+            "tokens, now t.jsonl of 9 bytes, sha256 abababababab); pass the same --input",
+        ),
+    ],
+)
+def test_resume_refuses_another_runs_output(
+    tmp_path: Path, change: dict[str, object], says: str
+) -> None:
+    out = tmp_path / "out.jsonl"
+    save_run(out, RUN)
+    assert run_path(out) == tmp_path / "out_run.json"
+    check_run(out, RUN)  # its own run resumes
+    check_run(out, {**RUN, "limit": 100, "shard": "1/4"})  # a wider or other slice adds rows
+    with pytest.raises(UsageError) as caught:
+        check_run(out, {**RUN, **change})
+    message = str(caught.value)
+    assert message.startswith(f"--resume: {out} holds rollouts of another run (")
+    assert says in message and message.endswith("or choose another --output.")
+
+
+def test_run_records_are_optional_but_must_be_readable(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    check_run(out, RUN)  # an output from before run records resumes as before
+    save_run(out, {key: value for key, value in RUN.items() if key != "model"})
+    check_run(out, {**RUN, "model": "anything"})  # a key only one side has is not compared
+    run_path(out).write_text("{not json")
+    with pytest.raises(UsageError, match=r"out_run.json is not a run record .* delete it"):
+        check_run(out, RUN)
+
+
+def test_input_identity_is_the_content_not_the_path(tmp_path: Path) -> None:
+    first, moved = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text('{"prompt": "a"}\n')
+    moved.write_bytes(first.read_bytes())
+    assert input_identity(first) == input_identity(moved)
+    moved.write_text('{"prompt": "b"}\n')  # same size, other tasks
+    assert input_identity(first) != input_identity(moved)

@@ -3,6 +3,7 @@ server left behind, infeasible configurations, and study-file validation."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,13 +18,17 @@ import pytest
 import yaml
 
 from autotune.collect import run_async
-from autotune.config import load_study
+from autotune.config import Study, load_study
 from autotune.errors import UsageError
-from autotune.results import SweepResult, load_result
+from autotune.results import CurvePoint, SweepResult, load_result, machine_identity
 from autotune.sweep.job import run_sweep, write_outputs
+from autotune.sweep.launchers import http_launcher
 from autotune.sweep.search import open_study, storage_url
+from autotune.verifiers import NoneVerifier
 from tests.browser import render
-from tests.helpers import REPO, autotune, sweep
+from tests.helpers import REPO, autotune, one_sentence_error, sweep
+from tests.test_recommend import sweep as sweep_result
+from tests.test_recommend import trial, usl_curve
 
 
 def write_study(tmp_path: Path, name: str, marker: str, **overrides: object) -> Path:
@@ -188,6 +193,26 @@ def test_study_file_errors_are_one_sentence(tmp_path: Path, text: str, message: 
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("target", "listens", "answers"),
+    [
+        ({"kind": "sim"}, "127.0.0.1", "http://127.0.0.1:"),
+        ({"kind": "sim", "host": "0.0.0.0"}, "0.0.0.0", "http://127.0.0.1:"),
+        ({"kind": "vllm", "model": "m"}, "127.0.0.1", "http://127.0.0.1:"),
+        ({"kind": "vllm", "model": "m", "host": "10.1.2.3"}, "10.1.2.3", "http://10.1.2.3:"),
+    ],
+)
+def test_a_study_launches_its_servers_on_loopback_unless_it_says(
+    target: dict[str, str], listens: str, answers: str
+) -> None:
+    study = Study.model_validate({"name": "host", "target": target})
+    launcher = http_launcher(study, NoneVerifier())
+    assert launcher.server is not None
+    server = launcher.server({"max_num_seqs": 8})
+    assert server.cmd[server.cmd.index("--host") + 1] == listens
+    assert server.base_url is not None and server.base_url.startswith(answers)
+
+
 def test_example_studies_validate() -> None:
     for path in sorted((REPO / "studies").glob("*.yaml")):
         load_study(path)
@@ -202,15 +227,84 @@ def test_storage_without_its_driver_is_one_sentence(tmp_path: Path) -> None:
 def test_secret_flags_never_reach_saved_results() -> None:
     from autotune.sweep.job import redacted
 
-    args = ["--model", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--port", "8"]
-    assert redacted(args) == ["--model", "m", "--api-key", "***", "--hf-token=***", "--port", "8"]
+    args = ["--model", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--max-num-batched-tokens"]
+    assert redacted([*args, "8"]) == [
+        "--model", "m", "--api-key", "***", "--hf-token=***", "--max-num-batched-tokens", "8",
+    ]  # fmt: skip
 
 
-def test_bogus_storage_url_is_one_sentence(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("http://user:pass@host:8000/v1", "http://***@host:8000/v1"),
+        ("run --api-key sk-1 --api-key=sk-2 -p 4", "run --api-key *** --api-key=*** -p 4"),
+        ("API_KEY=sk-3 HF_TOKEN='a b' ng_run", "API_KEY=*** HF_TOKEN=*** ng_run"),
+        ("curl -H 'Authorization: Bearer sk-4' x", "curl -H 'Authorization: Bearer ***' x"),
+        ("http://h/v1?api_key=sk-5&n=1", "http://h/v1?api_key=***&n=1"),
+        (
+            "--api-key-env OPENAI_API_KEY --max-tokens 8",
+            "--api-key-env OPENAI_API_KEY --max-tokens 8",
+        ),
+    ],
+)
+def test_secrets_in_urls_and_command_lines_are_hidden(text: str, shown: str) -> None:
+    from autotune.sweep.job import redact_text
+
+    assert redact_text(text) == shown
+
+
+def test_no_output_of_a_sweep_holds_a_secret(tmp_path: Path) -> None:
+    """sweep.json, trials.csv, the HTML report and the recommendation, from studies whose
+    base URL, command template, request body, storage and a server's error line hold
+    secrets."""
+    template = (
+        "OPENAI_API_KEY=sk-env collect --api-key sk-flag --api-key=sk-equals "
+        "-H 'Authorization: Bearer sk-bearer' {parallelism} {output}"
+    )
+    studies = [
+        {"kind": "command", "template": template},
+        {"kind": "server", "base_url": "http://me:sk-url@h:1/v1"},
+        {"kind": "vllm", "model": "m", "args": ["--api-key", "sk-arg", "--hf-token=sk-tok"]},
+    ]
+    for number, target in enumerate(studies):
+        spec = Study.model_validate(
+            {"name": "s", "target": target, "workload": {"extra_body": {"api_key": "sk-body"}}}
+        )
+        points = [CurvePoint(n, n / 2, 50.0 * n, 0.0, 1.0, 1.0, "converged") for n in (4, 8)]
+        measured = dataclasses.replace(trial(0, 10.0, {}, curve=usl_curve(1.0)), points=points)
+        result = dataclasses.replace(
+            sweep_result(measured, trial(1, 0.0, {}, feasible=False)),
+            storage="postgresql://u:sk-db@db/x",
+            spec=spec.model_dump(mode="json"),
+            machine=machine_identity(),
+        )
+        failed = dataclasses.replace(result.trials[1], infeasible_reason="E: http://u:sk-e@h")
+        result = dataclasses.replace(result, trials=[result.trials[0], failed])
+        directory = tmp_path / str(number)
+        written = write_outputs(result, directory)
+        assert {path.name for path in written} == {
+            "sweep.json", "trials.csv", "index.html", "recommendation.json", "recommendation.yaml",
+        }  # fmt: skip
+        for path in written:
+            assert "sk-" not in path.read_text(), path
+        assert "***" in (directory / "sweep.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("storage", "message"),
+    [
+        ("bogus", "--storage bogus is not a storage URL; for a file pass sqlite:///bogus"),
+        ("foo@bar", "--storage foo@bar is not a storage URL"),
+        ("redis://x", "--storage redis://x names a storage autotune cannot open (redis)"),
+        ("postgres://u:pw@h/db", "--storage postgres://***@h/db names a storage autotune"),
+        ("sqlite:///no/such/dir/x.db", "cannot open the study storage sqlite:///no/such/dir"),
+    ],
+)
+def test_bogus_storage_url_is_one_sentence(tmp_path: Path, storage: str, message: str) -> None:
     study = write_study(tmp_path, "bogus", "sim/x")
-    result = autotune("sweep", str(study), "--storage", "bogus", "--quiet")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "cannot open the study storage bogus" in result.stderr
+    result = autotune("sweep", str(study), "--storage", storage, "--quiet", cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in one_sentence_error(result) and "pw" not in result.stderr
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.store import completed_keys
 from autotune.workload import rollout_key
-from tests.helpers import autotune, one_sentence_error
+from tests.helpers import autotune, one_sentence_error, read_rows
 
 ROOT = os.geteuid() == 0
 
@@ -321,3 +321,242 @@ def test_missing_api_key_says_to_set_it(refusing_url: str) -> None:
 def test_models_404_still_asks_for_model(refusing_url: str) -> None:
     line = one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", refusing_url))
     assert "lists no model at /models; pass --model NAME." in line
+
+
+# -- 10. numeric flags out of range: refused at parse time, exit 2 ------------------------
+
+# The arguments each command needs before a flag can be the one at fault.
+COMMAND = {
+    "collect": ("collect",),
+    "diagnose": ("diagnose",),
+    "bench run": ("bench", "run", "benchmarks/suite.yaml", "-o", "r.json"),
+    "bench compare": ("bench", "compare", "r.json", "--baseline", "b.json"),
+    "bench ab": ("bench", "ab", "benchmarks/suite.yaml", "--baseline-ref", "main"),
+}
+ABOVE_0 = "a number above 0"
+WHOLE_0 = "a whole number of at least 0"
+WHOLE_1 = "a whole number of at least 1"
+TOKENS = "MEAN or MEAN,STD in tokens (mean at least 1, std at least 0)"
+INNER = "a number above 0 and below 1"
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value", "expected"),
+    [
+        ("collect", "--rpm", "-5", ABOVE_0),
+        ("collect", "--rpm", "inf", ABOVE_0),
+        ("collect", "--tpm", "0", ABOVE_0),
+        ("collect", "--timeout", "0", ABOVE_0),
+        ("collect", "--timeout", "nan", ABOVE_0),
+        ("collect", "--idle-timeout", "-1", ABOVE_0),
+        ("collect", "--max-retries", "-1", WHOLE_0),
+        ("collect", "--max-retries", "1.5", WHOLE_0),
+        ("collect", "--pool-limit", "0", WHOLE_1),
+        ("collect", "--synthetic", "0", WHOLE_1),
+        ("collect", "--prompt-tokens", "0", TOKENS),
+        ("collect", "--output-tokens", "64,-1", TOKENS),
+        ("collect", "--output-tokens", "1,2,3", TOKENS),
+        ("collect", "--seed", "-1", WHOLE_0),
+        ("collect", "--limit", "-1", WHOLE_0),
+        ("collect", "--num-repeats", "0", WHOLE_1),
+        ("collect", "--verifier-workers", "0", WHOLE_1),
+        ("collect", "--verifier-cost-ms", "-1", "a number of at least 0"),
+        ("collect", "--verifier-timeout", "0", ABOVE_0),
+        ("collect", "--parallelism", "0", WHOLE_1),
+        ("collect", "--max-failure-rate", "1.5", "a share from 0 to 1"),
+        ("collect", "--max-failure-rate", "-0.1", "a share from 0 to 1"),
+        ("diagnose", "--low", "0", WHOLE_1),
+        ("diagnose", "--high", "x", WHOLE_1),
+        ("diagnose", "--min-s", "0", ABOVE_0),
+        ("diagnose", "--max-s", "-3", ABOVE_0),
+        ("diagnose", "--rpm", "-5", ABOVE_0),
+        ("bench run", "--repetitions", "0", WHOLE_1),
+        ("bench run", "--warmup", "-1", WHOLE_0),
+        ("bench compare", "--threshold", "0", INNER),
+        ("bench compare", "--alpha", "1", INNER),
+        ("bench ab", "--min-pairs", "0", WHOLE_1),
+        ("bench ab", "--max-pairs", "-2", WHOLE_1),
+        ("bench ab", "--threshold", "1.5", INNER),
+        ("bench ab", "--alpha", "0", INNER),
+    ],
+)
+def test_out_of_range_flags_are_refused_before_anything_runs(
+    command: str, flag: str, value: str, expected: str
+) -> None:
+    result = autotune(*COMMAND[command], flag, value)
+    assert result.returncode == 2
+    line = one_sentence_error(result)
+    assert line.startswith(f"autotune: error: argument {flag}")  # its aliases may follow
+    assert line.endswith(f": must be {expected}, not {value!r}; see `autotune {command} --help`.")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("unstable,slow", "'slow' is not a verdict; use parallelism-bound, model-bound"),
+        ("", "'' is not a verdict"),
+    ],
+)
+def test_fail_on_takes_only_verdict_names(value: str, says: str) -> None:
+    result = autotune("diagnose", "--fail-on", value)
+    assert result.returncode == 2
+    assert f"argument --fail-on: {says}" in one_sentence_error(result)
+
+
+def test_sim_serve_hands_every_flag_to_the_simulator() -> None:
+    # Before, argparse took `--port` for one of its own and refused it.
+    result = autotune("sim", "serve", "--port", "0", "--max-num-seqs", "0")
+    assert result.returncode != 0
+    assert "max_num_seqs (0) must be at least 1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_every_command_documents_its_exit_codes() -> None:
+    for command, gate in [
+        ("collect", "3 the run finished, but no rollout succeeded"),
+        ("diagnose", "3 the verdict is one of --fail-on"),
+        ("sweep", ""),
+        ("report", ""),
+        ("merge", ""),
+    ]:
+        text = " ".join(autotune(command, "--help").stdout.split())
+        assert "exit status: 0 done; 1 a runtime error" in text, command
+        assert "130 interrupted (Ctrl-C); 143 terminated (SIGTERM)." in text, command
+        assert gate in text, command
+
+
+# -- 11. verifier answers no row can hold: that rollout fails, never the run ---------------
+
+BAD_VALUES = """
+import math
+
+def score(row):
+    task = row["_ng_task_index"]
+    if task == 0:
+        return {"reward": 1.0, "tags": {"a"}}
+    if task == 1:
+        return math.nan
+    if task == 2:
+        return {"reward": 1.0, "_ng_task_index": 99, "note": "kept"}
+    return 1.0
+"""
+
+
+def test_bad_verifier_values_fail_their_rollouts_and_the_file_still_resumes(
+    tmp_path: Path,
+) -> None:
+    verifier = tmp_path / "bad_values.py"
+    verifier.write_text(BAD_VALUES)
+    out = tmp_path / "out.jsonl"
+    collect = (
+        "collect", "--synthetic", "4", "--output-tokens", "8", "--verifier", f"{verifier}:score",
+        "--verifier-workers", "1", "--output", str(out), "-q",
+    )  # fmt: skip
+    result = autotune(*collect)
+    assert result.returncode == 3  # the run finished; half of it failed its gate
+    line = one_sentence_error(result)
+    assert "2 of 4 rollouts failed (50%, above --max-failure-rate 0.05; verifier_error 2)" in line
+    assert f"{out} keeps the 2 rollouts collected" in line
+    assert f"each failure's cause is in {tmp_path / 'out_failures.jsonl'}" in line
+    failures = read_rows(tmp_path / "out_failures.jsonl")
+    messages = {f["_ng_task_index"]: f["message"] for f in failures}
+    assert "the verifier's 'tags' is a set JSON cannot hold" in messages[0]
+    assert "the verifier's 'reward' is nan" in messages[1]
+    rows = {r["_ng_task_index"]: r for r in read_rows(out)}
+    assert sorted(rows) == [2, 3] and rows[2]["note"] == "kept"  # its own index, not 99
+    again = autotune(*collect, "--resume")  # the file is one --resume accepts
+    assert "2 of 2 rollouts failed (none succeeded" in one_sentence_error(again)
+    assert again.returncode == 3
+    assert "2 already on disk" in again.stdout
+
+
+# -- 12. --resume onto another run's output -------------------------------------------------
+
+QUICK = ("collect", "--synthetic", "3", "--output-tokens", "8", "-q")
+
+
+@pytest.mark.parametrize(
+    ("other", "says"),
+    [
+        (("--verifier", "exact"), "its verifier was 'synthetic', now 'exact'); pass the same"),
+        (("--num-repeats", "2"), "its --num-repeats was 1, now 2); pass the same --num-repeats"),
+        (("--seed", "7"), "its tasks were synthetic with seed 0,"),
+        (("--sim-arg=--served-model-name=other",),
+         "its model was 'sim/llama-3.1-8b', now 'sim/other'); collect from the same model"),
+    ],
+)  # fmt: skip
+def test_resume_refuses_another_runs_output(
+    tmp_path: Path, other: tuple[str, ...], says: str
+) -> None:
+    out = tmp_path / "out.jsonl"
+    first = autotune(*QUICK, "--output", str(out))
+    assert first.returncode == 0, first.stderr
+    before = out.read_bytes()
+    line = one_sentence_error(autotune(*QUICK, "--output", str(out), "--resume", *other))
+    assert f"--resume: {out} holds rollouts of another run (" in line and says in line
+    assert line.endswith("or choose another --output.")
+    assert out.read_bytes() == before
+    again = autotune(*QUICK, "--output", str(out), "--resume", "--synthetic", "5")
+    assert again.returncode == 0, again.stderr  # more of the same tasks: its own run
+    assert len(read_rows(out)) == 5
+
+
+def test_resume_refuses_a_changed_task_file(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    out = tmp_path / "out.jsonl"
+    args = ("collect", "--input", str(tasks), "--output-tokens", "8", "--output", str(out), "-q")
+    assert autotune(*args).returncode == 0
+    tasks.write_text('{"prompt": "c"}\n{"prompt": "d"}\n')
+    line = one_sentence_error(autotune(*args, "--resume"))
+    assert f"its tasks were {tasks} of 32 bytes, sha256 " in line
+    assert "pass the same --input" in line
+
+
+def test_resume_of_an_output_from_before_run_records_writes_one(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    assert autotune(*QUICK, "--output", str(out)).returncode == 0
+    record = tmp_path / "out_run.json"
+    record.unlink()
+    result = autotune(*QUICK, "--output", str(out), "--resume", "--verifier", "exact")
+    assert result.returncode == 0, result.stderr
+    assert orjson.loads(record.read_bytes())["verifier"] == "exact"
+
+
+# -- sweep storage and folders; server flags a study may not set -------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ("--storage foo@bar", "--storage foo@bar is not a storage URL; for a file pass sqlite:///"),
+        ("--storage redis://x", "--storage redis://x names a storage autotune cannot open"),
+        ("--reports-dir somefile/x", "--reports-dir somefile/x cannot be written: somefile is a"),
+        ("--studies-dir somefile/x", "--studies-dir somefile/x cannot be written: somefile is a"),
+    ],
+)
+def test_sweep_storage_and_folders_are_refused_before_the_first_trial(
+    tmp_path: Path, flags: str, says: str
+) -> None:
+    (tmp_path / "somefile").touch()
+    study = _study(tmp_path, "target: {kind: sim}\nbudget: {trials: 1}\n")
+    line = one_sentence_error(autotune("sweep", str(study), *flags.split(), cwd=tmp_path))
+    assert says in line
+    assert not (tmp_path / "studies").exists()  # no storage opened, no trial run
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        ("{kind: sim, args: [--port, '9']}", "args sets --port, which autotune picks"),
+        ("{kind: sim, args: [--host=h]}", "args sets --host=h; use the study's target.host"),
+        ("{kind: vllm, model: m, args: [--model, x]}", "args sets --model; use the study's"),
+        ("{kind: vllm, model: m, command: [vllm, serve, --host, h]}", "command sets --host;"),
+        ("{kind: sim}\nsearch_space: {flags: {port: {choices: [1]}}}", "flags sets port,"),
+        ("{kind: sim}\nsearch_space: {flags: {--host: {choices: [h]}}}", "flags sets --host;"),
+        ("{kind: server, base_url: 'http://h:1/v1', host: h}", "host does not apply; remove"),
+    ],
+)
+def test_study_setting_a_flag_autotune_sets_itself(tmp_path: Path, target: str, says: str) -> None:
+    line = one_sentence_error(autotune("sweep", str(_study(tmp_path, f"target: {target}\n"))))
+    assert says in line

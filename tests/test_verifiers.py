@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -454,6 +457,88 @@ async def test_slow_callable_times_out_and_aclose_does_not_hang() -> None:
     started = time.perf_counter()
     await verifier.aclose()  # its worker is still asleep in user code
     assert time.perf_counter() - started < 3.0
+
+
+async def test_a_stuck_worker_is_replaced_so_later_calls_run() -> None:
+    options = VerifierOptions(workers=1, timeout_s=0.5)
+    verifier = await load_verifier(f"{SCORES}:hangs_on_stuck", options)
+    try:
+        with pytest.raises(TimeoutError, match=r"longer than 0\.5 s .*its worker was replaced"):
+            await verifier.verify(row("x", stuck=True))
+        for _ in range(3):  # before, each queued behind the stuck worker and timed out too
+            assert (await verifier.verify(row("x")))["reward"] == 1.0
+    finally:
+        await verifier.aclose()
+
+
+async def test_a_stuck_worker_dies_once_its_pools_other_calls_end(tmp_path: Path) -> None:
+    options = VerifierOptions(workers=2, timeout_s=1.0)
+    verifier = await load_verifier(f"{SCORES}:hangs_on_stuck", options)
+    pid_file = tmp_path / "stuck.pid"
+    try:
+        stuck = asyncio.ensure_future(verifier.verify(row("x", stuck=True, pid_file=str(pid_file))))
+        await asyncio.sleep(0.7)
+        # In flight beside the stuck call when that one times out: it is not lost.
+        napping = asyncio.ensure_future(verifier.verify(row("x", nap=0.6)))
+        with pytest.raises(TimeoutError):
+            await stuck
+        assert (await napping)["reward"] == 1.0
+        stuck_pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 5
+        while _alive(stuck_pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _alive(stuck_pid), "the stuck worker outlived its pool's other calls"
+    finally:
+        await verifier.aclose()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_timeout_the_function_raises_is_its_own() -> None:
+    options = VerifierOptions(workers=1, timeout_s=5.0)
+    verifier = await load_verifier(f"{SCORES}:raises_timeout", options)
+    try:
+        with pytest.raises(TimeoutError, match="the grader's own deadline"):
+            await verifier.verify(row("x"))
+    finally:
+        await verifier.aclose()
+
+
+CTRL_C_IN_A_TERMINAL = """
+import asyncio, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, not a CI job
+from autotune.verifiers import VerifierOptions, load_verifier
+
+async def main():
+    verifier = await load_verifier(sys.argv[1], VerifierOptions(workers=1))
+    try:
+        pid = (await verifier.verify({}))["pid"]
+        os.kill(pid, signal.SIGINT)  # what Ctrl-C sends every process of the group
+        await asyncio.sleep(0.3)
+        print(pid, (await verifier.verify({}))["pid"])
+    finally:
+        await verifier.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_idle_workers_ignore_ctrl_c() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_A_TERMINAL, f"{SCORES}:with_fields"],
+        capture_output=True, text=True, timeout=60, cwd=FIXTURES.parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.split()
+    assert before == after  # the same worker answered: Ctrl-C did not kill it
+    assert "KeyboardInterrupt" not in done.stderr
 
 
 # --- http ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ tests run them in-process against the simulated server.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,8 +32,9 @@ class Generation:
 class ModelCallError(Exception):
     """A model call that failed for good (after retries).
 
-    `failure_class` keys the error tables: timeout, connection, rate_limited, http_4xx,
-    http_5xx or bad_response.
+    `failure_class` keys the error tables: timeout (no answer in time, or a stream that
+    stalled), connection, rate_limited, http_4xx, http_5xx, bad_response (an answer of
+    the wrong shape) or truncated (a stream that ended before its answer did).
     """
 
     def __init__(self, failure_class: str, message: str, attempts: int = 1) -> None:
@@ -49,9 +51,23 @@ class CallCounters:
     rate_limited_responses: int = 0
     retry_after_seen: int = 0
     limiter_wait_s: float = 0.0
+    # Set by an engine with an adaptive concurrency limit, which every retry must pass.
+    retry_gate: Callable[[], Awaitable[None]] | None = None
 
     def count_retry(self, failure_class: str) -> None:
         self.retries[failure_class] = self.retries.get(failure_class, 0) + 1
+
+    @property
+    def overloads(self) -> int:
+        """Grows with every 429 and every Retry-After (a 503 that sheds load sends one):
+        the answers an adaptive concurrency limit backs off on."""
+        return self.rate_limited_responses + self.retry_after_seen
+
+    async def before_retry(self) -> None:
+        """A backend awaits this just before it re-sends a failed call, after its backoff,
+        so retries queue behind an adaptive concurrency limit instead of storming past it."""
+        if self.retry_gate is not None:
+            await self.retry_gate()
 
 
 class ModelBackend(Protocol):

@@ -1,15 +1,26 @@
 """OpenAI-compatible chat completions and completions, streaming or not.
 
 Retries are bounded, with exponential backoff and full jitter; a 429/503 `Retry-After`
-is honoured. Optional request and token rate limits use aiolimiter's leaky bucket
-(weighted acquire, so tokens per minute works as well as requests per minute).
+is honoured up to the backoff ceiling. Optional request and token rate limits use
+aiolimiter's leaky bucket (weighted acquire, so tokens per minute works as well as
+requests per minute).
+
+Nothing a server sends can end the run: an answer of the wrong shape, a stream cut
+off before its end, or one that stalls is a failed attempt, retried like a dropped
+connection, and after the last retry the rollout's failure class (`bad_response`,
+`truncated`, `timeout`) goes to the failures file. A row is saved only from an answer
+that is whole: a stream counts as whole once it sent `data: [DONE]` or a
+`finish_reason` (some servers omit [DONE]; vLLM and OpenAI send both).
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import math
 import random
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -22,6 +33,9 @@ from autotune.workload import CHARS_PER_TOKEN, Task
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _DEFAULT_MAX_TOKENS_ESTIMATE = 256  # for the token limiter when a task sets no max_tokens
+# One SSE line longer than this is a server gone wrong, not an answer: even a whole
+# million-token answer in one chunk is a few MB.
+_MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
 class _Retry(Exception):
@@ -31,6 +45,11 @@ class _Retry(Exception):
         super().__init__(message)
         self.failure_class = failure_class
         self.wait_s = wait_s
+
+
+def _bad(message: str) -> _Retry:
+    """An answer autotune cannot read: retried, as a server's hiccup usually is."""
+    return _Retry("bad_response", message)
 
 
 def _per_minute_limiter(per_minute: float) -> AsyncLimiter:
@@ -45,18 +64,48 @@ def _per_minute_limiter(per_minute: float) -> AsyncLimiter:
     return AsyncLimiter(1, 60 / per_minute)
 
 
-def _retry_after_s(headers: Any) -> float | None:
-    value = headers.get("Retry-After")
+def retry_after_s(value: str | None, ceiling_s: float) -> float | None:
+    """Seconds a `Retry-After` header asks for, capped at `ceiling_s`; None to ignore it.
+
+    Both forms are read: seconds, and an HTTP date (a past date means now). A value that
+    is no finite, non-negative number of seconds and no date is ignored (the caller
+    backs off with jitter instead); with the cap, neither `1e9` nor `inf` stalls a run.
+    """
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        return None  # an HTTP date; rare on model APIs, fall back to backoff
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # RFC 9110 dates are GMT; a zone-less one is taken as such
+            when = when.replace(tzinfo=UTC)
+        seconds = max(0.0, (when - datetime.now(UTC)).total_seconds())
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, ceiling_s)
+
+
+def _max_tokens_estimate(sampling: dict[str, Any]) -> int:
+    """The task's max_tokens for the token limiter; the default when it is not a count
+    (a task's `"lots"` is the server's to refuse, not the limiter's to crash on)."""
+    value = sampling.get("max_tokens")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf:
+        return int(value)
+    return _DEFAULT_MAX_TOKENS_ESTIMATE
 
 
 class OpenAIBackend:
-    """Calls `{base_url}/chat/completions` or `{base_url}/completions`."""
+    """Calls `{base_url}/chat/completions` or `{base_url}/completions`.
+
+    Timeouts: `request_timeout_s` bounds a whole attempt; `idle_timeout_s` bounds the
+    silence between bytes of a stream once its first byte has come. The idle clock
+    starts there because a request queued in the server (vLLM sends nothing before the
+    first token) may rightly wait long, and it is not applied to non-streamed calls,
+    which send nothing until the whole answer is made.
+    """
 
     def __init__(
         self,
@@ -105,8 +154,7 @@ class OpenAIBackend:
             await self._rpm.acquire()
         if self._tpm is not None:
             estimate = float(
-                len(task.prompt) // CHARS_PER_TOKEN
-                + int(task.sampling.get("max_tokens") or _DEFAULT_MAX_TOKENS_ESTIMATE)
+                len(task.prompt) // CHARS_PER_TOKEN + _max_tokens_estimate(task.sampling)
             )
             # A request may need more than the bucket holds: pay for it in bucket-sized parts.
             while estimate > 0:
@@ -136,6 +184,7 @@ class OpenAIBackend:
                 backoff = min(target.retry_max_s, target.retry_base_s * 2 ** (attempt - 1))
                 wait = failure.wait_s if failure.wait_s is not None else random.uniform(0, backoff)
                 await asyncio.sleep(wait)
+                await self.counters.before_retry()  # the adaptive limit may hold it
 
     async def _attempt(self, data: bytes, model_start: float) -> Generation:
         try:
@@ -148,23 +197,23 @@ class OpenAIBackend:
                     return await self._read_stream(resp, model_start)
                 payload = orjson.loads(await resp.read())
         except (TimeoutError, aiohttp.ServerTimeoutError) as error:
-            raise _Retry(
-                "timeout", f"no answer within the timeout ({error or 'timed out'})"
-            ) from None
+            reason = str(error) or f"no whole answer within {self._target.request_timeout_s:g} s"
+            raise _Retry("timeout", f"timed out ({reason})") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
             # Refused, reset, or cut off mid-answer (a server that died while streaming).
             raise _Retry("connection", f"connection failed ({error})") from None
+        except aiohttp.ClientResponseError as error:  # a status line or header aiohttp refuses
+            reason = error.message.splitlines()[0] if error.message else f"HTTP {error.status}"
+            raise _bad(f"the server's answer is not valid HTTP ({reason})") from None
         except orjson.JSONDecodeError as error:
-            raise ModelCallError(
-                "bad_response", f"the server's answer is not JSON ({error})"
-            ) from None
+            raise _bad(f"the server's answer is not JSON ({error})") from None
         return self._parse_full(payload, model_start)
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse) -> None:
         status = resp.status
         text = (await resp.text(errors="replace"))[:300].replace("\n", " ")
         if status in (429, 503):
-            wait = _retry_after_s(resp.headers)
+            wait = retry_after_s(resp.headers.get("Retry-After"), self._target.retry_max_s)
             if status == 429:
                 self.counters.rate_limited_responses += 1
             if wait is not None:
@@ -176,100 +225,268 @@ class OpenAIBackend:
             raise _Retry("http_5xx" if status >= 500 else "http_4xx", f"HTTP {status}: {text}")
         raise ModelCallError("http_5xx" if status >= 500 else "http_4xx", f"HTTP {status}: {text}")
 
-    def _parse_full(self, payload: dict[str, Any], model_start: float) -> Generation:
-        try:
-            choice = payload["choices"][0]
-            usage = payload.get("usage") or {}
-            if self._target.api == "chat":
-                message = choice["message"]
-                text = message.get("content") or ""
-                tool_calls = message.get("tool_calls") or []
-            else:
-                text = choice.get("text") or ""
-                tool_calls = []
-            return Generation(
-                text=text,
-                tool_calls=tool_calls,
-                input_tokens=int(usage.get("prompt_tokens") or 0),
-                output_tokens=int(usage.get("completion_tokens") or 0),
-                finish_reason=choice.get("finish_reason"),
-                response_id=str(payload.get("id", "")),
-                model_start=model_start,
-                first_token=None,
-                model_end=time.time(),
-            )
-        except (KeyError, IndexError, TypeError) as error:
-            raise ModelCallError(
-                "bad_response", f"the server's answer has no choices ({error!r})"
-            ) from None
-
-    async def _read_stream(self, resp: aiohttp.ClientResponse, model_start: float) -> Generation:
-        chat = self._target.api == "chat"
-        parts: list[str] = []
-        tool_calls: dict[int, dict[str, Any]] = {}
-        first_token: float | None = None
-        finish_reason = None
-        response_id = ""
-        usage: dict[str, Any] = {}
-        chunks = 0
-        async for line in resp.content:
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError as error:
-                raise ModelCallError(
-                    "bad_response", f"a stream chunk is not JSON ({error})"
-                ) from None
-            if not isinstance(chunk, dict) or "error" in chunk or chunk.get("object") == "error":
-                # A server that fails mid-stream sends an error event, not an HTTP status.
-                detail = str(chunk.get("error") if isinstance(chunk, dict) else chunk)[:300]
-                raise ModelCallError("bad_response", f"the stream ended in an error: {detail}")
-            response_id = response_id or str(chunk.get("id", ""))
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or ():
-                if chat:
-                    delta = choice.get("delta") or {}
-                    piece = delta.get("content")
-                    for call in delta.get("tool_calls") or ():
-                        _merge_tool_call(tool_calls, call)
-                        first_token = first_token or time.time()
-                else:
-                    piece = choice.get("text")
-                if piece:
-                    first_token = first_token or time.time()
-                    parts.append(piece)
-                    chunks += 1
-                if choice.get("finish_reason"):
-                    finish_reason = choice["finish_reason"]
+    def _parse_full(self, payload: Any, model_start: float) -> Generation:
+        if not isinstance(payload, dict):
+            raise _bad(f"the server's answer is not a JSON object ({_clip(payload)})")
+        choices = payload.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise _bad(f"the server's answer has no choices ({_clip(choices)})")
+        choice = choices[0]
+        if self._target.api == "chat":
+            message = choice.get("message")
+            if not isinstance(message, dict):
+                raise _bad(f"the answer's message is not an object ({_clip(message)})")
+            text = _text(message.get("content"), "message content")
+            tool_calls = _tool_calls(message.get("tool_calls"))
+        else:
+            text = _text(choice.get("text"), "text")
+            tool_calls = []
+        usage = _usage(payload.get("usage"))
         return Generation(
-            text="".join(parts),
-            tool_calls=[tool_calls[i] for i in sorted(tool_calls)],
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            # Without a usage chunk, count content chunks: one token each on most servers.
-            output_tokens=int(usage.get("completion_tokens") or chunks),
-            finish_reason=finish_reason,
-            response_id=response_id,
+            text=text,
+            tool_calls=tool_calls,
+            input_tokens=_count(usage, "prompt_tokens"),
+            output_tokens=_count(usage, "completion_tokens"),
+            finish_reason=_finish_reason(choice),
+            response_id=_id(payload.get("id")),
             model_start=model_start,
-            first_token=first_token,
+            first_token=None,
             model_end=time.time(),
         )
 
+    async def _read_stream(self, resp: aiohttp.ClientResponse, model_start: float) -> Generation:
+        stream = _Stream(self._target.api == "chat")
+        idle_s = self._target.idle_timeout_s
+        watch: _IdleWatch | None = None
+        try:
+            async for block in resp.content.iter_any():
+                if watch is not None:
+                    watch.last = watch.loop.time()
+                elif idle_s is not None:
+                    watch = _IdleWatch(resp.content, idle_s)
+                if stream.feed(block):
+                    break
+        finally:
+            if watch is not None:
+                watch.stop()
+        return stream.generation(model_start)
 
-def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:
+
+class _IdleWatch:
+    """Fails a stream's reads once no byte has come for `idle_s` (a stalled server).
+
+    A timer that rearms itself at the last byte's time plus `idle_s`: a read costs one
+    clock reading, not a timer of its own.
+    """
+
+    __slots__ = ("_content", "_handle", "_idle_s", "last", "loop")
+
+    def __init__(self, content: aiohttp.StreamReader, idle_s: float) -> None:
+        self._content = content
+        self._idle_s = idle_s
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self._handle = self.loop.call_at(self.last + idle_s, self._check)
+
+    def _check(self) -> None:
+        due = self.last + self._idle_s
+        if self.loop.time() < due:
+            self._handle = self.loop.call_at(due, self._check)
+            return
+        self._content.set_exception(
+            _Retry("timeout", f"the stream stalled: no byte for {self._idle_s:g} s")
+        )
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+class _Stream:
+    """One SSE answer as it arrives: lines split here (so a line may be of any length),
+    every chunk checked for shape, text and tool calls joined."""
+
+    __slots__ = (
+        "_chat", "_partial", "_partial_bytes", "chunks", "done", "finish_reason",
+        "first_token", "parts", "response_id", "tool_calls", "usage",
+    )  # fmt: skip
+
+    def __init__(self, chat: bool) -> None:
+        self._chat = chat
+        self._partial: list[bytes] = []  # a line not yet ended, in the blocks it came in
+        self._partial_bytes = 0
+        self.parts: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.first_token: float | None = None
+        self.finish_reason: str | None = None
+        self.response_id = ""
+        self.usage: dict[str, Any] = {}
+        self.chunks = 0
+        self.done = False
+
+    def feed(self, block: bytes) -> bool:
+        """Takes the next bytes of the body; True once `data: [DONE]` has come."""
+        if b"\n" not in block:
+            self._partial.append(block)
+            self._partial_bytes += len(block)
+            if self._partial_bytes > _MAX_LINE_BYTES:
+                raise _bad(f"a stream line is longer than {_MAX_LINE_BYTES >> 20} MiB")
+            return False
+        lines = block.split(b"\n")
+        if self._partial:
+            lines[0] = b"".join(self._partial) + lines[0]
+            self._partial.clear()
+        last = lines.pop()
+        self._partial_bytes = len(last)
+        if last:
+            self._partial.append(last)
+        return any(self._line(line) for line in lines)
+
+    def generation(self, model_start: float) -> Generation:
+        """The answer, once the body has ended; a stream cut short raises `truncated`."""
+        if not self.done and self._partial:  # the last line may lack its newline
+            self._line(b"".join(self._partial))
+        if not self.done and self.finish_reason is None:
+            raise _Retry(
+                "truncated",
+                "the stream ended with neither a finish_reason nor data: [DONE] "
+                "(the server cut the answer short)",
+            )
+        return Generation(
+            text="".join(self.parts),
+            tool_calls=[self.tool_calls[i] for i in sorted(self.tool_calls)],
+            input_tokens=_count(self.usage, "prompt_tokens"),
+            # Without a usage chunk, count content chunks: one token each on most servers.
+            output_tokens=_count(self.usage, "completion_tokens") or self.chunks,
+            finish_reason=self.finish_reason,
+            response_id=self.response_id,
+            model_start=model_start,
+            first_token=self.first_token,
+            model_end=time.time(),
+        )
+
+    def _line(self, line: bytes) -> bool:
+        """A `data:` line is read; comments, `event:` and blank lines are skipped.
+        True at `data: [DONE]`."""
+        return line.startswith(b"data:") and self._event(line[5:].strip())
+
+    def _event(self, data: bytes) -> bool:
+        if data == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError as error:
+            raise _bad(f"a stream chunk is not JSON ({error})") from None
+        if not isinstance(chunk, dict):
+            raise _bad(f"a stream chunk is not a JSON object ({_clip(chunk)})")
+        if chunk.get("error") or chunk.get("object") == "error":
+            # A server that fails mid-stream sends an error event, not an HTTP status.
+            raise _bad(f"the stream ended in an error: {_clip(chunk.get('error') or chunk)}")
+        if not self.response_id:
+            self.response_id = _id(chunk.get("id"))
+        if chunk.get("usage"):
+            self.usage = _usage(chunk["usage"])
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise _bad(f"a stream chunk's choices is not a list ({_clip(choices)})")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise _bad(f"a stream chunk's choice is not an object ({_clip(choice)})")
+            self._choice(choice)
+        return False
+
+    def _choice(self, choice: dict[str, Any]) -> None:
+        if self._chat:
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise _bad(f"a stream chunk's delta is not an object ({_clip(delta)})")
+            piece = delta.get("content")
+            calls = delta.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise _bad(f"a streamed tool_calls is not a list ({_clip(calls)})")
+            for call in calls:
+                _merge_tool_call(self.tool_calls, call)
+                self.first_token = self.first_token or time.time()
+        else:
+            piece = choice.get("text")
+        if piece:
+            if not isinstance(piece, str):
+                raise _bad(f"a stream chunk's text is not a string ({_clip(piece)})")
+            self.first_token = self.first_token or time.time()
+            self.parts.append(piece)
+            self.chunks += 1
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = _finish_reason(choice)
+
+
+def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: Any) -> None:
     """Streamed tool calls arrive in pieces keyed by index; join their arguments."""
-    index = int(delta.get("index", 0))
+    if not isinstance(delta, dict):
+        raise _bad(f"a streamed tool call is not an object ({_clip(delta)})")
+    index = delta.get("index", 0)
+    function = delta.get("function") or {}
+    if not isinstance(index, int) or not isinstance(function, dict):
+        raise _bad(f"a streamed tool call has the wrong shape ({_clip(delta)})")
     call = calls.setdefault(
         index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
     )
     if delta.get("id"):
-        call["id"] = delta["id"]
-    function = delta.get("function") or {}
-    if function.get("name"):
-        call["function"]["name"] += function["name"]
-    if function.get("arguments"):
-        call["function"]["arguments"] += function["arguments"]
+        call["id"] = _id(delta["id"])
+    call["function"]["name"] += _text(function.get("name"), "tool call name")
+    call["function"]["arguments"] += _text(function.get("arguments"), "tool call arguments")
+
+
+def _tool_calls(value: Any) -> list[dict[str, Any]]:
+    """A non-streamed answer's tool calls, each an object with an object `function`
+    (what the saved response is built from)."""
+    if not value:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(call, dict) and isinstance(call.get("function") or {}, dict) for call in value
+    ):
+        raise _bad(f"the answer's tool_calls are not a list of calls ({_clip(value)})")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _bad(f"the answer's {what} is not a string ({_clip(value)})")
+    return value
+
+
+def _usage(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(f"the answer's usage is not an object ({_clip(value)})")
+    return value
+
+
+def _count(usage: dict[str, Any], key: str) -> int:
+    """A token count from `usage` (0 when absent); anything but a whole number ≥ 0 is a
+    bad answer, since a wrong count would mislead every throughput figure."""
+    value = usage.get(key)
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _bad(f"the answer's usage.{key} is not a token count ({_clip(value)})")
+    return value
+
+
+def _finish_reason(choice: dict[str, Any]) -> str | None:
+    value = choice.get("finish_reason")
+    if value is not None and not isinstance(value, str):
+        raise _bad(f"the answer's finish_reason is not a string ({_clip(value)})")
+    return value
+
+
+def _id(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _clip(value: Any) -> str:
+    """A value as it came, short enough for one failure message."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."

@@ -98,6 +98,14 @@ def collect_summary_text(summary: CollectSummary) -> str:
     if summary.retries_by_class:
         retries = ", ".join(f"{k}: {v}" for k, v in sorted(summary.retries_by_class.items()))
         lines.append(f"retries       {retries}")
+    if summary.rate_limited_responses:
+        lines.append(f"rate limited  {summary.rate_limited_responses:,} HTTP 429 answers")
+    if summary.concurrency_decreases:
+        lines.append(
+            f"concurrency   lowered {summary.concurrency_decreases:,}× on 429/503 "
+            f"(adaptive): {summary.concurrency_limit_min} at the lowest, "
+            f"{summary.concurrency_limit_final} at the end"
+        )
     if summary.output:
         lines.append(f"output        {summary.output}")
     return "\n".join(lines)

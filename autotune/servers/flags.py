@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-RESERVED_FLAGS = ("--model", "--port")  # set by the launcher itself
+RESERVED_FLAGS = ("--model", "--port", "--host")  # set by the launcher itself
 
 
 def flag_name(knob: str) -> str:

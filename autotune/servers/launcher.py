@@ -41,6 +41,7 @@ from typing import IO, Self
 import aiohttp
 
 from autotune.errors import ServerStartupError
+from autotune.servers.lifeline import die_with_parent
 
 HEALTH_POLL_S = 0.2
 STOP_GRACE_S = 10.0
@@ -59,13 +60,9 @@ def _die_with_parent() -> None:
 
     A server runs in its own session (so a stop reaches its whole group), which also
     shields it from the terminal's Ctrl-C; this makes sure that even a `kill -9` of
-    autotune leaves no server behind.
+    autotune leaves no server behind. SIGTERM, so that it still shuts down cleanly.
     """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
 
 
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
@@ -100,9 +97,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def sim_command(args: Sequence[str], port: int) -> list[str]:
-    """The command line that runs the simulated server with vLLM-style `args` on `port`."""
-    return [sys.executable, "-m", "autotune.servers.sim", *args, "--port", str(port)]
+def sim_command(args: Sequence[str], port: int, host: str = LOCALHOST) -> list[str]:
+    """The command line that runs the simulated server with vLLM-style `args` on
+    `host`:`port`."""
+    command = [sys.executable, "-m", "autotune.servers.sim", *args]
+    return [*command, "--host", host, "--port", str(port)]
+
+
+def client_host(host: str) -> str:
+    """How a client on this machine names a server listening on `host` in a URL: the
+    loopback address for every-interface ones, an IPv6 address in brackets."""
+    if host in ("", "0.0.0.0", "::"):
+        return LOCALHOST
+    return f"[{host}]" if ":" in host else host
 
 
 def last_error_line(text: str) -> str:
@@ -150,12 +157,14 @@ class ServerSpec:
         command: Sequence[str],
         port: int,
         *,
+        host: str = LOCALHOST,
         env: Mapping[str, str | None] | None = None,
         startup_timeout_s: float = 120.0,
         log_path: str | Path | None = None,
     ) -> ServerSpec:
-        """A command that serves `/health` and `/v1` on 127.0.0.1:`port`."""
-        root = f"http://{LOCALHOST}:{port}"
+        """A command that serves `/health` and `/v1` on `host`:`port` (the command itself
+        must say `host`; the default, 127.0.0.1, keeps it from the network)."""
+        root = f"http://{client_host(host)}:{port}"
         return cls(
             command,
             f"{root}/health",
@@ -185,14 +194,17 @@ class ServerSpec:
         args: Sequence[str] = (),
         *,
         port: int | None = None,
+        host: str = LOCALHOST,
         startup_timeout_s: float = 30.0,
         log_path: str | Path | None = None,
     ) -> ServerSpec:
-        """The simulated server with vLLM-style `args` on `port` (default: a free one)."""
+        """The simulated server with vLLM-style `args` on `host`:`port` (default: a free
+        port on 127.0.0.1)."""
         port = port or free_port()
         return cls.local(
-            sim_command(args, port),
+            sim_command(args, port, host),
             port,
+            host=host,
             env=_module_env(),
             startup_timeout_s=startup_timeout_s,
             log_path=log_path,

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 
 from autotune.servers.flags import server_flags
-from autotune.servers.launcher import ServerProcess, ServerSpec, free_port
+from autotune.servers.launcher import LOCALHOST, ServerProcess, ServerSpec, free_port
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULT_COMMAND = (sys.executable, "-m", API_SERVER_MODULE)
@@ -41,10 +41,16 @@ _VLLM_SHM = re.compile(r"^(psm_|sem\.mp-)")
 
 
 def vllm_command(
-    base_command: Sequence[str], model: str, port: int, flags: Mapping[str, object]
+    base_command: Sequence[str],
+    model: str,
+    port: int,
+    flags: Mapping[str, object],
+    host: str | None = None,
 ) -> list[str]:
-    """The server's command line: the knobs spelled as `server_flags` spells them."""
-    return [*base_command, "--model", model, "--port", str(port), *server_flags(flags)]
+    """The server's command line: the knobs spelled as `server_flags` spells them; with no
+    `host`, vLLM listens on every interface (VllmServer always gives one)."""
+    bind = ["--host", host] if host is not None else []
+    return [*base_command, "--model", model, "--port", str(port), *bind, *server_flags(flags)]
 
 
 def cpu_thread_binding(tensor_parallel_size: int, cpus: Sequence[int]) -> str:
@@ -149,7 +155,8 @@ def remove_stale_rpc_dirs(directory: Path | None = None) -> list[Path]:
 
 
 class VllmServer(ServerProcess):
-    """vLLM serving `model` with `flags` on a free port (or `port`).
+    """vLLM serving `model` with `flags` on a free port (or `port`) of `host`: 127.0.0.1
+    unless a study says otherwise, since vLLM's API has no authentication of its own.
 
     `async with VllmServer(model, {"max_num_seqs": 64}) as server:` → `server.base_url`.
     """
@@ -162,6 +169,7 @@ class VllmServer(ServerProcess):
         command: Sequence[str] = DEFAULT_COMMAND,
         env: Mapping[str, str] | None = None,
         port: int | None = None,
+        host: str = LOCALHOST,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         log_path: str | Path | None = None,
     ) -> None:
@@ -172,8 +180,9 @@ class VllmServer(ServerProcess):
         self._shm_before: set[str] = set()
         super().__init__(
             ServerSpec.local(
-                vllm_command(command, model, self.port, flags),
+                vllm_command(command, model, self.port, flags, host),
                 self.port,
+                host=host,
                 env=vllm_env(model, flags, env),
                 log_path=log_path,
                 startup_timeout_s=startup_timeout_s,

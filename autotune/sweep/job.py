@@ -8,6 +8,7 @@ alone by `write_outputs` (also what `autotune report DIR` calls): `index.html`,
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import re
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from autotune.config import Study
+from autotune.errors import UsageError
 from autotune.results import SweepResult, machine_identity, save, to_json
 from autotune.sweep.curve import Launcher, TrialOutcome
 from autotune.sweep.launchers import command_launcher, http_launcher
@@ -30,7 +32,6 @@ from autotune.sweep.search import (
     optimise,
     storage_url,
     trial_records,
-    with_storage_hidden,
 )
 from autotune.verifiers import VerifierOptions, load_verifier
 
@@ -52,6 +53,7 @@ async def run_sweep(
 
     gpus = gpu_count() if study.target.kind == "vllm" else 0
     check_space(study, gpus)
+    check_storage(storage)
     url = storage_url(study, storage, studies_dir)
     optuna_study = open_study(study, url)
     already = len(finished_trials(optuna_study))
@@ -73,12 +75,12 @@ async def run_sweep(
             await optimise(study, optuna_study, http_launcher(study, verifier), gpus, on_trial)
         finally:
             await verifier.aclose()
-    return SweepResult(
+    result = SweepResult(
         study=study.name,
         created_at=time.time(),
         started_at=started,
         simulated=study.target.kind == "sim",
-        storage=with_storage_hidden(url),
+        storage=url,  # its password hidden below
         trials_reused=already,
         metric=study.objective.metric,
         max_error_rate=study.objective.max_error_rate,
@@ -88,36 +90,115 @@ async def run_sweep(
         importances=importances(optuna_study),
         machine=machine_identity(),
     )
+    return redact_result(result)
 
 
-_SECRET_FLAG = re.compile(r"key|token|secret|password", re.IGNORECASE)
+STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")  # what Optuna's RDB storage opens
+
+
+def check_storage(storage: str | None) -> None:
+    """Refuse a storage URL Optuna cannot open before anything starts (it would end in a
+    traceback from deep inside Optuna or SQLAlchemy)."""
+    if storage is None:
+        return
+    scheme, is_url, _ = storage.partition("://")
+    if is_url and scheme.partition("+")[0].lower() in STORAGE_SCHEMES:
+        return
+    shown = redact_text(storage)
+    if not is_url:
+        raise UsageError(
+            f"--storage {shown} is not a storage URL; for a file pass sqlite:///{shown}, "
+            "for a study shared by several machines postgresql://user@host/db."
+        )
+    raise UsageError(
+        f"--storage {shown} names a storage autotune cannot open ({scheme}); pass a "
+        "sqlite://, postgresql:// or mysql:// URL, e.g. sqlite:///studies/NAME.db."
+    )
+
+
+HIDDEN = "***"
+# A name that holds a secret: `--api-key`, `HF_TOKEN`, `db.password` (not `max-tokens`,
+# not `api_key_env`, which names the variable that holds it).
+_SECRET_NAME = re.compile(
+    r"(?<![a-z0-9])(?:key|token|secret|password|passwd|credentials?)$", re.IGNORECASE
+)
+_VALUE = r"""(?P<value>'[^']*'|"[^"]*"|[^\s'"&]+)"""
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)[^/\s@'\"]+@", re.IGNORECASE)
+_AUTHORIZATION = re.compile(
+    r"""(?P<name>\bauthorization['"]?\s*[:=]\s*['"]?(?:(?:bearer|basic|token)\s+)?|\bbearer\s+)"""
+    r"""(?P<value>[^\s'"]+)""",
+    re.IGNORECASE,
+)
+_FLAG_VALUE = re.compile(r"(?<!\S)(?P<name>--?[a-z][\w.-]*)(?P<sep>=|\s+)(?!-)" + _VALUE, re.I)
+_ASSIGNMENT = re.compile(r"(?<![\w.-])(?P<name>[a-z_][\w.]*)(?P<sep>=)" + _VALUE, re.I)
+
+
+def _hide_secret_value(match: re.Match[str]) -> str:
+    if not _SECRET_NAME.search(match["name"]):
+        return match[0]
+    return f"{match['name']}{match['sep']}{HIDDEN}"
+
+
+def redact_text(text: str) -> str:
+    """`text` (a URL, a command line, an error line) with every secret in it hidden: a
+    URL's `user:password@`, `Authorization: Bearer ...`, and the value of a secret-looking
+    flag or variable (`--api-key K`, `--hf-token=K`, `OPENAI_API_KEY=K`)."""
+    text = _URL_USERINFO.sub(rf"\g<scheme>{HIDDEN}@", text)
+    text = _AUTHORIZATION.sub(rf"\g<name>{HIDDEN}", text)
+    text = _FLAG_VALUE.sub(_hide_secret_value, text)
+    return _ASSIGNMENT.sub(_hide_secret_value, text)
 
 
 def redacted(args: Sequence[str]) -> list[str]:
-    """Server flags as saved in results: the value of any secret-looking flag hidden."""
+    """An argument list as saved in results: what redact_text hides in each argument,
+    and the argument after a secret-looking flag (`--api-key`, `K`)."""
     shown: list[str] = []
     hide_next = False
     for arg in args:
         if hide_next:
-            shown.append("***")
-            hide_next = False
-        elif arg.startswith("-") and _SECRET_FLAG.search(arg):
-            name, has_value, _ = arg.partition("=")
-            shown.append(f"{name}=***" if has_value else arg)
-            hide_next = not has_value
+            shown.append(HIDDEN)
         else:
-            shown.append(arg)
+            shown.append(redact_text(arg))
+        hide_next = arg.startswith("-") and "=" not in arg and bool(_SECRET_NAME.search(arg))
     return shown
 
 
+def _scrubbed(value: Any) -> Any:
+    """A saved spec's value with every secret hidden, however deep (JSON types only)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return redacted(value)
+    if isinstance(value, list):
+        return [_scrubbed(item) for item in value]
+    if isinstance(value, dict):
+        return {
+            key: HIDDEN if isinstance(item, str) and _SECRET_NAME.search(key) else _scrubbed(item)
+            for key, item in value.items()
+        }
+    return value
+
+
+def redact_result(result: SweepResult) -> SweepResult:
+    """The result with every secret it could hold hidden: in the study spec (base URL,
+    command template, server flags), the storage URL and the servers' error lines."""
+    return dataclasses.replace(
+        result,
+        storage=redact_text(result.storage),
+        spec=_scrubbed(result.spec),
+        trials=[
+            dataclasses.replace(trial, infeasible_reason=redact_text(trial.infeasible_reason))
+            if trial.infeasible_reason
+            else trial
+            for trial in result.trials
+        ],
+    )
+
+
 def _saved_spec(study: Study) -> dict[str, Any]:
-    """The study as validated, without the server's environment or secret flag values."""
-    spec = study.model_dump(mode="json")
-    spec["target"] = {
-        **study.target.model_dump(mode="json", exclude={"env", "args"}),
-        "args": redacted(study.target.args),
-    }
-    return spec
+    """The study as validated, without the server's environment (redact_result hides the
+    secrets in the rest)."""
+    return study.model_dump(mode="json", exclude={"target": {"env"}})
 
 
 def _model_name(study: Study) -> str | None:
@@ -148,6 +229,7 @@ def write_outputs(result: SweepResult, directory: Path) -> list[Path]:
     index.html. `autotune report` calls this with a loaded sweep.json."""
     from autotune.report import sweep_report
 
+    result = redact_result(result)  # a sweep.json from before secrets were hidden, too
     written = [save(result, directory / RESULT_FILE)]
     written.append(write_trials_csv(result, directory / "trials.csv"))
     recommended = recommendation(result)

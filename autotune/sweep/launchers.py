@@ -19,7 +19,7 @@ from autotune.probe import ProbeSettings
 from autotune.probe.command import CommandProbe
 from autotune.probe.engine import EngineProbe
 from autotune.servers.flags import server_flags
-from autotune.servers.launcher import ServerProcess, ServerSpec
+from autotune.servers.launcher import LOCALHOST, ServerProcess, ServerSpec
 from autotune.target import api_key, open_session, resolve_target
 from autotune.verifiers import Verifier
 from autotune.workload import Task, Workload
@@ -125,9 +125,12 @@ def _tasks(study: Study) -> list[Task]:
 def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerProcess] | None:
     """What starts one configuration: the simulator, real vLLM, or nothing (kind: server)."""
     target = study.target
+    host = target.host or LOCALHOST
     if target.kind == "sim":
         return lambda knobs: ServerSpec.sim(
-            [*target.args, *server_flags(knobs)], startup_timeout_s=target.startup_timeout_s
+            [*target.args, *server_flags(knobs)],
+            host=host,
+            startup_timeout_s=target.startup_timeout_s,
         ).process()
     if target.kind == "vllm":
         from autotune.servers.vllm import VllmServer
@@ -137,6 +140,7 @@ def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerProcess] | None
             knobs,
             command=[*target.command, *target.args],
             env=target.env,
+            host=host,
             startup_timeout_s=target.startup_timeout_s,
         )
     return None

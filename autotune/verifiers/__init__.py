@@ -46,8 +46,10 @@ class Verifier(Protocol):
     the number of verifications it can run at once (process-pool workers, HTTP
     connections); the engine queues rollouts in front of it up to that capacity.
     `verify` returns a dict with a float `reward` plus any verifier fields to store in
-    the output row (`extracted_answer`, ...). It may raise; the engine then records the
-    rollout as a `verifier_error` failure and goes on.
+    the output row (`extracted_answer`, ...). It may raise, or answer what no row can
+    hold (a NaN reward, a set); the engine then records the rollout as a
+    `verifier_error` failure and goes on. Keys the engine writes itself
+    (`engine.RESERVED_KEYS`: `_ng_task_index`, `response`, ...) are dropped from the answer.
     """
 
     name: str
@@ -64,8 +66,9 @@ class VerifierOptions:
 
     `workers` None means the kind's own default: the usable CPU count for process
     pools (code, synthetic, user callables), 64 connections for HTTP.
-    `timeout_s` bounds one HTTP verification or one user-callable call; the code
-    verifier uses min(6 s, timeout_s) per unit test.
+    `timeout_s` (`--verifier-timeout`) bounds one HTTP verification or one
+    user-callable call (whose stuck worker is then replaced); the code verifier uses
+    min(6 s, timeout_s) per unit test.
     """
 
     workers: int | None = None

@@ -7,7 +7,16 @@ front of the pool, which is what makes a slow verifier show up as the bottleneck
 
 Workers start from a forkserver (or spawn) context: the parent runs an asyncio loop
 with threads, where plain fork is unsafe. `start()` warms every worker up front so
-process start-up lands neither inside a measurement nor on the first rollout.
+process start-up lands neither inside a measurement nor on the first rollout. Workers
+ignore SIGINT: Ctrl-C is the parent's to handle (it stops the pool), not a traceback
+from every idle worker.
+
+A call that outlives its timeout leaves its worker stuck in user code, and one
+ProcessPoolExecutor worker cannot be stopped alone (killing it breaks the whole pool,
+failing every call in flight). So the pool is retired instead: later calls go to a
+fresh, warmed pool, and the retired one is killed once its other calls have ended,
+each within its own timeout, so no call but the stuck one is lost.
+
 Everything a worker runs is a module-level function here, so it pickles by name.
 As with any spawn/forkserver pool, a script that uses these verifiers must keep its
 top-level code under `if __name__ == "__main__":` (the CLI and pytest do).
@@ -25,6 +34,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +51,7 @@ import orjson
 
 from autotune.errors import UsageError
 from autotune.responses import response_text
+from autotune.servers.lifeline import forkserver_context
 
 if sys.platform != "win32":
     import resource
@@ -63,8 +74,9 @@ def default_workers() -> int:
 
 
 def _mp_context() -> BaseContext:
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        return forkserver_context()  # its workers die with autotune, even on kill -9
+    return multiprocessing.get_context("spawn")
 
 
 class PoolVerifier:
@@ -86,6 +98,9 @@ class PoolVerifier:
         self._initializer = initializer
         self._initargs = initargs
         self._executor: ProcessPoolExecutor | None = None
+        self._calls: dict[ProcessPoolExecutor, int] = {}  # calls awaiting each pool
+        self._retired: set[ProcessPoolExecutor] = set()  # stuck or broken: kill once idle
+        self._killing: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def _pool(self) -> ProcessPoolExecutor:
@@ -95,8 +110,8 @@ class PoolVerifier:
             self._executor = ProcessPoolExecutor(
                 max_workers=self._workers,
                 mp_context=_mp_context(),
-                initializer=self._initializer,
-                initargs=self._initargs,
+                initializer=_init_worker,
+                initargs=(self._initializer, self._initargs),
             )
         return self._executor
 
@@ -118,17 +133,49 @@ class PoolVerifier:
                 "`if __name__ == '__main__':`."
             ) from exc
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        """`fn(*args)` in a worker; TimeoutError after `timeout_s` (None: no limit)."""
         pool = self._pool()
+        self._calls[pool] = self._calls.get(pool, 0) + 1
+        deadline = asyncio.timeout(timeout_s)
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+            async with deadline:
+                return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the user's function raised it: its worker is fine
+            self._retire(pool)
+            raise TimeoutError(
+                f"verifier {self.name!r} took longer than {timeout_s:g} s (--verifier-timeout); "
+                "its worker was replaced"
+            ) from None
         except BrokenProcessPool:
             # A worker died (segfault, os._exit, OOM kill): this call fails, the next
             # one gets a fresh pool instead of the same error forever.
-            if self._executor is pool:
-                self._executor = None
-                await asyncio.to_thread(_shutdown, pool)
+            self._retire(pool)
             raise
+        finally:
+            self._calls[pool] -= 1
+            if pool in self._retired and not self._calls[pool]:
+                self._kill(pool)
+
+    def _retire(self, pool: ProcessPoolExecutor) -> None:
+        """Send later calls to a fresh, warmed pool; `pool` dies once its calls end."""
+        if self._closed:
+            return  # aclose stops every pool
+        self._retired.add(pool)
+        if self._executor is pool:
+            self._executor = None
+            fresh = self._pool()
+            for _ in range(self._workers):  # not awaited: calls queue behind the warm-up
+                fresh.submit(_warm_up, 0.05)
+
+    def _kill(self, pool: ProcessPoolExecutor) -> None:
+        self._retired.discard(pool)
+        del self._calls[pool]
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(_shutdown, pool))
+        self._killing.add(task)
+        task.add_done_callback(self._killing.discard)
 
     async def verify(self, row: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -138,9 +185,12 @@ class PoolVerifier:
         if self._closed:
             return
         self._closed = True
-        pool, self._executor = self._executor, None
-        if pool is not None:
-            await asyncio.to_thread(_shutdown, pool)
+        pools = [*self._retired, *([self._executor] if self._executor is not None else [])]
+        self._executor = None
+        self._retired.clear()
+        await asyncio.gather(
+            *(asyncio.to_thread(_shutdown, pool) for pool in pools), *self._killing
+        )
 
 
 def _shutdown(pool: ProcessPoolExecutor) -> None:
@@ -158,6 +208,13 @@ def _shutdown(pool: ProcessPoolExecutor) -> None:
             process.kill()
             process.join(0.5)
     pool.shutdown(wait=True)
+
+
+def _init_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    """Every worker's initializer: ignore SIGINT, then run the verifier's own, if any."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def _warm_up(seconds: float) -> int:
@@ -317,6 +374,9 @@ def _limit_cpu(seconds: float) -> Callable[[], None]:
     def apply() -> None:
         limit = math.ceil(seconds) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (limit, limit + 1))
+        # The worker ignores SIGINT and exec keeps an ignored signal ignored: let Ctrl-C
+        # stop the test program as it would any child.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     return apply
 
@@ -461,14 +521,13 @@ def _call_user(row: dict[str, Any]) -> dict[str, Any]:
     assert _user_function is not None, "worker initializer did not run"
     try:
         value = _user_function(row)
-    except KeyboardInterrupt:
-        raise
     except BaseException as exc:
         if isinstance(exc, Exception) and _pickles(exc):
             raise
         # The parent could not rebuild this exception (a failed unpickle breaks the
-        # whole pool), or it is a SystemExit that must not end the parent: send one
-        # it can handle, keeping the class name in the text.
+        # whole pool), or it is a SystemExit or KeyboardInterrupt (never Ctrl-C: workers
+        # ignore SIGINT) that must not end the parent: send one it can handle, keeping
+        # the class name in the text.
         raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
     if isinstance(value, dict):
         if "reward" not in value:
@@ -496,8 +555,8 @@ class CallableVerifier(PoolVerifier):
 
     The function gets the row dict and returns a float or a dict with `reward`. Its
     exceptions reach the caller with their own class. Each call is bounded by
-    `options.timeout_s` (TimeoutError); a call that never returns keeps its worker
-    busy until `aclose`, which kills it.
+    `options.timeout_s` (TimeoutError); the worker of a call that never returns is
+    killed and replaced (see the module's docstring), so later calls still run.
     """
 
     def __init__(
@@ -562,12 +621,5 @@ class CallableVerifier(PoolVerifier):
         return cls(spec, location, attribute, is_file, options)
 
     async def verify(self, row: dict[str, Any]) -> dict[str, Any]:
-        try:
-            result: dict[str, Any] = await asyncio.wait_for(
-                self._run(_call_user, row), self._timeout_s
-            )
-        except TimeoutError:
-            raise TimeoutError(
-                f"verifier {self.name!r} took longer than {self._timeout_s:g} s"
-            ) from None
+        result: dict[str, Any] = await self._run(_call_user, row, timeout_s=self._timeout_s)
         return result
