@@ -755,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="job", required=True, metavar="COMMAND")
 
     collect = commands.add_parser(
         "collect",
@@ -917,7 +917,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt as interrupt:
         terminated = isinstance(interrupt, Terminated)
-        kept = _KEPT_ON_INTERRUPT.get(args.command)
+        kept = _KEPT_ON_INTERRUPT.get(args.job)
         what = "terminated" if terminated else "interrupted"
         print(f"autotune: {what}{f'; {kept}' if kept else ''}.", file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
