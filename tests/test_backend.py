@@ -73,6 +73,22 @@ async def test_retry_after_is_honoured_then_succeeds(serve: Callable[..., Any]) 
     assert counters.rate_limited_responses == 1 and counters.retry_after_seen == 1
 
 
+async def test_a_503_without_retry_after_counts_as_an_overload(serve: Callable[..., Any]) -> None:
+    """A server shedding load (503, no Retry-After) is what adaptive concurrency backs off
+    on, as much as a 429; a 500 is not."""
+    statuses = [503, 500]
+
+    async def handler(request: web.Request) -> web.Response:
+        if statuses:
+            return web.json_response({"error": "busy"}, status=statuses.pop(0))
+        return web.json_response(_chat_answer())
+
+    generation, counters = await _generate(await serve(handler), stream=False)
+    assert generation.attempts == 3
+    assert counters.unavailable_responses == 1 and counters.overloads == 1
+    assert counters.rate_limited_responses == 0 and counters.retry_after_seen == 0
+
+
 async def test_retries_are_bounded(serve: Callable[..., Any]) -> None:
     calls = 0
 

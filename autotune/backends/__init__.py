@@ -48,7 +48,8 @@ class CallCounters:
     """Retry-level events the summary and diagnose read (429s, Retry-After, ...)."""
 
     retries: dict[str, int] = field(default_factory=dict)
-    rate_limited_responses: int = 0
+    rate_limited_responses: int = 0  # HTTP 429
+    unavailable_responses: int = 0  # HTTP 503: a server shedding load
     retry_after_seen: int = 0
     limiter_wait_s: float = 0.0
     # Set by an engine with an adaptive concurrency limit, which every retry must pass.
@@ -59,9 +60,9 @@ class CallCounters:
 
     @property
     def overloads(self) -> int:
-        """Grows with every 429 and every Retry-After (a 503 that sheds load sends one):
-        the answers an adaptive concurrency limit backs off on."""
-        return self.rate_limited_responses + self.retry_after_seen
+        """Grows with every 429 and 503: the answers an adaptive concurrency limit backs
+        off on."""
+        return self.rate_limited_responses + self.unavailable_responses
 
     async def before_retry(self) -> None:
         """A backend awaits this just before it re-sends a failed call, after its backoff,

@@ -216,6 +216,8 @@ class OpenAIBackend:
             wait = retry_after_s(resp.headers.get("Retry-After"), self._target.retry_max_s)
             if status == 429:
                 self.counters.rate_limited_responses += 1
+            else:
+                self.counters.unavailable_responses += 1
             if wait is not None:
                 self.counters.retry_after_seen += 1
             raise _Retry(
