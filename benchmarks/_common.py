@@ -6,13 +6,25 @@ The null server, core pinning and CPU accounting live in `autotune.bench.overhea
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
+from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from autotune.bench.overhead import NullServer, core_plan, cpu_seconds, pin_self
 
-__all__ = ["NullServer", "core_plan", "cpu_seconds", "machine", "median", "pin_self"]
+__all__ = [
+    "NullServer",
+    "core_plan",
+    "cpu_seconds",
+    "machine",
+    "median",
+    "pin_self",
+    "print_result",
+]
 
 
 def machine() -> dict[str, Any]:
@@ -29,3 +41,15 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def print_result(
+    result: dict[str, Any], args: argparse.Namespace, render: Callable[[dict[str, Any]], str]
+) -> int:
+    """Prints the figures (`--json` or the table) and returns the exit status: 1 when
+    `--check` was asked for and the target was missed."""
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render(result))
+    return 1 if args.check and not result["passed"] else 0

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.peak_rss`
@@ -141,12 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tasks < 1 or args.concurrency < 1:
         parser.error("--tasks and --concurrency must be positive")
-    result = measure(args)
-    if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print(render(result))
-    return 1 if args.check and not result["passed"] else 0
+    return _common.print_result(measure(args), args, render)
 
 
 if __name__ == "__main__":

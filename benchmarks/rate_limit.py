@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
 from autotune.collect import collect, run_async
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
@@ -147,12 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.limit <= 0 or args.seconds <= 0 or args.parallelism < 1:
         parser.error("--limit, --seconds and --parallelism must be positive")
-    result = measure(args)
-    if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print(render(result))
-    return 1 if args.check and not result["passed"] else 0
+    return _common.print_result(measure(args), args, render)
 
 
 if __name__ == "__main__":
