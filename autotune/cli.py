@@ -9,13 +9,16 @@ command's `--help`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -23,8 +26,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import orjson
 
 from autotune import __version__
-from autotune.config import PROBE_DEFAULTS, CollectConfig, Shard, SyntheticWorkload, TargetConfig
+from autotune.config import (
+    PROBE_DEFAULTS,
+    CollectConfig,
+    LiveConfig,
+    Shard,
+    SyntheticWorkload,
+    TargetConfig,
+)
 from autotune.errors import AutotuneError, UsageError
+from autotune.helpformat import DefaultsHelpFormatter
 from autotune.results import to_json
 
 if TYPE_CHECKING:
@@ -65,10 +76,77 @@ def _epilog(gate: str = "") -> str:
 
 class _Parser(argparse.ArgumentParser):
     """argparse, its errors one `autotune: error:` sentence like every other error (no
-    usage block: the sentence names the flag and points at --help)."""
+    usage block: the sentence names the flag and points at --help), its --help saying each
+    flag's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"autotune: error: {message}; see `{self.prog} --help`.\n")
+
+
+# -- the output convention: a job's files go in --output-dir; --json prints its result ---
+
+REPORTS = Path("reports")
+ROLLOUTS_FILE = "rollouts.jsonl"
+SUMMARY_FILE = "summary.json"  # collect's closing summary, beside its rollouts
+
+
+def _deprecated(old: str, new: str) -> None:
+    """The note an old spelling earns: it works for this release, not the next."""
+    print(f"autotune: note: {old} is deprecated and goes in the next release; use {new}.",
+          file=sys.stderr)  # fmt: skip
+
+
+def _add_output_dir(parser: argparse._ActionsContainer, default: str) -> None:
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"the folder this command writes its files in (default: {default})",
+    )
+
+
+def _add_json(parser: argparse._ActionsContainer, what: str, old_path: bool = False) -> None:
+    """`--json`: the result on stdout, machine-readable, instead of the text for people.
+    `old_path`: the command once took `--json PATH`, which still saves there."""
+    help_text = f"print {what} as JSON on stdout instead of the text summary"
+    if not old_path:
+        parser.add_argument("--json", action="store_true", help=help_text)
+        return
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="PATH",
+        help=f"{help_text} (`--json PATH`, deprecated, saves it to PATH instead)",
+    )
+
+
+def _json_choice(args: argparse.Namespace) -> tuple[bool, Path | None]:
+    """(print JSON on stdout, the file a deprecated `--json PATH` saves it to)."""
+    if isinstance(args.json, bool):
+        return args.json, None
+    if args.json == "-":
+        _deprecated("--json -", "--json")
+        return True, None
+    _deprecated("--json PATH", "--output-dir DIR, or --json > PATH")
+    return False, Path(args.json)
+
+
+def _new_run_dir(command: str) -> Path:
+    """reports/<command>-<date>-<time>, a folder no earlier run has used."""
+    import time
+
+    stem = REPORTS / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    candidate, n = stem, 1
+    while candidate.exists():
+        n += 1
+        candidate = stem.with_name(f"{stem.name}-{n}")
+    return candidate
 
 
 def _mean_std(text: str) -> tuple[int, int]:
@@ -151,8 +229,25 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         help="OpenAI-compatible base URL, e.g. http://host:8000/v1 "
         "(default: start the embedded simulated vLLM-like server)",
     )
+    group.add_argument(
+        "--agent-url",
+        metavar="URL",
+        help="a running NeMo Gym agent server instead, e.g. http://host:port (an agent of "
+        "ng_run's /server_instances): each rollout is one POST /run, made and verified there",
+    )
+    group.add_argument(
+        "--metrics-url",
+        metavar="URL",
+        help="the model server's Prometheus /metrics when not beside --base-url (with "
+        "--agent-url: the vLLM the agent calls), e.g. http://host:8000/metrics",
+    )
     group.add_argument("--model", help="model name (default: the server's first model)")
-    group.add_argument("--api", choices=("chat", "completions"), default="chat")
+    group.add_argument(
+        "--api",
+        choices=("chat", "completions"),
+        default="chat",
+        help="/v1/chat/completions or /v1/completions",
+    )
     group.add_argument(
         "--no-stream",
         dest="stream",
@@ -211,9 +306,21 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="number of synthetic tasks when no --input is given",
     )
-    group.add_argument("--prompt-tokens", type=_mean_std, default=(256, 64), metavar="MEAN[,STD]")
-    group.add_argument("--output-tokens", type=_mean_std, default=(256, 64), metavar="MEAN[,STD]")
-    group.add_argument("--seed", type=_count, default=0)
+    group.add_argument(
+        "--prompt-tokens",
+        type=_mean_std,
+        default=(256, 64),
+        metavar="MEAN[,STD]",
+        help="synthetic prompt lengths, normal (STD: a quarter of MEAN when left out)",
+    )
+    group.add_argument(
+        "--output-tokens",
+        type=_mean_std,
+        default=(256, 64),
+        metavar="MEAN[,STD]",
+        help="synthetic output lengths (max_tokens; ignore_eos on the simulator)",
+    )
+    group.add_argument("--seed", type=_count, default=0, help="seed of the synthetic tasks")
     group.add_argument("--limit", type=_count, help="only the first N tasks")
     group.add_argument(
         "--num-repeats", type=_positive_int, default=1, help="rollouts per task (GRPO groups)"
@@ -245,6 +352,116 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest one verification by a user function or an HTTP verifier may take; "
         "a stuck function's worker is replaced (default: 60)",
     )
+    group.add_argument(
+        "--tools",
+        metavar="URL",
+        help="multi-turn rollouts: the NeMo Gym resources server whose tools the model may "
+        "call (http://host:port; each call is POST /NAME, as NeMo Gym's simple agent makes "
+        "it), or null (every call answered at once, to measure the engine)",
+    )
+    group.add_argument(
+        "--max-turns",
+        type=_positive_int,
+        default=_DEFAULTS.max_turns,
+        metavar="N",
+        help=f"model calls per multi-turn rollout, at most (default: {_DEFAULTS.max_turns})",
+    )
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port to listen on."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, not {text!r}")
+    return value
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    """`collect`'s flags for watching a run while it runs (autotune/live/)."""
+    live = _DEFAULTS.live
+    group = parser.add_argument_group("while it runs: metrics, stats, drift watch, report")
+    group.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics of the run at http://HOST:PORT/metrics while it runs",
+    )
+    group.add_argument(
+        "--metrics-host",
+        default=live.metrics_host,
+        metavar="HOST",
+        help="the address --metrics-port listens on (default: 127.0.0.1, this machine only)",
+    )
+    group.add_argument(
+        "--metrics-linger",
+        type=_non_negative,
+        default=live.metrics_linger_s,
+        metavar="SECONDS",
+        help="after the run, serve until one more scrape reads the final figures, at most "
+        "this long (default: 0)",
+    )
+    group.add_argument(
+        "--stats-every",
+        type=_positive,
+        metavar="SECONDS",
+        help="append the run's figures as a JSON line to <output>_stats.jsonl this often; "
+        "the last line holds the closing summary",
+    )
+    expect = group.add_mutually_exclusive_group()
+    expect.add_argument(
+        "--expect",
+        type=Path,
+        metavar="RECOMMENDATION",
+        help="warn when steady-state throughput drifts below a sweep's prediction "
+        "(reports/<study>/recommendation.json)",
+    )
+    expect.add_argument(
+        "--expect-rate",
+        type=_positive,
+        metavar="R",
+        help="warn when steady-state throughput drifts below R rollouts/s",
+    )
+    group.add_argument(
+        "--drift-window",
+        type=_positive,
+        default=live.drift_window_s,
+        metavar="SECONDS",
+        help="the drift watch's window (default: 16 mean rollout latencies, at least 60 s, "
+        "so a window holds 8 batches of completions)",
+    )
+    group.add_argument(
+        "--drift-windows",
+        type=_positive_int,
+        default=live.drift_windows,
+        metavar="N",
+        help="warn once after N windows in a row below the expectation (default: 3)",
+    )
+    group.add_argument(
+        "--report",
+        type=Path,
+        nargs="?",
+        const=True,  # no DIR: the run's --output-dir
+        metavar="DIR",
+        help="at the end, write collect.json and an HTML report (throughput, stage latency "
+        "and errors over the run) in DIR (default: the --output-dir)",
+    )
+
+
+def _live_config(args: argparse.Namespace) -> LiveConfig:
+    return LiveConfig(
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        metrics_linger_s=args.metrics_linger,
+        stats_every_s=args.stats_every,
+        expect=args.expect,
+        expect_rate=args.expect_rate,
+        drift_window_s=args.drift_window,
+        drift_windows=args.drift_windows,
+        report=args.report,
+    )
 
 
 def _target_config(args: argparse.Namespace) -> TargetConfig:
@@ -258,13 +475,24 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
             ) from None
         if not isinstance(extra_body, dict):
             raise UsageError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'.")
-    if args.base_url is not None:
-        from autotune.target import base_url_problem
+    from autotune.target import base_url_problem
 
-        problem = base_url_problem(args.base_url)
+    for flag, url, example in (
+        ("--base-url", args.base_url, "http://host:8000/v1"),
+        ("--agent-url", args.agent_url, "http://host:port"),
+        ("--metrics-url", args.metrics_url, "http://host:8000/metrics"),
+    ):
+        problem = base_url_problem(url) if url is not None else None
         if problem is not None:
-            raise UsageError(f"--base-url {args.base_url} {problem}, e.g. http://host:8000/v1.")
+            raise UsageError(f"{flag} {url} {problem}, e.g. {example}.")
+    if args.agent_url is not None and args.base_url is not None:
+        raise UsageError(
+            "--agent-url and --base-url both say where rollouts go; pass one "
+            "(the agent calls its own model server)."
+        )
     return TargetConfig(
+        agent_url=args.agent_url,
+        metrics_url=args.metrics_url,
         base_url=args.base_url,
         model=args.model,
         api=args.api,
@@ -284,6 +512,13 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
 def collect_config(args: argparse.Namespace) -> CollectConfig:
     """The one validated config of a collect run."""
     verifier = args.verifier or ("none" if args.input else "synthetic")
+    if args.agent_url is not None:
+        if args.verifier is not None:
+            raise UsageError(
+                "the NeMo Gym agent verifies each rollout itself (its resources server's "
+                "/verify); drop --verifier."
+            )
+        verifier = "nemo-gym-agent"
     return CollectConfig(
         target=_target_config(args),
         input=args.input,
@@ -304,6 +539,8 @@ def collect_config(args: argparse.Namespace) -> CollectConfig:
         verifier_workers=args.verifier_workers,
         verifier_cost_ms=args.verifier_cost_ms,
         verifier_timeout_s=args.verifier_timeout,
+        tools=args.tools,
+        max_turns=args.max_turns,
         output=args.output,
         resume=args.resume,
         progress=not args.quiet,
@@ -311,17 +548,101 @@ def collect_config(args: argparse.Namespace) -> CollectConfig:
     )
 
 
+def _collect_output(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """(the rollout file, the summary file): DIR/rollouts.jsonl and DIR/summary.json of
+    --output-dir (default: a new folder under reports/), the deprecated --output FILE as
+    given (no summary file, as before), or neither with --no-output."""
+    if args.output is not None:
+        if args.output_dir is not None or args.no_output:
+            raise UsageError("--output is the old spelling of --output-dir; pass only one.")
+        _deprecated("--output FILE", f"--output-dir DIR (rollouts go to DIR/{ROLLOUTS_FILE})")
+        return Path(args.output), None
+    if args.no_output:
+        if args.output_dir is not None or args.resume:
+            raise UsageError(
+                "--no-output keeps nothing, so it takes no --output-dir or --resume; drop one."
+            )
+        return None, None
+    if args.output_dir is None:
+        if args.resume:
+            raise UsageError(
+                "--resume needs the folder of the run to continue; pass its --output-dir, "
+                f"e.g. --output-dir {REPORTS}/collect-20260101-120000."
+            )
+        args.output_dir = _new_run_dir("collect")
+    return args.output_dir / ROLLOUTS_FILE, args.output_dir / SUMMARY_FILE
+
+
+def _kept_by_collect(args: argparse.Namespace) -> str:
+    """Where an interrupted collect's rollouts are, and how to go on from there."""
+    directory = getattr(args, "output_dir", None)
+    if getattr(args, "no_output", False):
+        return "nothing was kept (--no-output)"
+    if directory is None:
+        return _KEPT_ON_INTERRUPT["collect"]
+    if not directory.exists():
+        return "no rollout had finished"
+    return (
+        f"every finished rollout is in {directory}/ (rerun with --output-dir {directory} --resume)"
+    )
+
+
+def _remove_if_unused(directory: Path) -> None:
+    """The run's own new folder, gone if it failed before its first row (a wrong URL, a
+    bad flag), so that a mistake leaves no litter; anything collected stays."""
+    from autotune.store import failures_path
+
+    rows = directory / ROLLOUTS_FILE
+    if failures_path(rows).exists() or (rows.exists() and rows.stat().st_size):
+        return
+    shutil.rmtree(directory, ignore_errors=True)
+    with contextlib.suppress(OSError):  # reports/ too, when this run made it and it is empty
+        directory.parent.rmdir()
+
+
 def _cmd_collect(args: argparse.Namespace) -> int:
     from autotune.collect import failure_gate, run_collect
     from autotune.report.terminal import collect_summary_text, progress_bar
 
-    config = collect_config(args)
-    with progress_bar(enabled=config.progress, unit="rollout") as bar:
-        summary = run_collect(config, progress=bar)
+    defaulted = args.output_dir is None and args.output is None and not args.no_output
+    args.output, summary_file = _collect_output(args)
+    if args.report is True:
+        if args.output_dir is None:
+            raise UsageError(
+                "--report without DIR goes in --output-dir, and this run has none "
+                "(--no-output or --output FILE); pass --report DIR."
+            )
+        args.report = args.output_dir
+    config = replace(collect_config(args), live=_live_config(args))
+    if config.live.report is not None:
+        _check_writable_dir(config.live.report, f"--report {config.live.report}")
+    if defaulted:
+        logging.getLogger("autotune").info(
+            "rollouts go to %s/ (to resume it: --output-dir %s --resume)",
+            args.output_dir,
+            args.output_dir,
+        )
+    try:
+        with progress_bar(enabled=config.progress, unit="rollout") as bar:
+            summary = run_collect(config, progress=bar)
+    except BaseException:
+        if defaulted:
+            _remove_if_unused(args.output_dir)
+        raise
     if args.json:
         print(to_json(summary).decode())
     else:
         print(collect_summary_text(summary))
+    if config.live.report is not None and not args.quiet:
+        print(f"report: {config.live.report / 'index.html'}", file=sys.stderr)
+    if summary_file is not None:
+        try:
+            summary_file.write_bytes(to_json(summary) + b"\n")
+        except OSError as error:
+            raise AutotuneError(
+                f"could not write {summary_file} ({error.strerror}); the rollouts are kept "
+                "and the summary above is the same figures."
+            ) from None
     failed = failure_gate(summary, config.max_failure_rate)
     if failed is not None:
         print(f"autotune: error: {failed}", file=sys.stderr)
@@ -332,7 +653,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from autotune.collect import run_async
     from autotune.diagnose import DiagnoseConfig, diagnose, write_outputs
-    from autotune.report.terminal import diagnose_text
+    from autotune.report.terminal import diagnose_text, probe_progress
     from autotune.results import save
 
     config = DiagnoseConfig(
@@ -343,7 +664,13 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         max_s=args.max_s,
         command=args.command,
     )
-    json_path = Path(args.json) if args.json and args.json != "-" else None
+    print_json, json_path = _json_choice(args)
+    output_dir, flag = args.output_dir, "--output-dir"
+    if args.report is not None:
+        if output_dir is not None:
+            raise UsageError("--report is the old spelling of --output-dir; pass only one.")
+        _deprecated("--report DIR", "--output-dir DIR")
+        output_dir, flag = args.report, "--report"
     if json_path is not None:
         if json_path.is_dir():
             raise UsageError(
@@ -351,21 +678,20 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
                 f"e.g. --json {json_path / 'diagnose.json'}."
             )
         _check_writable_dir(json_path.parent, f"--json {json_path}")
-    if args.report:
-        _check_writable_dir(args.report, f"--report {args.report}")
-    result = run_async(diagnose(config))
-    if args.json == "-":
-        print(to_json(result).decode())
-    else:
-        print(diagnose_text(result))
+    if output_dir is not None:
+        _check_writable_dir(output_dir, f"{flag} {output_dir}")
+    with probe_progress(enabled=not args.quiet, count=2) as watch:
+        result = run_async(diagnose(config, watch))
+    print(to_json(result).decode() if print_json else diagnose_text(result))
     writing = json_path
     try:
         if json_path is not None:
             save(result, json_path)
-        if args.report:
-            writing = args.report
-            page = write_outputs(result, args.report)[-1]
-            print(f"report: {page}", file=sys.stderr)
+        if output_dir is not None:
+            writing = output_dir
+            page = write_outputs(result, output_dir)[-1]
+            if not args.quiet:
+                print(f"report: {page}", file=sys.stderr)
     except OSError as error:
         raise AutotuneError(
             f"could not write {writing} ({error.strerror}); {_rescue_json(result)}"
@@ -419,17 +745,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.study is None:
         raise UsageError("autotune sweep needs a study file; pass e.g. studies/demo.yaml.")
     study = load_study(args.study)
-    directory = args.reports_dir / study.name
+    directory, flag = args.output_dir, f"--output-dir {args.output_dir}"
+    if args.reports_dir is not None:
+        if directory is not None:
+            raise UsageError("--reports-dir is the old spelling of --output-dir; pass only one.")
+        _deprecated("--reports-dir DIR", f"--output-dir DIR/{study.name}")
+        directory, flag = args.reports_dir / study.name, f"--reports-dir {args.reports_dir}"
+    elif directory is None:
+        directory, flag = REPORTS / study.name, f"the report folder {REPORTS / study.name}"
     check_storage(args.storage)
     # Checked now: the reports are written only after every trial has run.
-    _check_writable_dir(directory, f"--reports-dir {args.reports_dir}")
+    _check_writable_dir(directory, flag)
     if args.storage is None or study.target.kind == "command":  # where studies_dir is used
         _check_writable_dir(args.studies_dir, f"--studies-dir {args.studies_dir}")
     with progress_bar(enabled=not args.quiet, unit="trial") as bar:
         bar.set_total(study.budget.trials)
 
         def on_trial(number: int, outcome: Any) -> None:
-            bar.rollout_done({}, 0)
             knobs = ", ".join(f"{k}={v}" for k, v in outcome.knobs.items()) or "client only"
             found = (
                 f"infeasible: {redact_text(outcome.infeasible_reason)}"
@@ -437,7 +769,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 else f"{outcome.value:.3g} at parallelism "
                 f"{outcome.curve.best_measured_parallelism if outcome.curve else '-'}"
             )
-            bar.write(f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)")
+            if outcome.pruned_reason:
+                found += f", pruned: {outcome.pruned_reason}"
+            if not args.quiet:
+                bar.write(f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)")
+            bar.rollout_done({}, 0)  # after its line, so that a log reads in order
 
         result = run_async(
             run_sweep(study, storage=args.storage, studies_dir=args.studies_dir, on_trial=on_trial)
@@ -447,7 +783,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     except OSError as error:
         raise AutotuneError(
             f"could not write the reports in {directory} ({error.strerror}); the study "
-            "storage keeps every trial: rerun the same command with another --reports-dir."
+            "storage keeps every trial: rerun the same command with another --output-dir."
         ) from None
     recommended = recommendation(result)
     if args.json:
@@ -458,25 +794,49 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from autotune.collect import write_outputs as collect_outputs
     from autotune.diagnose import write_outputs as diagnose_outputs
-    from autotune.results import DiagnoseResult, load_result
+    from autotune.results import CollectResult, DiagnoseResult, load_result
     from autotune.sweep.job import write_outputs as sweep_outputs
 
     result = load_result(args.directory)
-    directory = args.out or (args.directory if args.directory.is_dir() else args.directory.parent)
+    directory = args.output_dir
+    if args.out is not None:
+        if directory is not None:
+            raise UsageError("--out is the old spelling of --output-dir; pass only one.")
+        _deprecated("--out DIR", "--output-dir DIR")
+        directory = args.out
+    if directory is None:
+        directory = args.directory if args.directory.is_dir() else args.directory.parent
     if isinstance(result, DiagnoseResult):
         written = diagnose_outputs(result, directory)
+    elif isinstance(result, CollectResult):
+        written = collect_outputs(result, directory)
     else:
         written = sweep_outputs(result, directory)
-    print(written[-1])
+    if args.json:
+        print(to_json({"written": [str(path) for path in written]}).decode())
+    else:
+        print(written[-1])
     return 0
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from autotune.store import merge_rollouts
 
-    written, dropped = merge_rollouts(args.shards, args.output)
-    print(f"merged {written} rollouts into {args.output} ({dropped} duplicates dropped)")
+    output = args.output_dir / ROLLOUTS_FILE if args.output_dir is not None else args.output
+    if args.output is not None:
+        if args.output_dir is not None:
+            raise UsageError("--output is the old spelling of --output-dir; pass only one.")
+        _deprecated("--output FILE", f"--output-dir DIR (the rows go to DIR/{ROLLOUTS_FILE})")
+    elif output is None:
+        raise UsageError("merge needs a place for the merged rows; pass --output-dir DIR.")
+    shards = [shard / ROLLOUTS_FILE if shard.is_dir() else shard for shard in args.shards]
+    written, dropped = merge_rollouts(shards, output)
+    if args.json:
+        print(to_json({"output": str(output), "merged": written, "duplicates": dropped}).decode())
+    else:
+        print(f"merged {written} rollouts into {output} ({dropped} duplicates dropped)")
     return 0
 
 
@@ -508,15 +868,19 @@ def _bench_run(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite).select(args.case, args.repetitions, args.warmup)
     if args.launch:
         suite = suite.with_launch(args.launch)
-    refuse_baseline(args.out)
+    out = _old_out(args, "--out FILE", "results.json") or (
+        (args.output_dir or REPORTS / "bench") / "results.json"
+    )
+    refuse_baseline(out)
 
     def report(line: str) -> None:
         print(f"bench: {line}", file=sys.stderr, flush=True)
 
     results = run_suite(suite, None if args.quiet else report)
-    save(results, args.out)
-    print(run_summary(results))
-    print(f"results: {args.out}", file=sys.stderr)
+    save(results, out)
+    print(to_json(results.to_dict()).decode() if args.json else run_summary(results))
+    if not args.quiet:
+        print(f"results: {out}", file=sys.stderr)
     if results.failed:
         for case in results.failed:
             print(f"autotune: error: {case.error}", file=sys.stderr)
@@ -529,13 +893,23 @@ def _bench_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _old_out(args: argparse.Namespace, old: str, file: str) -> Path | None:
+    """The path a deprecated `--out` gave (with its note), else None."""
+    if args.out is None:
+        return None
+    if args.output_dir is not None:
+        raise UsageError("--out is the old spelling of --output-dir; pass only one.")
+    _deprecated(old, f"--output-dir DIR (it gets DIR/{file})")
+    return Path(args.out)
+
+
 def _bench_compare(args: argparse.Namespace) -> int:
     from autotune.bench import compare_files
 
     comparison = compare_files(
         args.results, args.baseline, args.threshold, args.alpha, args.ignore_fingerprint
     )
-    return _comparison_outputs(comparison, args)
+    return _comparison_outputs(comparison, args, args.output_dir)
 
 
 def _bench_ab(args: argparse.Namespace) -> int:
@@ -557,15 +931,18 @@ def _bench_ab(args: argparse.Namespace) -> int:
     settings = ab.Settings(
         args.min_pairs, args.max_pairs, args.threshold, args.alpha, tuple(ignore)
     )
-    args.out.mkdir(parents=True, exist_ok=True)
+    old_out = _old_out(args, "--out DIR", "comparison.json, junit.xml, summary.md, index.html")
+    output_dir = args.output_dir or REPORTS / "bench" / "ab"
+    pairs = old_out or output_dir  # each pair's results, and both sides' merged
+    pairs.mkdir(parents=True, exist_ok=True)
 
     def report(line: str) -> None:
         print(f"bench ab: {line}", file=sys.stderr, flush=True)
 
     comparison = ab.run_ab(
-        args.suite, baseline, candidate, settings, args.out, None if args.quiet else report
+        args.suite, baseline, candidate, settings, pairs, None if args.quiet else report
     )
-    return _comparison_outputs(comparison, args)
+    return _comparison_outputs(comparison, args, None if old_out else output_dir)
 
 
 def _recorded_commit(baseline: Path) -> str:
@@ -585,24 +962,33 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("AUTOTUNE_CACHE") or Path.home() / ".cache" / "autotune")
 
 
-def _comparison_outputs(comparison: Any, args: argparse.Namespace) -> int:
-    """The terminal table, JSON, JUnit, Markdown, HTML and step summary of a comparison."""
+def _comparison_outputs(comparison: Any, args: argparse.Namespace, output_dir: Path | None) -> int:
+    """The terminal table, JSON, JUnit, Markdown, HTML and step summary of a comparison;
+    `output_dir` gets every one of them (comparison.json, junit.xml, summary.md,
+    index.html)."""
     from autotune.bench import outputs
 
     table = outputs.markdown(comparison)
+    document = to_json(comparison.to_dict()).decode()
+    print_json, json_path = _json_choice(args)
+    written = []
+    if output_dir is not None:
+        _write_text(output_dir / "comparison.json", document + "\n")
+        _write_text(output_dir / "junit.xml", outputs.junit_xml(comparison))
+        _write_text(output_dir / "summary.md", table)
+        written.append(outputs.write_html(comparison, output_dir))
     if args.junit:
         _write_text(args.junit, outputs.junit_xml(comparison))
     if args.markdown:
         _write_text(args.markdown, table)
     if args.html:
-        print(f"report: {outputs.write_html(comparison, args.html)}", file=sys.stderr)
-    document = to_json(comparison.to_dict()).decode()
-    if args.json == "-":
-        print(document)
-    else:
-        print(table)
-        if args.json:
-            _write_text(Path(args.json), document + "\n")
+        written.append(outputs.write_html(comparison, args.html))
+    if json_path is not None:
+        _write_text(json_path, document + "\n")
+    print(document if print_json else table)
+    if not getattr(args, "quiet", False):
+        for page in written:
+            print(f"report: {page}", file=sys.stderr)
     outputs.append_step_summary(table)
     return comparison.exit_code
 
@@ -620,6 +1006,9 @@ def _bench_update_baseline(args: argparse.Namespace) -> int:
     replaced = args.baseline.exists()
     baseline = write_baseline(args.results, args.baseline, args.reason)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(baseline.created_at))
+    if args.json:
+        print(to_json(baseline.to_dict()).decode())
+        return 0
     print(
         f"{'replaced' if replaced else 'wrote'} the baseline {args.baseline} with the "
         f"{len(baseline.cases)} cases of {args.results} ({when}, host "
@@ -628,11 +1017,14 @@ def _bench_update_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_comparison_outputs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", metavar="PATH", help="the comparison as JSON (- for stdout)")
-    parser.add_argument("--junit", type=Path, metavar="PATH", help="JUnit XML")
-    parser.add_argument("--markdown", type=Path, metavar="PATH", help="the Markdown table")
-    parser.add_argument("--html", type=Path, metavar="DIR", help="the HTML report")
+def _add_comparison_outputs(parser: argparse.ArgumentParser, output_dir: str) -> None:
+    _add_output_dir(parser, output_dir)
+    _add_json(parser, "the comparison", old_path=True)
+    parser.add_argument("--junit", type=Path, metavar="PATH", help="also JUnit XML here")
+    parser.add_argument(
+        "--markdown", type=Path, metavar="PATH", help="also the Markdown table here"
+    )
+    parser.add_argument("--html", type=Path, metavar="DIR", help="also the HTML report here")
 
 
 def _add_bench_commands(commands: Any) -> None:
@@ -646,10 +1038,12 @@ def _add_bench_commands(commands: Any) -> None:
 
     run = bench_commands.add_parser("run", help="measure every case of a suite")
     run.add_argument("suite", type=Path, help="the suite YAML file")
-    run.add_argument("--out", "-o", type=Path, required=True, help="results JSON to write")
+    _add_output_dir(run, f"{REPORTS}/bench; it gets results.json")
+    run.add_argument("--out", "-o", type=Path, metavar="FILE", help="deprecated: use --output-dir")
     run.add_argument("--case", action="append", metavar="NAME", help="only this case (repeat)")
     run.add_argument("--repetitions", type=_positive_int, help="override every case's")
     run.add_argument("--warmup", type=_count, help="override every case's warm-up repetitions")
+    _add_json(run, "the results")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     run.add_argument(
         "--launch",
@@ -677,7 +1071,9 @@ def _add_bench_commands(commands: Any) -> None:
         metavar="FIELD",
         help="compare across a difference in this field, e.g. server for a vLLM upgrade",
     )
-    _add_comparison_outputs(compare)
+    _add_comparison_outputs(
+        compare, "none; a DIR gets comparison.json, junit.xml, summary.md and index.html"
+    )
     compare.set_defaults(handler=_cmd_bench, bench_handler=_bench_compare)
 
     ab = bench_commands.add_parser(
@@ -710,12 +1106,13 @@ def _add_bench_commands(commands: Any) -> None:
         "--ignore-fingerprint", action="append", default=[], metavar="FIELD",
         help="compare across a difference in this field (server is ignored with --*-cmd)",
     )  # fmt: skip
-    ab.add_argument(
-        "--out", type=Path, default=Path("reports/bench/ab"),
-        help="folder for each pair's results and both sides' merged results",
-    )  # fmt: skip
+    ab.add_argument("--out", type=Path, metavar="DIR", help="deprecated: use --output-dir")
     ab.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
-    _add_comparison_outputs(ab)
+    _add_comparison_outputs(
+        ab,
+        f"{REPORTS}/bench/ab; it gets each pair's results, both sides' merged results, "
+        "comparison.json, junit.xml, summary.md and index.html",
+    )
     ab.set_defaults(handler=_cmd_bench, bench_handler=_bench_ab)
 
     update = bench_commands.add_parser(
@@ -724,24 +1121,28 @@ def _add_bench_commands(commands: Any) -> None:
     update.add_argument("results", type=Path, help="results JSON from `autotune bench run`")
     update.add_argument("--baseline", type=Path, required=True, help="the baseline to write")
     update.add_argument("--reason", required=True, help="why, recorded in the baseline")
+    _add_json(update, "what was written")
     update.set_defaults(handler=_cmd_bench, bench_handler=_bench_update_baseline)
 
 
 def _cmd_sim_serve(args: argparse.Namespace) -> int:
     from autotune.servers.sim.server import main as sim_main
 
-    return sim_main(args.sim_args)
+    return sim_main(args.sim_args, prog="autotune sim serve")
 
 
 def _split_sim_serve(argv: list[str]) -> tuple[list[str], list[str]]:
     """(autotune's arguments, the simulator's) of `autotune [-v] sim serve FLAGS...`.
 
-    The simulator parses its own flags (vLLM's names, its own range checks); an argparse
-    REMAINDER would lose those that start with `-` (`--port 8000`).
+    The simulator parses its own flags (vLLM's names, its own range checks, its own
+    --help); an argparse REMAINDER would lose those that start with `-` (`--port 8000`).
+    A `--` right after `serve` is dropped, as a user may write it to mean "the rest is
+    the simulator's".
     """
     for index, word in enumerate(argv[:-1]):
         if word == "sim" and argv[index + 1] == "serve":
-            return argv[: index + 2], argv[index + 2 :]
+            rest = argv[index + 2 :]
+            return argv[: index + 2], rest[1:] if rest[:1] == ["--"] else rest
         if not word.startswith("-"):
             break
     return argv, []
@@ -775,8 +1176,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="rollouts in flight at once (default: unlimited, as in NeMo Gym)",
     )
-    run.add_argument("--output", "-o", type=Path, help="rollout JSONL to append to")
-    run.add_argument("--resume", action="store_true", help="continue --output where it stopped")
+    _add_output_dir(
+        run,
+        f"a new {REPORTS}/collect-<date>-<time>; it holds {ROLLOUTS_FILE}, its failures and "
+        f"run record, and {SUMMARY_FILE}",
+    )
+    run.add_argument(
+        "--no-output",
+        action="store_true",
+        help="measure only: keep no rollout (nothing is written)",
+    )
+    run.add_argument(
+        "--output", "-o", type=Path, metavar="FILE",
+        help="deprecated: the rollout JSONL to append to (use --output-dir)",
+    )  # fmt: skip
+    run.add_argument(
+        "--resume", action="store_true", help="continue the run in --output-dir where it stopped"
+    )
     run.add_argument(
         "--max-failure-rate",
         type=_share,
@@ -790,8 +1206,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="keep --parallelism in flight even when the server answers 429/503",
     )
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    _add_json(run, "the closing summary")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress, only the result")
+    add_live_arguments(collect)
     collect.set_defaults(handler=_cmd_collect)
 
     diagnose = commands.add_parser(
@@ -820,8 +1237,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VERDICT[,VERDICT]",
         help="exit 3 when the verdict is one of these, e.g. unstable,rate-limited",
     )
-    probes.add_argument("--json", metavar="PATH", help="write the result as JSON (- for stdout)")
-    probes.add_argument("--report", type=Path, metavar="DIR", help="write an HTML report here")
+    output = diagnose.add_argument_group("output")
+    _add_output_dir(
+        output, "none: the verdict is printed only; a DIR gets diagnose.json and index.html"
+    )
+    _add_json(output, "the result (every probe, the verdict and its evidence)", old_path=True)
+    output.add_argument("--report", type=Path, metavar="DIR", help="deprecated: use --output-dir")
+    output.add_argument("--quiet", "-q", action="store_true", help="no progress, only the result")
     probes.add_argument(
         "--command",
         metavar="TEMPLATE",
@@ -835,7 +1257,6 @@ def build_parser() -> argparse.ArgumentParser:
         parallelism=None,
         output=None,
         resume=False,
-        quiet=True,
         num_repeats=1,
         adaptive_concurrency=_DEFAULTS.adaptive_concurrency,
         max_failure_rate=_DEFAULTS.max_failure_rate,
@@ -857,24 +1278,55 @@ def build_parser() -> argparse.ArgumentParser:
         help="Optuna storage URL (default: sqlite studies/NAME.db; "
         "a PostgreSQL URL lets several machines share one study)",
     )
-    sweep.add_argument("--studies-dir", type=Path, default=Path("studies"))
-    sweep.add_argument("--reports-dir", type=Path, default=Path("reports"))
-    sweep.add_argument("--json", action="store_true", help="print the recommendation as JSON")
-    sweep.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    sweep.add_argument(
+        "--studies-dir",
+        type=Path,
+        default=Path("studies"),
+        metavar="DIR",
+        help="where the default SQLite storage (NAME.db) and --command runs are kept",
+    )
+    _add_output_dir(
+        sweep,
+        f"{REPORTS}/NAME, NAME the study's; it gets sweep.json, index.html, trials.csv and "
+        "recommendation.json/.yaml",
+    )
+    sweep.add_argument(
+        "--reports-dir",
+        type=Path,
+        metavar="DIR",
+        help="deprecated: the folder above the report folder (use --output-dir DIR/NAME)",
+    )
+    _add_json(sweep, "the recommendation")
+    sweep.add_argument("--quiet", "-q", action="store_true", help="no progress, only the result")
     sweep.set_defaults(handler=_cmd_sweep)
 
     report = commands.add_parser(
         "report", help="render a report again from its saved results", epilog=_epilog()
     )
-    report.add_argument("directory", type=Path, help="a --report directory (or its JSON file)")
-    report.add_argument("--out", type=Path, help="write the page here instead")
+    report.add_argument(
+        "directory",
+        type=Path,
+        help="a folder a command wrote (its --output-dir), or the JSON file in it",
+    )
+    _add_output_dir(report, "the folder read")
+    report.add_argument("--out", type=Path, metavar="DIR", help="deprecated: use --output-dir")
+    _add_json(report, "the paths written")
     report.set_defaults(handler=_cmd_report)
 
     merge = commands.add_parser(
         "merge", help="join shard outputs without duplicates", epilog=_epilog()
     )
-    merge.add_argument("shards", nargs="+", type=Path)
-    merge.add_argument("--output", "-o", type=Path, required=True)
+    merge.add_argument(
+        "shards",
+        nargs="+",
+        type=Path,
+        help=f"each shard's rollout JSONL, or the --output-dir holding its {ROLLOUTS_FILE}",
+    )
+    _add_output_dir(merge, f"none: pass one; the merged rows go to DIR/{ROLLOUTS_FILE}")
+    merge.add_argument(
+        "--output", "-o", type=Path, metavar="FILE", help="deprecated: use --output-dir"
+    )
+    _add_json(merge, "the counts and the output path")
     merge.set_defaults(handler=_cmd_merge)
 
     _add_bench_commands(commands)
@@ -897,8 +1349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     own, sim_flags = _split_sim_serve(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(own)
     args.sim_args = sim_flags
+    quiet = getattr(args, "quiet", False)  # only the result: warnings and errors still show
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
         format="autotune: %(message)s",
         stream=sys.stderr,
     )
@@ -917,7 +1370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt as interrupt:
         terminated = isinstance(interrupt, Terminated)
-        kept = _KEPT_ON_INTERRUPT.get(args.job)
+        kept = _kept_by_collect(args) if args.job == "collect" else _KEPT_ON_INTERRUPT.get(args.job)
         what = "terminated" if terminated else "interrupted"
         print(f"autotune: {what}{f'; {kept}' if kept else ''}.", file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

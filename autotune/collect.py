@@ -10,18 +10,21 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
-from autotune.backends.openai import OpenAIBackend
+from autotune.backends import ModelBackend
 from autotune.concurrency import AdaptiveConcurrency
 from autotune.config import CollectConfig
 from autotune.engine import Engine, EngineObserver, RunStats
 from autotune.errors import CollectionError
+from autotune.live import load_expectation, open_monitor
+from autotune.live.monitor import REPORT_EVERY_S, LiveMonitor
 from autotune.pipeline import open_pipeline
-from autotune.results import CollectSummary
+from autotune.results import CollectResult, CollectSummary, Expectation, machine_identity, save
 from autotune.store import RolloutSink, check_run, failures_path, input_identity, save_run
 from autotune.target import Target
 from autotune.workload import Workload, rollout_key, work_items
@@ -31,12 +34,17 @@ log = logging.getLogger("autotune")
 T = TypeVar("T")
 
 SIM_DEFAULT_ARGS = ("--time-scale", "1.0")
+RESULT_FILE = "collect.json"  # what `collect --report DIR` saves beside index.html
 
 
 class Progress(EngineObserver, Protocol):
     """The CLI's progress bar: told the total, then of every finished rollout."""
 
     def set_total(self, total: int) -> None: ...
+
+    def write(self, line: str) -> None:
+        """A line for the person watching (above the bar)."""
+        ...
 
 
 async def collect(config: CollectConfig, progress: Progress | None = None) -> CollectSummary:
@@ -45,6 +53,15 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
         config.input, config.synthetic, config.limit, config.num_repeats, config.shard
     )
     workload.validate()
+    expectation = load_expectation(config.live)  # a bad --expect file: refused before any write
+    say = progress.write if progress is not None else _stderr_line
+    async with open_monitor(config, expectation, say) as monitor:  # so is a port in use
+        return await _collect(config, workload, progress, monitor)
+
+
+async def _collect(
+    config: CollectConfig, workload: Workload, progress: Progress | None, monitor: LiveMonitor
+) -> CollectSummary:
     start, stop = workload.task_range()
     run = run_record(config)
     if config.resume and config.output is not None:
@@ -65,8 +82,10 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
             parallelism,
         )
     todo = (stop - start) * repeats - skipped
+    live = config.live
+    _check_expectation(monitor.expectation, parallelism)
     try:
-        async with open_pipeline(config, SIM_DEFAULT_ARGS) as pipeline:
+        async with open_pipeline(config, SIM_DEFAULT_ARGS, metered=live.enabled) as pipeline:
             if config.output is not None:  # the model is known only now
                 run["model"] = pipeline.target.model
                 if config.resume:
@@ -74,15 +93,17 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
                 save_run(config.output, run)
             if progress is not None:
                 progress.set_total(todo)
+            slots = max(1, min(parallelism, todo))
             engine = Engine(
                 pipeline.backend,
                 pipeline.verifier,
                 sink,
-                parallelism=max(1, min(parallelism, todo)),
-                observer=progress,
+                parallelism=slots,
+                observer=monitor.observer(progress),
                 extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
                 adaptive_concurrency=config.adaptive_concurrency,
             )
+            monitor.attach(engine, pipeline, todo, slots)
             try:
                 stats = await engine.run(work_items(workload, start, stop, sink.done))
             except OSError as error:  # the rollout file cannot take another row
@@ -93,6 +114,10 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
     finally:
         sink.close()
     summary = _summarise(stats, engine.limiter, pipeline.backend, pipeline.target, config, skipped)
+    await monitor.finish(summary)
+    if live.report is not None:
+        _write_report(live.report, summary, monitor, config)
+    await monitor.linger()
     if stats.stopped_early:
         where = f"; {stats.completed} rollouts are kept in {config.output}" if config.output else ""
         raise CollectionError(
@@ -100,6 +125,60 @@ async def collect(config: CollectConfig, progress: Progress | None = None) -> Co
             "restart the server and rerun with --resume."
         )
     return summary
+
+
+def _stderr_line(line: str) -> None:
+    log.warning(line.removeprefix("autotune: "))
+
+
+def _check_expectation(expectation: Expectation | None, parallelism: int) -> None:
+    """A recommendation's interval holds at its own parallelism: say so if this run differs."""
+    if expectation is not None and expectation.parallelism not in (None, parallelism):
+        log.warning(
+            "the expectation (%s) was measured at parallelism %d and this run uses %d: "
+            "the drift watch compares unlike runs (pass --parallelism %d)",
+            expectation.source,
+            expectation.parallelism,
+            parallelism,
+            expectation.parallelism,
+        )
+
+
+def _write_report(
+    directory: Path, summary: CollectSummary, monitor: LiveMonitor, config: CollectConfig
+) -> None:
+    """collect.json and the HTML page rebuilt from it; a write that fails is one sentence."""
+    live, watch = config.live, monitor.watch
+    result = CollectResult(
+        created_at=time.time(),
+        summary=summary,
+        samples=monitor.samples,
+        expectation=monitor.expectation,
+        drift=watch.warning if watch is not None else None,
+        drift_windows_counted=watch.counted if watch is not None else 0,
+        settings={
+            "sample_every_s": live.stats_every_s or REPORT_EVERY_S,
+            "drift_window_s": watch.window_s if watch is not None else live.drift_window_s,
+            "drift_windows": live.drift_windows,
+        },
+        machine=machine_identity(),
+    )
+    try:
+        write_outputs(result, directory)
+    except OSError as error:
+        kept = f"the rollouts are kept in {config.output}" if config.output else "nothing is lost"
+        raise CollectionError(
+            f"could not write the report to {directory} ({error.strerror or error}); {kept}: "
+            "free space or pick another --report folder."
+        ) from None
+
+
+def write_outputs(result: CollectResult, directory: Path) -> list[Path]:
+    """collect.json, then index.html rebuilt from it (also what `autotune report` calls)."""
+    from autotune.report import collect_report
+
+    saved = save(result, directory / RESULT_FILE)
+    return [saved, collect_report.write(result, directory)]
 
 
 def run_record(config: CollectConfig) -> dict[str, Any]:
@@ -143,7 +222,7 @@ def failure_gate(summary: CollectSummary, max_failure_rate: float) -> str | None
         share = "none succeeded"
     failed = f"{summary.failed:,} of {attempted:,} rollouts failed ({share}; {classes})"
     if summary.output is None:
-        return f"{failed}; none was kept: pass --output to keep rollouts and each failure's cause."
+        return f"{failed}; none was kept (--no-output): drop it to keep each failure's cause."
     kept = summary.completed + summary.skipped
     where = f"keeps the {kept:,} rollouts collected" if kept else "holds no rollout yet"
     failures = failures_path(Path(summary.output))
@@ -156,7 +235,7 @@ def failure_gate(summary: CollectSummary, max_failure_rate: float) -> str | None
 def _summarise(
     stats: RunStats,
     limiter: AdaptiveConcurrency | None,
-    backend: OpenAIBackend,
+    backend: ModelBackend,
     target: Target,
     config: CollectConfig,
     skipped: int,

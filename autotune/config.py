@@ -19,7 +19,9 @@ pydantic specs below (one clear error per mistake), whose JSON Schema
 
 Target kinds: `server` (a running server: only parallelism is searched), `sim` (the
 embedded simulated engine, relaunched per configuration), `vllm` (a command that
-starts vLLM, relaunched per configuration).
+starts vLLM, relaunched per configuration), `command` (a user's own collector, run per
+point) and `nemo-gym-agent` (a running NeMo Gym agent server, `agent_url`: each rollout
+one POST /run; only parallelism is searched).
 
 The field types and specs that mean the same in a study and in a bench suite
 (autotune.bench.suite) are defined once here: `ProbeSpec` holds the one set of probe
@@ -120,6 +122,52 @@ class TargetConfig:
     rpm: float | None = None
     tpm: float | None = None
     sim_args: tuple[str, ...] = ()  # flags for the embedded simulated server
+    # A NeMo Gym agent server making whole rollouts (POST /run) instead of a model server.
+    agent_url: str | None = None
+    # The model server's vLLM-style /metrics (None: beside base_url; none for an agent).
+    metrics_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LiveConfig:
+    """What a collect reports while it runs (autotune/live/); everything is off by default."""
+
+    metrics_port: int | None = None  # serve Prometheus /metrics here
+    metrics_host: str = "127.0.0.1"
+    metrics_linger_s: float = 0.0  # after the run, serve until one scrape reads the end
+    stats_every_s: float | None = None  # a line of <output>_stats.jsonl this often
+    expect: Path | None = None  # a sweep's recommendation.json: the drift watch's expectation
+    expect_rate: float | None = None  # ... or a rate in rollouts/s
+    drift_window_s: float | None = None  # None: MIN_BATCHES batches of latency, at least 60 s
+    drift_windows: int = 3  # warn after this many windows in a row below the expectation
+    report: Path | None = None  # write collect.json and an HTML report here at the end
+
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise UsageError("--metrics-port must be a port from 1 to 65535.")
+        if self.stats_every_s is not None and not self.stats_every_s > 0:
+            raise UsageError("--stats-every must be a number of seconds above 0, e.g. 60.")
+        if self.expect is not None and self.expect_rate is not None:
+            raise UsageError("--expect and --expect-rate both set the expectation; pass one.")
+        if self.expect_rate is not None and not self.expect_rate > 0:
+            raise UsageError("--expect-rate must be a rate in rollouts/s above 0.")
+        if self.drift_window_s is not None and not self.drift_window_s > 0:
+            raise UsageError("--drift-window must be a number of seconds above 0.")
+        if self.drift_windows < 1:
+            raise UsageError("--drift-windows must be at least 1.")
+
+    @property
+    def drift_watch(self) -> bool:
+        return self.expect is not None or self.expect_rate is not None
+
+    @property
+    def sampled(self) -> bool:
+        """Samples are taken (for the stats file or the report)."""
+        return self.stats_every_s is not None or self.report is not None
+
+    @property
+    def enabled(self) -> bool:
+        return self.metrics_port is not None or self.sampled or self.drift_watch
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,16 +186,32 @@ class CollectConfig:
     verifier_workers: int | None = None
     verifier_cost_ms: float = 0.0
     verifier_timeout_s: float = 60.0  # one HTTP or user-function verification, at most
+    # Multi-turn rollouts (autotune.turns): a NeMo Gym resources server's URL whose tools
+    # the model may call, or "null" (answered at once, in-process); None: one model call.
+    tools: str | None = None
+    max_turns: int = 10  # model calls per multi-turn rollout, at most
     output: Path | None = None  # None: rollouts are not written (probes)
     resume: bool = False
     progress: bool = True
     # `autotune collect` exits 3 when a larger share of its rollouts failed (or none
     # succeeded); what it collected is kept either way.
     max_failure_rate: float = 0.05
+    live: LiveConfig = field(default_factory=LiveConfig)
 
     def __post_init__(self) -> None:
+        if self.live.stats_every_s is not None and self.output is None:
+            raise UsageError(
+                "--stats-every writes its lines beside the rollout file, and this run keeps "
+                "none (--no-output); drop one of the two."
+            )
         if self.parallelism is not None and self.parallelism < 1:
             raise UsageError("--parallelism must be at least 1; omit it for unlimited.")
+        if self.max_turns < 1:
+            raise UsageError("--max-turns must be at least 1.")
+        if self.tools is not None and self.target.agent_url is not None:
+            raise UsageError(
+                "the NeMo Gym agent calls its resources server's tools itself; drop --tools."
+            )
         if self.num_repeats < 1:
             raise UsageError("--num-repeats must be at least 1.")
         if self.limit is not None and self.limit < 0:
@@ -481,7 +545,7 @@ class SearchSpace(SpecModel):
 
 class TargetSpec(ServerFields):
     what: ClassVar[str] = "a target"
-    kind: Literal["server", "sim", "vllm", "command"]
+    kind: Literal["server", "sim", "vllm", "command", "nemo-gym-agent"]
     args: list[str] = []  # fixed flags for sim / vllm
     command: list[str] = ["vllm", "serve"]  # vllm: overridable (a CPU build's module form)
     # command: the user's own collector, with {parallelism}, {output} and {limit} in it
@@ -490,9 +554,22 @@ class TargetSpec(ServerFields):
     # sim / vllm: the interface the launched server listens on (None: 127.0.0.1, this
     # machine only: vLLM's API has no authentication; 0.0.0.0 opens it to the network)
     host: Text | None = None
+    # nemo-gym-agent: the agent server, and the model server's /metrics it calls (optional)
+    agent_url: Text | None = None
+    metrics_url: Text | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> TargetSpec:
+        if self.kind == "nemo-gym-agent" and not self.agent_url:
+            raise ValueError(
+                "kind: nemo-gym-agent needs agent_url (an agent of ng_run's /server_instances)"
+            )
+        if self.kind != "nemo-gym-agent" and self.agent_url:
+            raise ValueError(f"agent_url is for kind: nemo-gym-agent, not kind: {self.kind}")
+        for name, url in (("agent_url", self.agent_url), ("metrics_url", self.metrics_url)):
+            found = base_url_problem(url) if url else None
+            if found is not None:
+                raise ValueError(f"{name} {url} {found}, e.g. http://host:port")
         if self.kind == "server" and not self.base_url:
             raise ValueError("kind: server needs base_url (e.g. http://host:8000/v1)")
         if self.kind == "command" and not self.template:
@@ -502,7 +579,7 @@ class TargetSpec(ServerFields):
             )
         if self.kind == "vllm" and not self.model:
             raise ValueError("kind: vllm needs model (a path or a model name)")
-        if self.host is not None and self.kind in ("server", "command"):
+        if self.host is not None and self.kind in ("server", "command", "nemo-gym-agent"):
             raise ValueError(
                 f"kind: {self.kind} starts no server, so host does not apply; remove it"
             )
@@ -539,14 +616,29 @@ class WorkloadSpec(SpecModel):
 class ObjectiveSpec(SpecModel):
     metric: Literal["rollouts_per_s", "output_tokens_per_s"] = "rollouts_per_s"
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
-    p95_latency_slo_s: float | None = Field(default=None, gt=0)
+    # Latency budgets: a trial's value is its best throughput at a parallelism that meets
+    # them, and the recommendation stays at or under them (sweep/recommend.py).
+    p95_latency_slo_s: Positive | None = None  # p95 rollout latency, seconds
+    p95_ttft_slo_s: Positive | None = None  # p95 time to first token (streamed), seconds
     second_objective: Literal["p95_latency"] | None = None
+
+
+VALIDATE_ROLLOUTS = 1000  # the validation run's length against a real server
+VALIDATE_ROLLOUTS_SIM = 300  # on the simulator, where a demo should stay short
 
 
 class BudgetSpec(SpecModel):
     trials: int = Field(default=30, ge=1)
     time_s: float | None = Field(default=None, gt=0)
     patience: int | None = Field(default=None, ge=1)  # stop after N trials without a 1% gain
+    # Rollouts of the run that validates the recommendation before it is written; 0: none.
+    # None: 1,000 against a real server, VALIDATE_ROLLOUTS_SIM on the simulator.
+    validate_rollouts: Count0 | None = None
+
+    def rollouts_to_validate(self, kind: str) -> int:
+        if self.validate_rollouts is not None:
+            return self.validate_rollouts
+        return VALIDATE_ROLLOUTS_SIM if kind == "sim" else VALIDATE_ROLLOUTS
 
 
 class Study(SpecModel):
@@ -561,7 +653,10 @@ class Study(SpecModel):
 
     @model_validator(mode="after")
     def _knobs_need_a_launcher(self) -> Study:
-        if self.target.kind in ("server", "command") and self.search_space.server_knobs():
+        if (
+            self.target.kind in ("server", "command", "nemo-gym-agent")
+            and self.search_space.server_knobs()
+        ):
             raise ValueError(
                 f"kind: {self.target.kind} starts no server, so no server flag can change; "
                 "search only parallelism, or use kind: vllm or kind: sim"

@@ -2,24 +2,32 @@
 
 Both probes run the same tasks with the same output limits against the same server,
 so they differ only in parallelism. The verdict comes from `classify`, from what was
-measured; the result is saved as JSON and every report is rebuilt from that file.
+measured; where the speedup's interval straddles its threshold, the probes measure more
+windows (up to --max-s each) before the verdict is called inconclusive. Against the
+simulator every figure is converted to simulated time. The result is saved as JSON and
+every report is rebuilt from that file.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
-from autotune.classify import classify
+from autotune.classify import classify, speedup_interval
 from autotune.config import PROBE_DEFAULTS, CollectConfig
 from autotune.errors import CollectionError, UsageError
 from autotune.pipeline import open_pipeline
 from autotune.probe import ProbeSettings
 from autotune.probe.command import run_command_probe
-from autotune.probe.engine import run_probe
+from autotune.probe.engine import ProbeRun
+from autotune.probe.status import ProbeStatus
+from autotune.probe.timescale import in_simulated_time
 from autotune.results import (
     DiagnoseResult,
     DiagnoseSettings,
@@ -30,11 +38,19 @@ from autotune.results import (
     machine_identity,
     save,
 )
+from autotune.stats import RateEstimate, RatioInterval
 from autotune.workload import Workload
 
-# The embedded default runs 20× faster than real time, so a diagnosis takes seconds.
+# The embedded default runs 20× faster than real time, so a diagnosis takes seconds;
+# its figures are converted to simulated time (probe.timescale).
 SIM_DEFAULT_ARGS = ("--time-scale", "0.05")
+EXTEND_UNTIL = 0.95  # a probe that has measured this share of --max-s is not extended
+# Each probe first measures to ±15%: enough when the speedup lies far from a threshold
+# (a speedup of ×1 or ×4 against ×2), and quick to reach even on a busy real server.
+# Near a threshold the probes then extend to the precision the verdict needs.
+FIRST_PASS_HALFWIDTH = 0.15
 RESULT_FILE = "diagnose.json"
+DiagnoseWatch = Callable[[int, ProbeStatus], None]  # (which probe, its status): progress
 COMMAND_LIMIT_PER_SLOT = 10  # a --command run's default {limit}: 10 rollouts per high slot
 
 
@@ -47,25 +63,33 @@ class DiagnoseConfig:
     high: int = 20
     min_s: float = PROBE_DEFAULTS.min_s
     max_s: float = PROBE_DEFAULTS.max_s
-    target_halfwidth: float = PROBE_DEFAULTS.target_halfwidth
+    target_halfwidth: float = FIRST_PASS_HALFWIDTH
     thresholds: Thresholds = field(default_factory=Thresholds)
     command: str | None = None  # the user's own collector instead of autotune's engine
 
     def __post_init__(self) -> None:
         if not 1 <= self.low < self.high:
             raise UsageError(f"--low {self.low} must be at least 1 and below --high {self.high}.")
+        if self.command is not None and self.collect.target.agent_url is not None:
+            raise UsageError(
+                "--command and --agent-url each name the collector to diagnose; pass one."
+            )
 
 
-async def diagnose(config: DiagnoseConfig) -> DiagnoseResult:
-    """Runs both probes and returns what RESULT_FILE saves."""
+async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -> DiagnoseResult:
+    """Runs both probes (longer while the speedup's interval straddles the threshold)
+    and returns what RESULT_FILE saves; `watch` is told each probe's progress (its index
+    first: 0 the low probe, 1 the high)."""
     if config.command is not None:
-        return await _diagnose_command(config, config.command)
+        return await _diagnose_command(config, config.command, watch)
     collect = config.collect
     workload = Workload(collect.input, collect.synthetic, collect.limit, 1, collect.shard)
     tasks = workload.probe_tasks()
+    began = time.time()
     async with open_pipeline(collect, SIM_DEFAULT_ARGS) as pipeline:
         target, target_config = pipeline.target, pipeline.target_config
-        probes = []
+        runs: list[ProbeRun] = []
+        probes: list[ProbeResult] = []
         for parallelism in (config.low, config.high):
             settings = ProbeSettings(
                 parallelism=parallelism,
@@ -73,14 +97,18 @@ async def diagnose(config: DiagnoseConfig) -> DiagnoseResult:
                 max_s=config.max_s,
                 target_halfwidth=config.target_halfwidth,
             )
-            probe = await run_probe(
+            numbered = None if watch is None else partial(watch, len(runs))
+            run = ProbeRun(
                 settings,
                 tasks,
                 pipeline.backend,
                 pipeline.verifier,
-                pipeline.session,
                 target.base_url,
+                numbered,
+                metrics=target_config.metrics_url,
             )
+            probe = await run.measure()
+            runs.append(run)
             probes.append(probe)
             if parallelism == config.low and probe.completed == 0:
                 raise CollectionError(
@@ -88,12 +116,17 @@ async def diagnose(config: DiagnoseConfig) -> DiagnoseResult:
                     f"({_errors(probe.errors_by_class)}); check the server and the "
                     "workload with `autotune collect --limit 5` first."
                 )
+        probes = await _extend_while_straddling(config, runs, probes)
+    scale = target.time_scale if target.simulated else None
+    if scale:
+        probes = [in_simulated_time(probe, scale, began) for probe in probes]
     target_record = DiagnoseTarget(
         base_url=target.base_url,
         model=target.model,
         simulated=target.simulated,
         api=target_config.api,
         stream=target_config.stream,
+        time_scale=scale,
     )
     workload_record = DiagnoseWorkload(
         input=str(collect.input) if collect.input else None,
@@ -104,14 +137,69 @@ async def diagnose(config: DiagnoseConfig) -> DiagnoseResult:
     return _saved(config, probes, target_record, workload_record)
 
 
-async def _diagnose_command(config: DiagnoseConfig, template: str) -> DiagnoseResult:
+async def _extend_while_straddling(
+    config: DiagnoseConfig, runs: list[ProbeRun], probes: list[ProbeResult]
+) -> list[ProbeResult]:
+    """While the verdict is `inconclusive` and a narrower interval could still change
+    that, measure more windows of the probe whose interval is the wider (relatively),
+    until the speedup's interval clears the threshold's margin or lies inside it (the
+    verdict is decided), or both probes have measured `max_s`."""
+    zone = config.thresholds.undecided_zone(config.high / config.low)
+    while classify(
+        probes[0], probes[1], config.thresholds
+    ).verdict == "inconclusive" and not _decided(speedup_interval(probes[0], probes[1]), zone):
+        open_runs = [
+            i for i, run in enumerate(runs) if run.measured_s < EXTEND_UNTIL * config.max_s
+        ]
+        if not open_runs:
+            break
+        index = max(open_runs, key=lambda i: _relative_halfwidth(probes[i]))
+
+        def enough(estimate: RateEstimate, index: int = index) -> bool:
+            trial = list(probes)
+            trial[index] = replace(
+                probes[index],
+                rollouts_per_s=estimate.rate,
+                rollouts_per_s_ci=(estimate.low, estimate.high),
+                batches=estimate.batches,
+            )
+            return _decided(speedup_interval(trial[0], trial[1]), zone)
+
+        probes[index] = await runs[index].measure(enough)
+    return probes
+
+
+def _decided(interval: RatioInterval, zone: tuple[float, float]) -> bool:
+    """The speedup's interval clears the threshold's margin, or lies inside it (where no
+    precision could move it to either side): the verdict needs no more measuring."""
+    below, above = zone
+    return (
+        interval.high < below
+        or interval.low >= above
+        or below <= interval.low <= interval.high <= above
+    )
+
+
+def _relative_halfwidth(probe: ProbeResult) -> float:
+    high = probe.rollouts_per_s_ci[1]
+    rate = probe.rollouts_per_s
+    return (high - rate) / rate if rate > 0 else math.inf
+
+
+async def _diagnose_command(
+    config: DiagnoseConfig, template: str, watch: DiagnoseWatch | None
+) -> DiagnoseResult:
     """Both probes run the user's collector command; its rows are timed as they land."""
     limit = config.collect.limit or COMMAND_LIMIT_PER_SLOT * config.high
     workdir = Path(tempfile.mkdtemp(prefix="autotune-command-"))
-    probes = [
-        await run_command_probe(template, parallelism, limit, workdir)
-        for parallelism in (config.low, config.high)
-    ]
+    probes = []
+    for index, parallelism in enumerate((config.low, config.high)):
+        if watch is not None:  # its rows are timed once it has finished
+            status = ProbeStatus(
+                "running the command", parallelism, 0, 0.0, config.max_s, config.target_halfwidth
+            )
+            watch(index, status)
+        probes.append(await run_command_probe(template, parallelism, limit, workdir))
     shutil.rmtree(workdir)  # kept when a run failed: the error names its log there
     target = DiagnoseTarget(base_url=None, model=None, simulated=False, command=template)
     return _saved(config, probes, target, DiagnoseWorkload(input=None, tasks=limit))

@@ -60,6 +60,7 @@ class EngineObserver(Protocol):
 class RunStats:
     """Running totals of one engine run."""
 
+    taken: int = 0  # rollouts a worker has begun: taken − completed − failed are in flight
     completed: int = 0
     failed: int = 0
     input_tokens: int = 0
@@ -139,6 +140,7 @@ class Engine:
         for item in items:  # one shared iterator: each worker takes the next rollout
             if self._stopping:
                 return
+            self.stats.taken += 1
             queued = time.time()
             if limiter is not None:
                 await limiter.acquire()  # the wait counts as the rollout's queue time
@@ -190,6 +192,12 @@ class Engine:
 
     def _row(self, item: WorkItem, generation: Generation) -> dict[str, Any]:
         task = item.task
+        if generation.row is not None:  # an agent made the rollout: its row, our indices
+            return {
+                **generation.row,
+                "_ng_task_index": task.index,
+                "_ng_rollout_index": item.rollout_index,
+            }
         row: dict[str, Any] = {
             "_ng_task_index": task.index,
             "_ng_rollout_index": item.rollout_index,
@@ -203,6 +211,7 @@ class Engine:
                 output_tokens=generation.output_tokens,
                 finish_reason=generation.finish_reason,
                 request=task.create_params,
+                output=generation.output,
             ),
         }
         row.update(task.verifier_fields())
@@ -235,6 +244,8 @@ class Engine:
         row["agent_ref"] = AGENT_REF
         timings = _timings(queued, generation, verify_start, verify_end)
         row["_autotune"] = {**self._extra, "timings": timings, "attempts": generation.attempts}
+        if generation.turns is not None:
+            row["_autotune"]["turns"] = generation.turns
         self._sink.write(row)
 
         stats = self.stats
@@ -372,7 +383,8 @@ def _unstorable(result: dict[Any, Any]) -> str:
 def _timings(
     queued: float, generation: Generation, verify_start: float, verify_end: float
 ) -> dict[str, float | None]:
-    return {
+    """A rollout's timestamps; a multi-turn one's also its seconds in tools (`tool`)."""
+    timings: dict[str, float | None] = {
         "queued": queued,
         "model_start": generation.model_start,
         "first_token": generation.first_token,
@@ -380,6 +392,9 @@ def _timings(
         "verify_start": verify_start,
         "verify_end": verify_end,
     }
+    if generation.turns is not None:
+        timings["tool"] = generation.tool_s
+    return timings
 
 
 async def _until_done(

@@ -9,6 +9,12 @@ extrapolate a peak that was never measured.
 The fit uses the standard linearisation N/X = a + b(N−1) + cN(N−1) with a = 1/λ,
 b = σ/λ, c = κ/λ (ordinary least squares, σ and κ kept non-negative), which needs no
 optimiser and no starting guess. Pure functions; no I/O.
+
+Intervals (`bootstrap_curve`): each measured point is drawn again from its own 95%
+interval (a parametric bootstrap of the probes' replicates; where the fit misses the
+points by more than their intervals say, the misses set the spread instead) and the
+whole summary is refitted per draw; the 2.5th and 97.5th percentiles of the peak, the
+knee and the recommended parallelism are their 95% intervals.
 """
 
 from __future__ import annotations
@@ -20,9 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from autotune.results import CurveSummary
+from autotune.stats import t95
 
 HEADROOM = 0.8  # the NeMo Gym guide: "use 80% of peak to leave headroom for stability"
 MIN_POINTS_FOR_PEAK = 4  # with 3 points κ interpolates the noise exactly (R² = 1)
+BOOTSTRAP_DRAWS = 400  # enough for stable 2.5th/97.5th percentiles; fits are microseconds
+Z95 = 1.96
+MIN_RELATIVE_SE = 0.01  # no probe knows a rate better than ±2% (95%): windows are finite
+# A probe's interval is trusted from TRUSTED_BATCHES batch means up (from one or two, a t
+# interval is 12.7 or 4.3 standard errors wide and its spread says little); without
+# one, a closed-loop rate is taken as known to ±UNKNOWN_SPREAD (seen: ±2%).
+TRUSTED_BATCHES = 3
+UNKNOWN_SPREAD = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +92,33 @@ def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, count: int) -> tuple[f
     return a, coefficients.get(1, 0.0), coefficients.get(2, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class Landmarks:
+    """Where one curve peaks, its knee, and the 80% rule's parallelism."""
+
+    peak_parallelism: float
+    peak_throughput: float
+    inside: bool  # the fitted peak lies inside the measured range
+    knee_parallelism: float
+    recommended_parallelism: int
+
+
+def landmarks(fit: UslFit, parallelism: Sequence[int], throughput: Sequence[float]) -> Landmarks:
+    """The peak (fitted inside the range, else the best measured point: no extrapolation),
+    the knee and 80% of the peak's parallelism."""
+    best_index = max(range(len(throughput)), key=lambda i: throughput[i])
+    best_n, best_x = int(parallelism[best_index]), float(throughput[best_index])
+    fitted_peak = fit.peak_parallelism
+    # A peak past the largest parallelism tried was never measured: no extrapolation.
+    inside = fitted_peak is not None and fitted_peak <= max(parallelism)
+    if inside and fitted_peak is not None:
+        peak_n, peak_x = fitted_peak, fit.throughput(fitted_peak)
+    else:
+        peak_n, peak_x = float(best_n), max(best_x, fit.throughput(best_n))
+    knee = min(peak_x / fit.lam, peak_n) if fit.lam > 0 else peak_n
+    return Landmarks(peak_n, peak_x, inside, knee, max(1, math.floor(HEADROOM * peak_n)))
+
+
 def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> CurveSummary:
     """Everything the recommendation needs from one curve (measured points)."""
     best_index = max(range(len(throughput)), key=lambda i: throughput[i])
@@ -101,22 +143,17 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
             best_n,
             "too few points to fit a curve; using measured points",
         )
-    fitted_peak = fit.peak_parallelism
-    # A peak past the largest parallelism tried was never measured: no extrapolation.
-    inside = fitted_peak is not None and fitted_peak <= largest
-    if inside and fitted_peak is not None:
-        peak_n = fitted_peak
-        peak_x = fit.throughput(fitted_peak)
-        note = f"throughput peaks at parallelism {fitted_peak:.0f} (fitted)"
+    marks = landmarks(fit, parallelism, throughput)
+    peak_n, peak_x = marks.peak_parallelism, marks.peak_throughput
+    if marks.inside:
+        note = f"throughput peaks at parallelism {peak_n:.0f} (fitted)"
     else:
-        peak_n, peak_x = float(best_n), max(best_x, fit.throughput(best_n))
         note = (
             f"no peak inside the searched range: the fitted curve does not turn down by "
             f"parallelism {largest} (it rises or levels off); the recommendation uses the "
             f"best measured point (parallelism {best_n}), not an extrapolated peak"
         )
-    recommended = max(1, math.floor(HEADROOM * peak_n))
-    knee = min(peak_x / fit.lam, peak_n) if fit.lam > 0 else peak_n
+    recommended = marks.recommended_parallelism
     smallest = next(
         (n for n in range(1, math.ceil(peak_n) + 1) if fit.throughput(n) >= HEADROOM * peak_x),
         math.ceil(peak_n),
@@ -125,12 +162,106 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
         fit={"lambda": fit.lam, "sigma": fit.sigma, "kappa": fit.kappa, "r2": fit.r2},
         peak_parallelism=peak_n,
         peak_throughput=peak_x,
-        peak_inside_range=inside,
+        peak_inside_range=marks.inside,
         best_measured_parallelism=best_n,
         best_measured_throughput=best_x,
         recommended_parallelism=recommended,
         recommended_throughput=fit.throughput(recommended),
-        knee_parallelism=knee,
+        knee_parallelism=marks.knee_parallelism,
         smallest_parallelism_at_80pct=smallest,
         note=note,
     )
+
+
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class CurveBootstrap:
+    """The refitted curves of every bootstrap draw, and the 95% intervals they give."""
+
+    fits: list[UslFit]
+    draws: list[Landmarks]
+
+    def interval(self, values: Sequence[float]) -> Interval:
+        """The 2.5th and 97.5th percentiles of one figure over the draws."""
+        low, high = np.percentile(np.array(values, dtype=float), [2.5, 97.5])
+        return float(low), float(high)
+
+    @property
+    def peak_parallelism(self) -> Interval:
+        return self.interval([d.peak_parallelism for d in self.draws])
+
+    @property
+    def peak_throughput(self) -> Interval:
+        return self.interval([d.peak_throughput for d in self.draws])
+
+    @property
+    def knee_parallelism(self) -> Interval:
+        return self.interval([d.knee_parallelism for d in self.draws])
+
+    @property
+    def recommended_parallelism(self) -> Interval:
+        return self.interval([d.recommended_parallelism for d in self.draws])
+
+    def throughput_at(self, parallelism: float) -> Interval:
+        """The fitted throughput's 95% interval at one parallelism (a prediction)."""
+        return self.interval([fit.throughput(parallelism) for fit in self.fits])
+
+
+def standard_errors(
+    parallelism: Sequence[int],
+    throughput: Sequence[float],
+    intervals: Sequence[Interval | None],
+    batches: Sequence[int | None],
+) -> list[float]:
+    """Each point's standard error: from its probe's 95% interval (a t interval over
+    `batches` batch means) if trusted, else ±UNKNOWN_SPREAD; never below what the fit's
+    misses show (a curve the USL fits loosely is known less well than its probes say)
+    nor below MIN_RELATIVE_SE."""
+    misses = 0.0
+    try:
+        fit = fit_usl(parallelism, throughput)
+    except ValueError:
+        fit = None
+    free = len(parallelism) - 3
+    if fit is not None and free > 0:
+        relative = [
+            (x - fit.throughput(n)) / x for n, x in zip(parallelism, throughput, strict=True)
+        ]
+        misses = math.sqrt(sum(r * r for r in relative) / free)
+    errors = []
+    for x, interval, count in zip(throughput, intervals, batches, strict=True):
+        from_probe = UNKNOWN_SPREAD / Z95 * x
+        if interval is not None and count is not None and count >= TRUSTED_BATCHES:
+            from_probe = (interval[1] - interval[0]) / (2 * t95(count - 1))
+        errors.append(max(from_probe, misses * x, MIN_RELATIVE_SE * x))
+    return errors
+
+
+def bootstrap_curve(
+    parallelism: Sequence[int],
+    throughput: Sequence[float],
+    errors: Sequence[float],
+    *,
+    draws: int = BOOTSTRAP_DRAWS,
+    seed: int = 0,
+) -> CurveBootstrap | None:
+    """Refit the curve `draws` times, each point drawn from N(measured, error²); None when
+    there are too few points to fit."""
+    if len(parallelism) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    x = np.array(throughput, dtype=float)
+    spread = np.array(errors, dtype=float)
+    fits: list[UslFit] = []
+    marks: list[Landmarks] = []
+    for _ in range(draws):
+        drawn = np.maximum(x + rng.standard_normal(len(x)) * spread, 1e-9 * x.max()).tolist()
+        try:
+            fit = fit_usl(parallelism, drawn)
+        except ValueError:
+            continue
+        fits.append(fit)
+        marks.append(landmarks(fit, parallelism, drawn))
+    return CurveBootstrap(fits, marks) if fits else None

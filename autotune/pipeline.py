@@ -1,7 +1,8 @@
 """The parts every rollout job wires together: a checked target, a backend, a verifier.
 
 Collect and diagnose (and bench) open the same pipeline; the embedded simulator and the
-verifier's worker pool live exactly as long as the `async with` block.
+verifier's worker pool live exactly as long as the `async with` block. With an agent URL
+the pipeline is a NeMo Gym agent server, which makes and verifies whole rollouts itself.
 """
 
 from __future__ import annotations
@@ -12,9 +13,20 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
+from autotune.backends import ModelBackend
+from autotune.backends.nemo_gym_agent import (
+    AGENT_MODEL,
+    AgentBackend,
+    AgentRewardVerifier,
+    check_agent,
+)
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import CollectConfig, TargetConfig
-from autotune.target import Target, api_key, connect, synthetic_defaults
+from autotune.errors import ServerUnreachable
+from autotune.target import Target, api_key, connect, open_session, synthetic_defaults
+from autotune.telemetry.prometheus import parse_prometheus
+from autotune.tools import load_tools
+from autotune.turns import MultiTurnBackend
 from autotune.verifiers import Verifier, VerifierOptions, load_verifier
 
 
@@ -22,23 +34,36 @@ from autotune.verifiers import Verifier, VerifierOptions, load_verifier
 class Pipeline:
     session: aiohttp.ClientSession
     target: Target
-    backend: OpenAIBackend
+    backend: ModelBackend
     verifier: Verifier
     target_config: TargetConfig
 
 
 @asynccontextmanager
 async def open_pipeline(
-    config: CollectConfig, default_sim_args: Sequence[str] = ()
+    config: CollectConfig, default_sim_args: Sequence[str] = (), metered: bool = False
 ) -> AsyncIterator[Pipeline]:
+    """`metered`: the session counts connection-pool waits (a live-metered collect)."""
     target_config = synthetic_defaults(config.target, config.input is None)
-    async with connect(target_config, default_sim_args) as (session, target):
-        backend = OpenAIBackend(
+    agent_url = target_config.agent_url
+    if agent_url is not None:
+        async with open_session(target_config, metered) as session:
+            await check_agent(session, agent_url)
+            simulated, scale = await _model_server(session, target_config.metrics_url)
+            target = Target(agent_url, AGENT_MODEL, simulated, scale)
+            agent = AgentBackend(session, target_config, agent_url)
+            yield Pipeline(session, target, agent, AgentRewardVerifier(), target_config)
+        return
+    async with connect(target_config, default_sim_args, metered) as (session, target):
+        backend: ModelBackend = OpenAIBackend(
             session,
             replace(target_config, base_url=target.base_url),
             target.model,
             api_key(target_config),
         )
+        tools = await load_tools(config.tools, session, target_config.request_timeout_s)
+        if tools is not None:
+            backend = MultiTurnBackend(backend, tools, config.max_turns)
         verifier = await load_verifier(
             config.verifier,
             VerifierOptions(
@@ -52,3 +77,34 @@ async def open_pipeline(
             yield Pipeline(session, target, backend, verifier, target_config)
         finally:
             await verifier.aclose()
+
+
+async def _model_server(
+    session: aiohttp.ClientSession, metrics_url: str | None
+) -> tuple[bool, float | None]:
+    """Whether the model server behind an agent is autotune's simulator, and its time
+    scale, by its /metrics (`autotune_simulated 1`, the x-autotune-time-scale header); a
+    --metrics-url that cannot be read stops the run here."""
+    if metrics_url is None:
+        return False, None
+    try:
+        async with session.get(metrics_url, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+            status, text = resp.status, await resp.text(errors="replace")
+            header = resp.headers.get("x-autotune-time-scale")
+    except (aiohttp.ClientError, TimeoutError) as error:
+        reason = str(error) or "no answer within 5 s"
+        raise ServerUnreachable(
+            f"cannot read --metrics-url {metrics_url} ({reason}); point it at the model "
+            "server's /metrics (vLLM serves it beside /v1) or drop it."
+        ) from None
+    if status != 200:
+        raise ServerUnreachable(
+            f"--metrics-url {metrics_url} answered HTTP {status}; point it at the model "
+            "server's /metrics (vLLM serves it beside /v1) or drop it."
+        )
+    simulated = parse_prometheus(text, names=("autotune_simulated",)).get("autotune_simulated")
+    try:
+        scale = float(header) if header is not None else None
+    except ValueError:
+        scale = None
+    return simulated == 1, scale

@@ -20,12 +20,45 @@ def build_response(
     output_tokens: int,
     finish_reason: str | None,
     request: dict[str, Any],
+    output: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A Responses-API `response` object from one chat/completions answer.
+    """A Responses-API `response` object from one chat/completions answer, or from a
+    multi-turn rollout's `output` items (every turn's, tool outputs included).
 
     `request` is the task's `responses_create_params`: a response echoes its tool
     settings, which NeMo Gym's response model requires.
     """
+    if output is None:
+        output = output_items(response_id, text, tool_calls)
+    return {
+        "id": f"resp_{response_id}",
+        "object": "response",
+        "created_at": time.time(),
+        "model": model,
+        "status": "incomplete" if finish_reason == "length" else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"}
+        if finish_reason == "length"
+        else None,
+        "error": None,
+        "output": output,
+        "tools": request.get("tools") or [],
+        "tool_choice": request.get("tool_choice") or "auto",
+        "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
+
+
+def output_items(
+    response_id: str, text: str, tool_calls: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """One answer's Responses-API output items: a `function_call` per tool call, then the
+    assistant `message` (also when empty and no tool was called)."""
     output: list[dict[str, Any]] = []
     for call in tool_calls or ():
         function = call.get("function") or {}
@@ -51,28 +84,7 @@ def build_response(
                 ],
             }
         )
-    return {
-        "id": f"resp_{response_id}",
-        "object": "response",
-        "created_at": time.time(),
-        "model": model,
-        "status": "incomplete" if finish_reason == "length" else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"}
-        if finish_reason == "length"
-        else None,
-        "error": None,
-        "output": output,
-        "tools": request.get("tools") or [],
-        "tool_choice": request.get("tool_choice") or "auto",
-        "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
-        "usage": {
-            "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": input_tokens + output_tokens,
-        },
-    }
+    return output
 
 
 def response_text(response: dict[str, Any] | None) -> str:

@@ -21,7 +21,7 @@ import orjson
 from autotune.errors import UsageError
 
 SCHEMA_VERSION = 2
-STAGES = ("queue", "model", "ttft", "verify_wait", "verify", "total")
+STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify", "total")
 
 R = TypeVar("R", bound="Record")
 
@@ -125,14 +125,18 @@ def machine_identity() -> dict[str, str]:
 
 
 def stage_durations(t: Mapping[str, float | None]) -> Iterator[tuple[str, float]]:
-    """Each stage's seconds for one rollout, from its timestamps (ttft only if streamed)."""
+    """Each stage's seconds for one rollout, from its timestamps (ttft only if streamed;
+    tool only for a multi-turn rollout, whose model stage is its time outside the tools)."""
     queued, start, first = t["queued"] or 0.0, t["model_start"] or 0.0, t["first_token"]
     model_end, verify_start = t["model_end"] or 0.0, t["verify_start"] or 0.0
     verify_end = t["verify_end"] or 0.0
+    tool = t.get("tool")
     yield "queue", start - queued
-    yield "model", model_end - start
+    yield "model", model_end - start - (tool or 0.0)
     if first is not None:
         yield "ttft", first - start
+    if tool is not None:
+        yield "tool", tool
     yield "verify_wait", verify_start - model_end
     yield "verify", verify_end - verify_start
     yield "total", verify_end - queued
@@ -216,6 +220,88 @@ class CollectSummary(Record):
     schema_version: int = SCHEMA_VERSION
 
 
+# -- a collect watched while it runs (autotune/live/) ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation(Record):
+    """The throughput a collect should hold, in rollouts/s: a recommendation's prediction
+    with its interval, or a rate given on the command line. `note` says where the
+    interval came from (a recommendation saves none: it is derived, and says how)."""
+
+    rollouts_per_s: float
+    low: float
+    high: float
+    parallelism: int | None
+    source: str
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class DriftWarning(Record):
+    """Steady-state throughput stayed below the expectation for `windows` windows in a row."""
+
+    t_s: float  # seconds since the run began, at the end of the last window below
+    windows: int
+    window_s: float
+    rollouts_per_s: float  # the last window's steady-state rate
+    rollouts_per_s_ci: tuple[float, float]
+    expected_low: float
+    stage: str | None  # the stage whose mean latency grew most since the first window
+    stage_before_s: float | None
+    stage_now_s: float | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSample(Record):
+    """One look at a running collect: a line of `<output>_stats.jsonl`, a point of the
+    collect report. Totals count from the run's start; `window_*` cover the time since the
+    previous sample. The last sample of a run carries the closing summary, exactly."""
+
+    at: float  # time.time()
+    t_s: float  # seconds since the run began
+    completed: int
+    failed: int
+    in_flight: int
+    input_tokens: int
+    output_tokens: int
+    mean_reward: float | None
+    errors_by_class: dict[str, int]
+    retries_by_class: dict[str, int]
+    rate_limited_responses: int
+    limiter_wait_s: float  # waiting for --rpm/--tpm
+    pool_wait_s: float  # getting a connection from the pool (a wait for a free one, or a connect)
+    concurrency_limit: int | None
+    window_s: float
+    window_rollouts_per_s: float
+    window_output_tokens_per_s: float
+    window_latency_s: dict[str, StageLatency]
+    steady_rollouts_per_s: tuple[float, float, float] | None = None  # rate, 95% low, high
+    drift: DriftWarning | None = None  # on the first sample after the warning
+    summary: CollectSummary | None = None  # the last sample only
+
+
+@dataclass(frozen=True, slots=True)
+class CollectResult(Record):
+    """A finished collect as `collect --report DIR` saves it: the summary, the samples taken
+    while it ran, and what the drift watch expected and found."""
+
+    kind: ClassVar[str] = "collect"
+    created_at: float
+    summary: CollectSummary
+    samples: list[LiveSample]
+    expectation: Expectation | None
+    drift: DriftWarning | None
+    drift_windows_counted: int  # steady-state windows the drift watch compared
+    settings: dict[str, Any]
+    machine: dict[str, str]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
 # -- probes ----------------------------------------------------------------------------------
 
 
@@ -246,11 +332,27 @@ class ProbeResult(Record):
     telemetry_unavailable: dict[str, str] = field(default_factory=dict)
     token_check: dict[str, float] | None = None
     series: list[dict[str, Any]] = field(default_factory=list)
+    batches: int = 10  # of the rate's batch-means interval (its degrees of freedom + 1)
+    latency_cv: float | None = None  # rollout latency's standard deviation ÷ its mean
+    timeouts: int = 0  # model calls that timed out in the window, retried or failed
+    # Seconds since the probe began: rollouts/s in short bins, and the spans of its
+    # phases ("warm-up", "measured", "drain"); an extended probe's runs follow each other.
+    timeline: list[tuple[float, float]] = field(default_factory=list)
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def probe_s(self) -> float:
         """How long the probe ran (simulated seconds on the virtual engine)."""
         return self.warmup_s + self.measured_s
+
+    @property
+    def latency_dispersion(self) -> float | None:
+        """p95 ÷ p50 of the whole rollout's latency: a long tail is a symptom of too much
+        parallelism (queueing, retries), as the NeMo Gym guide lists."""
+        total = self.latency_s.get("total")
+        if total is None or not total.p50 or total.p95 is None:
+            return None
+        return total.p95 / total.p50
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,23 +366,45 @@ class CurvePoint(Record):
     p95_latency_s: float | None
     probe_s: float
     stop_reason: str
+    p50_latency_s: float | None = None
+    p95_ttft_s: float | None = None  # streamed requests only
+    # The probe's 95% interval of rollouts/s; None when it had too few batches for one.
+    rollouts_per_s_ci: tuple[float, float] | None = None
+    completed: int | None = None  # rollouts counted in the window
+    batches: int | None = None  # of the interval: its degrees of freedom + 1
 
     @classmethod
     def of(cls, result: ProbeResult) -> CurvePoint:
+        low, high = result.rollouts_per_s_ci
+        total = result.latency_s["total"]
+        ttft = result.latency_s.get("ttft")
         return cls(
             parallelism=result.parallelism,
             rollouts_per_s=result.rollouts_per_s,
             output_tokens_per_s=result.output_tokens_per_s,
             error_rate=result.error_rate,
-            p95_latency_s=result.latency_s["total"].p95,
+            p95_latency_s=total.p95,
             probe_s=result.probe_s,
             stop_reason=result.stop_reason,
+            p50_latency_s=total.p50,
+            p95_ttft_s=ttft.p95 if ttft is not None else None,
+            rollouts_per_s_ci=(low, high) if math.isfinite(high) and high > 0 else None,
+            completed=result.completed,
+            batches=result.batches,
         )
 
     def metric(self, name: str) -> float:
         """The objective's figure: rollouts_per_s or output_tokens_per_s."""
         figure = self.output_tokens_per_s if name == "output_tokens_per_s" else self.rollouts_per_s
         return float(figure)
+
+    def metric_interval(self, name: str) -> tuple[float, float] | None:
+        """The objective's 95% interval: the rate's, scaled to the metric (tokens per rollout
+        are measured over the same window); None when the probe gave none."""
+        if self.rollouts_per_s_ci is None or self.rollouts_per_s <= 0:
+            return None
+        scale = self.metric(name) / self.rollouts_per_s
+        return self.rollouts_per_s_ci[0] * scale, self.rollouts_per_s_ci[1] * scale
 
 
 # -- diagnose --------------------------------------------------------------------------------
@@ -300,13 +424,24 @@ class Thresholds(Record):
     verifier_busy_fraction: float = 0.80
     verifier_capacity_use: float = 0.80  # throughput ÷ verifier capacity
     verify_wait_growth: float = 2.0
+    tool_share: float = 0.5  # environment-bound: share of a rollout's time in tool calls
     littles_law_match: float = 0.60  # observed model-latency growth ÷ predicted
     server_waiting: float = 0.5  # mean requests waiting in the server's queue
     kv_cache_full: float = 0.90
     gpu_busy_pct: float = 80.0
+    timeout_share: float = 0.02  # timed-out model calls per rollout in the high probe
+    dispersion_growth: float = 2.0  # latency p95/p50 at the high probe ÷ at the low one
+    # A speedup within this share of the parallelism-bound threshold is on it: the
+    # interval must clear the threshold by this much, or no probe length could decide.
+    threshold_margin: float = 0.03
 
     def parallelism_bound_speedup(self, ratio: float) -> float:
         return 1 + self.scaling_fraction * (ratio - 1)
+
+    def undecided_zone(self, ratio: float) -> tuple[float, float]:
+        """The speedups that lie on the parallelism-bound threshold, within its margin."""
+        threshold = self.parallelism_bound_speedup(ratio)
+        return threshold / (1 + self.threshold_margin), threshold * (1 + self.threshold_margin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,13 +454,40 @@ class Evidence(Record):
     comparison: str  # ">=" or "<" or ">"
     met: bool
     meaning: str
+    unit: str = ""  # how `quantity` rounds it: share, ×, ms, count, or "" (3 digits)
+
+    def summary(self) -> str:
+        """The number against its threshold, e.g. `speedup = ×3.76 (threshold >= ×2.00)`."""
+        return f"{self._compared()})"
 
     def text(self) -> str:
         mark = "yes" if self.met else "no"
+        return f"{self._compared()}: {mark}) — {self.meaning}"
+
+    def _compared(self) -> str:
         return (
-            f"{self.name} = {self.value:.3g} (threshold {self.comparison} {self.threshold:.3g}: "
-            f"{mark}) — {self.meaning}"
+            f"{self.name} = {quantity(self.value, self.unit)} "
+            f"(threshold {self.comparison} {quantity(self.threshold, self.unit)}"
         )
+
+
+def quantity(value: float, unit: str = "") -> str:
+    """A measured number rounded to what it means: a share as a percentage, a ratio to
+    two decimals, milliseconds and counts whole, anything else to three digits."""
+    if math.isnan(value):
+        return "—"
+    if math.isinf(value):
+        return "∞" if value > 0 else "−∞"
+    if unit == "share":
+        percent = value * 100
+        return f"{percent:.0f}%" if abs(percent) >= 10 or percent == 0 else f"{percent:.2g}%"
+    if unit == "×":
+        return f"×{value:.2f}"
+    if unit == "ms":
+        return f"{value:,.0f} ms"
+    if unit == "count" or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +499,13 @@ class Verdict(Record):
     evidence: list[Evidence]
     next_step: str
     notes: list[str] = field(default_factory=list)
+    # How sure: the speedup's 95% interval, whether it lies clear of the threshold that
+    # separates this verdict from the next, and that in words; for `inconclusive`, the
+    # verdicts the interval lies between.
+    speedup_interval: tuple[float, float] | None = None
+    clear_of_threshold: bool | None = None
+    confidence: str = ""
+    between: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +518,9 @@ class DiagnoseTarget(Record):
     api: str | None = None
     stream: bool | None = None
     command: str | None = None
+    # The simulator's real seconds per simulated second; every figure saved is already
+    # in simulated time (what the simulated server would show in real time).
+    time_scale: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +584,9 @@ class TrialRecord(Record):
     """One trial of a study: a server configuration and its measured curve."""
 
     number: int
-    state: str  # COMPLETE, or FAIL (an infrastructure error; nothing measured counts)
+    # COMPLETE; PRUNED (stopped early: its curve could not reach the best one, see
+    # pruned_reason); or FAIL (an infrastructure error; nothing measured counts)
+    state: str
     value: float | None
     feasible: bool
     knobs: dict[str, Any]
@@ -423,6 +597,7 @@ class TrialRecord(Record):
     p95_latency_s: float | None = None
     error_rate: float | None = None
     infeasible_reason: str | None = None
+    pruned_reason: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -432,6 +607,31 @@ class TrialRecord(Record):
     def usable(self) -> bool:
         """Complete, feasible, with a fitted curve: it can be recommended."""
         return self.complete and self.feasible and self.curve is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Validation(Record):
+    """One validation run: the recommended configuration held at one parallelism for
+    `rollouts` rollouts, its figures beside what the sweep predicted there."""
+
+    trial: int  # whose configuration
+    knobs: dict[str, Any]
+    parallelism: int
+    rollouts: int  # asked for
+    completed: int
+    throughput: float  # in the study's metric
+    throughput_ci: tuple[float, float] | None
+    predicted_throughput: float
+    predicted_interval: tuple[float, float] | None  # 95%, the curve fit's bootstrap
+    error_rate: float
+    max_error_rate: float
+    p50_latency_s: float | None
+    p95_latency_s: float | None
+    latency_dispersion: float | None  # p95 ÷ p50 rollout latency
+    dispersion_limit: float | None  # what the sweep's own points allow
+    probe_s: float
+    passed: bool
+    problems: list[str]  # one phrase per failed check; empty when it passed
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,9 +653,17 @@ class SweepResult(Record):
     importances: dict[str, float]
     machine: dict[str, str]
     schema_version: int = SCHEMA_VERSION
+    p95_latency_slo_s: float | None = None
+    p95_ttft_slo_s: float | None = None
+    # The validation runs of the recommendation, in order: each failed one stepped down.
+    validations: list[Validation] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **dataclasses.asdict(self)}
+
+    @property
+    def pruned(self) -> list[TrialRecord]:
+        return [t for t in self.trials if t.state == "PRUNED"]
 
     @property
     def completed(self) -> list[TrialRecord]:
@@ -468,7 +676,8 @@ class SweepResult(Record):
 
     @property
     def probe_s_total(self) -> float:
-        return sum(t.probe_s or 0.0 for t in self.trials)
+        """Probe time of every trial and of the validation runs."""
+        return sum(t.probe_s or 0.0 for t in self.trials) + sum(v.probe_s for v in self.validations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,6 +687,8 @@ class Peak(Record):
     inside_searched_range: bool
     best_measured_parallelism: int
     best_measured_throughput: float
+    parallelism_interval: tuple[float, float] | None = None  # 95%, bootstrap of the fit
+    throughput_interval: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,6 +696,13 @@ class Recommended(Record):
     parallelism: int
     predicted_throughput: float
     rule: str
+    # Which rule set the parallelism: "80% of peak", "p95 latency SLO", "p95 TTFT SLO"
+    # or "validation" (a failed validation run stepped it down).
+    bound_by: str = "80% of peak"
+    parallelism_interval: tuple[float, float] | None = None  # of the 80% rule, 95%
+    throughput_interval: tuple[float, float] | None = None  # predicted there, 95%
+    p95_latency_s: float | None = None  # expected there (interpolated between points)
+    p95_ttft_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,7 +716,8 @@ class Snippets(Record):
 
 @dataclass(frozen=True, slots=True)
 class Recommendation(Record):
-    """The best configuration at 80% of its peak, with lines to paste into each tool."""
+    """The best configuration at 80% of its peak (or lower, where a latency budget or a
+    failed validation says so), with lines to paste into each tool."""
 
     simulated: bool
     metric: str
@@ -509,32 +728,41 @@ class Recommendation(Record):
     smallest_parallelism_at_80pct_of_peak_throughput: int
     note: str
     snippets: Snippets
+    knee_interval: tuple[float, float] | None = None  # 95%, bootstrap of the fit
+    p95_latency_slo_s: float | None = None
+    p95_ttft_slo_s: float | None = None
+    # None: not validated (budget.validate_rollouts: 0, or a file from before validation);
+    # else whether the last validation run passed. `validations` holds every run.
+    validated: bool | None = None
+    validations: list[Validation] = field(default_factory=list)
 
 
 # -- the reader ------------------------------------------------------------------------------
 
-SAVED_KINDS: dict[str, type[DiagnoseResult] | type[SweepResult]] = {
+SAVED_KINDS: dict[str, type[DiagnoseResult] | type[SweepResult] | type[CollectResult]] = {
     "diagnose": DiagnoseResult,
     "sweep": SweepResult,
+    "collect": CollectResult,
 }
-SAVED_FILES = {"diagnose": "diagnose.json", "sweep": "sweep.json"}
+SAVED_FILES = {"diagnose": "diagnose.json", "sweep": "sweep.json", "collect": "collect.json"}
 
 
-def load_result(path: Path) -> DiagnoseResult | SweepResult:
-    """A saved diagnose or sweep result (the JSON file, or the directory holding it)."""
+def load_result(path: Path) -> DiagnoseResult | SweepResult | CollectResult:
+    """A saved diagnose, sweep or collect result (the JSON file, or the directory holding it)."""
     if path.is_dir():
         found = [path / name for name in SAVED_FILES.values() if (path / name).exists()]
         if not found:
             raise UsageError(
-                f"{path} holds no diagnose.json or sweep.json; pass a report directory."
+                f"{path} holds no diagnose.json, sweep.json or collect.json; "
+                "pass a report directory."
             )
         path = found[0]
     data = read_json(path)
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in SAVED_KINDS:
         raise ResultFormatError(
-            f"{path} is not a saved autotune result (no diagnose or sweep kind); pass the "
-            "diagnose.json or sweep.json a job wrote."
+            f"{path} is not a saved autotune result (no diagnose, sweep or collect kind); pass "
+            "the diagnose.json, sweep.json or collect.json a job wrote."
         )
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class RateEstimate:
     high: float
     events: int
     window_s: float
+    batches: int = 10
 
     @property
     def relative_halfwidth(self) -> float:
@@ -62,8 +64,82 @@ def batch_means_rate(
     mean = events / window
     variance = sum((r - mean) ** 2 for r in rates) / (batches - 1)
     halfwidth = t95(batches - 1) * math.sqrt(variance / batches)
-    return RateEstimate(mean, max(0.0, mean - halfwidth), mean + halfwidth, events, window)
+    return RateEstimate(mean, max(0.0, mean - halfwidth), mean + halfwidth, events, window, batches)
 
 
 def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def completion_batches_rate(
+    event_times: Sequence[float], windows: Sequence[tuple[float, float]], batch_events: int
+) -> RateEstimate:
+    """Rate of events over one or more windows, with a 95% batch-means interval whose
+    batches hold `batch_events` events each.
+
+    `event_times` is in time order. Each window starts at an event instant (the end of
+    warm-up is a completion); a batch is the time its next `batch_events` events took.
+    Batches of equal counts, timed between events, carry none of the noise of counting
+    waves of completions into fixed time bins (a closed loop whose slots finish together
+    completes in waves). The rate is every counted event over every batch's time; its
+    interval comes from the spread of the batches' mean gaps between events. Events
+    after a window's last whole batch are not counted: `window_s` ends there.
+    """
+    k = max(1, batch_events)
+    gaps: list[float] = []  # one batch's time ÷ its events
+    for start, end in windows:
+        times = event_times[bisect_right(event_times, start) : bisect_right(event_times, end)]
+        previous = start
+        for index in range(k - 1, len(times) - len(times) % k, k):
+            gaps.append((times[index] - previous) / k)
+            previous = times[index]
+    batches = len(gaps)
+    total = sum(gaps) * k
+    if batches == 0 or total <= 0:
+        return RateEstimate(0.0, 0.0, math.inf, batches * k, total, batches)
+    rate = batches * k / total
+    if batches < 2:
+        return RateEstimate(rate, 0.0, math.inf, batches * k, total, batches)
+    mean_gap = total / k / batches
+    spread = math.sqrt(sum((g - mean_gap) ** 2 for g in gaps) / (batches - 1))
+    halfwidth = rate * t95(batches - 1) * spread / math.sqrt(batches) / mean_gap
+    return RateEstimate(
+        rate, max(0.0, rate - halfwidth), rate + halfwidth, batches * k, total, batches
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RatioInterval:
+    """A ratio of two rates and its 95% interval."""
+
+    ratio: float
+    low: float
+    high: float
+
+
+def ratio_interval(
+    numerator: tuple[float, float, int], denominator: tuple[float, float, int]
+) -> RatioInterval:
+    """`numerator ÷ denominator` with a 95% interval, each given as (rate, halfwidth of
+    its 95% interval, batches).
+
+    Delta method on the log scale: the log of a ratio is a difference, whose variance
+    is the sum of the two relative variances; Welch–Satterthwaite gives its degrees of
+    freedom. The interval is asymmetric around the ratio, as a ratio's should be.
+    """
+    top, bottom = numerator[0], denominator[0]
+    if top <= 0 or bottom <= 0:
+        return RatioInterval(0.0 if bottom > 0 else math.inf, 0.0, math.inf)
+    parts = []
+    for rate, halfwidth, batches in (numerator, denominator):
+        relative_se = halfwidth / rate / t95(batches - 1) if batches > 1 else math.inf
+        parts.append((relative_se**2, max(batches - 1, 1)))
+    variance = sum(v for v, _ in parts)
+    ratio = top / bottom
+    if not math.isfinite(variance):
+        return RatioInterval(ratio, 0.0, math.inf)
+    if variance == 0:
+        return RatioInterval(ratio, ratio, ratio)
+    df = variance**2 / sum(v**2 / dof for v, dof in parts)
+    spread = t95(math.floor(df)) * math.sqrt(variance)
+    return RatioInterval(ratio, ratio * math.exp(-spread), ratio * math.exp(spread))

@@ -78,7 +78,7 @@ def check_run(output: Path, run: dict[str, Any]) -> None:
             raise UsageError(
                 f"--resume: {output} holds rollouts of another run (its {what} "
                 f"{_shown(key, saved)}, now {_shown(key, run)}); {fix}, "
-                "or choose another --output."
+                "or choose another --output-dir."
             )
 
 
@@ -207,7 +207,7 @@ class RolloutSink:
         if output.exists() and output.stat().st_size > 0 and not resume:
             raise UsageError(
                 f"{output} already holds rollouts; pass --resume to continue it, "
-                "or choose another --output."
+                "or choose another --output-dir."
             )
         if resume:
             self.done = completed_keys(output)

@@ -8,7 +8,9 @@ simulated server when no base URL is given, checks that the server answers (with
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -26,17 +28,42 @@ PREFLIGHT_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A reachable server: its base URL, model name and whether it is the simulator."""
+    """A reachable server: its base URL, model name and whether it is the simulator
+    (with the real seconds one of its simulated seconds takes, when it says)."""
 
     base_url: str
     model: str
     simulated: bool
+    time_scale: float | None = None
+
+
+class MeteredConnector(aiohttp.TCPConnector):
+    """A pool that adds up how long calls take to get a connection: waiting for a free one
+    while all `limit` are busy, or opening a new one (taking an idle one costs nothing).
+    Only a metered collect uses it (autotune/live/): two clock reads a call."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.acquire_s = 0.0
+
+    async def connect(
+        self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
+    ) -> Any:
+        started = time.perf_counter()
+        try:
+            return await super().connect(req, traces, timeout)
+        finally:
+            self.acquire_s += time.perf_counter() - started
 
 
 @asynccontextmanager
-async def open_session(target: TargetConfig) -> AsyncIterator[aiohttp.ClientSession]:
-    """One client session for the run: pooled keep-alive connections, no cookie jar."""
-    connector = aiohttp.TCPConnector(limit=target.pool_limit, limit_per_host=0, ttl_dns_cache=300)
+async def open_session(
+    target: TargetConfig, metered: bool = False
+) -> AsyncIterator[aiohttp.ClientSession]:
+    """One client session for the run: pooled keep-alive connections, no cookie jar;
+    `metered`: its connector is a MeteredConnector."""
+    kind = MeteredConnector if metered else aiohttp.TCPConnector
+    connector = kind(limit=target.pool_limit, limit_per_host=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(
         connector=connector, cookie_jar=aiohttp.DummyCookieJar(), raise_for_status=False
     ) as session:
@@ -81,6 +108,7 @@ async def resolve_target(
             if resp.status in (401, 403):
                 raise _refused(base_url, resp.status, api_key, api_key_env)
             simulated = resp.headers.get("x-autotune-simulated") == "true"
+            time_scale = _time_scale(resp.headers.get("x-autotune-time-scale"))
             payload: Any = await resp.json() if resp.status == 200 else {}
     except (aiohttp.ClientConnectionError, TimeoutError) as error:
         reason = str(error) or "no answer within 5 s"
@@ -102,7 +130,16 @@ async def resolve_target(
                 f"the server at {base_url} lists no model at /models; pass --model NAME."
             )
         model = models[0]
-    return Target(base_url, model, simulated or model.startswith("sim/"))
+    return Target(base_url, model, simulated or model.startswith("sim/"), time_scale)
+
+
+def _time_scale(header: str | None) -> float | None:
+    """The simulator's time scale from its header; None when absent or not a number ≥ 0."""
+    try:
+        scale = float(header) if header is not None else None
+    except ValueError:
+        return None
+    return scale if scale is not None and math.isfinite(scale) and scale >= 0 else None
 
 
 def _listed_models(payload: Any) -> list[str]:
@@ -146,12 +183,12 @@ def synthetic_defaults(target: TargetConfig, synthetic_workload: bool) -> Target
 
 @asynccontextmanager
 async def connect(
-    target: TargetConfig, default_sim_args: Sequence[str] = ()
+    target: TargetConfig, default_sim_args: Sequence[str] = (), metered: bool = False
 ) -> AsyncIterator[tuple[aiohttp.ClientSession, Target]]:
     """A session and a checked target; the embedded simulator lives as long as this."""
     async with (
         embedded_server(target, default_sim_args) as base_url,
-        open_session(target) as session,
+        open_session(target, metered) as session,
     ):
         key, env = api_key(target), target.api_key_env
         yield session, await resolve_target(session, base_url, target.model, key, env)

@@ -31,10 +31,10 @@ from tests.helpers import plant_slowdown  # noqa: E402
 
 def ab_run(suite: Path, workdir: Path, candidate: Path | None = None) -> tuple[int, Any, float]:
     """One `bench ab` against HEAD: (exit code, the comparison, seconds)."""
-    out = workdir / "comparison.json"
+    out = workdir / "ab" / "comparison.json"
     command = [sys.executable, "-m", "autotune", "bench", "ab", str(suite.resolve())]
-    command += ["--baseline-ref", "HEAD", "--repo", str(REPO), "--out", str(workdir / "ab")]
-    command += ["--json", str(out), "--quiet"]
+    command += ["--baseline-ref", "HEAD", "--repo", str(REPO)]
+    command += ["--output-dir", str(workdir / "ab"), "--quiet"]
     env = {"PYTHONPATH": str(candidate)} if candidate else None
     started = time.perf_counter()
     done = subprocess.run(

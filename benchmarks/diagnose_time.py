@@ -13,24 +13,31 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 TARGET_S = 60.0
 
 
 def one_run() -> tuple[float, str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "diagnose.json"
-        started = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "autotune", "diagnose", "--json", str(out)],
-            check=True,
-            capture_output=True,
-        )
-        elapsed = time.perf_counter() - started
-        return elapsed, json.loads(out.read_text())["verdict"]["verdict"]
+    """Seconds to a verdict, and the verdict with its interval, stop reasons and time scale."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "diagnose", "--json", "--quiet"],
+        check=True,
+        capture_output=True,
+    )
+    elapsed = time.perf_counter() - started
+    result = json.loads(done.stdout)
+    verdict = result["verdict"]
+    low, high = verdict["speedup_interval"]
+    probes = ", ".join(
+        f"p{p['parallelism']} {p['rollouts_per_s']:.3g}/s {p['stop_reason']}"
+        for p in result["probes"]
+    )
+    return elapsed, (
+        f"{verdict['verdict']} ×{verdict['speedup']:.2f} (×{low:.2f}–×{high:.2f}); {probes}; "
+        f"time scale {result['target']['time_scale']}"
+    )
 
 
 def main() -> int:

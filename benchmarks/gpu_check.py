@@ -321,7 +321,7 @@ def run_diagnose(base_url: str, out: Path) -> dict[str, Any]:
         *(sys.executable, "-m", "autotune", "diagnose", "--base-url", base_url),
         *PROBES,
         *WORKLOAD,
-        *("--json", str(path)),
+        *("--output-dir", str(out)),
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

@@ -23,14 +23,15 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-__all__ = ["RenderResult", "chromium_path", "render"]
+__all__ = ["RenderResult", "chromium_path", "drawn", "render"]
 
 VIEWPORT = (1280, 900)
 _LOCAL_SCHEMES = ("file:", "data:")
@@ -62,6 +63,16 @@ class RenderResult:
     failed_or_external_requests: list[str]
     text: str
     screenshot: Path
+    page_width: int  # the document's scroll width: above VIEWPORT[0], the page scrolls sideways
+    checks: dict[str, Any] = field(default_factory=dict)  # each `checks` expression's value
+
+
+def drawn(selector: str) -> str:
+    """A `checks` expression: how many elements match `selector` and are drawn on the
+    page (an interval's bar is a vertical line: a height, no width)."""
+    return f"""[...document.querySelectorAll('{selector}')].filter(e => {{
+        const box = e.getBoundingClientRect(); return box.width > 0 || box.height > 0;
+    }}).length"""
 
 
 def chromium_path() -> str:
@@ -77,8 +88,17 @@ def chromium_path() -> str:
     pytest.skip(message)
 
 
-def render(html_path: Path, screenshot: Path, *, timeout: float = 30.0) -> RenderResult:
-    """Open `html_path` in a fresh headless Chromium; take a full-page PNG at `screenshot`."""
+def render(
+    html_path: Path,
+    screenshot: Path,
+    *,
+    timeout: float = 30.0,
+    checks: Mapping[str, str] | None = None,
+) -> RenderResult:
+    """Open `html_path` in a fresh headless Chromium; take a full-page PNG at `screenshot`.
+
+    `checks` maps names to JavaScript expressions evaluated on the loaded page (what a
+    reader would find in it: elements, their sizes); their values come back by name."""
     binary = chromium_path()
     with tempfile.TemporaryDirectory(prefix="autotune-chromium-") as profile:
         stderr_path = Path(profile) / "stderr.log"
@@ -93,7 +113,9 @@ def render(html_path: Path, screenshot: Path, *, timeout: float = 30.0) -> Rende
         try:
             ws_url = _wait_for_devtools(proc, stderr_path, deadline=time.monotonic() + 20)
             return asyncio.run(
-                asyncio.wait_for(_render(ws_url, html_path.resolve(), screenshot), timeout)
+                asyncio.wait_for(
+                    _render(ws_url, html_path.resolve(), screenshot, checks or {}), timeout
+                )
             )
         except (TimeoutError, RuntimeError) as exc:
             log = stderr_path.read_text(errors="replace")[-2000:]
@@ -220,7 +242,9 @@ class _Cdp:
                 future.set_exception(RuntimeError("the DevTools connection closed"))
 
 
-async def _render(ws_url: str, html_path: Path, screenshot: Path) -> RenderResult:
+async def _render(
+    ws_url: str, html_path: Path, screenshot: Path, checks: Mapping[str, str]
+) -> RenderResult:
     recorder = _Recorder()
     async with (
         aiohttp.ClientSession() as http,
@@ -252,6 +276,21 @@ async def _render(ws_url: str, html_path: Path, screenshot: Path) -> RenderResul
                 {"expression": "document.body ? document.body.innerText : ''"},
                 session=session,
             )
+            scroll_width = await cdp.send(
+                "Runtime.evaluate",
+                {"expression": "document.documentElement.scrollWidth"},
+                session=session,
+            )
+            values = {}
+            for name, expression in checks.items():
+                found = await cdp.send(
+                    "Runtime.evaluate",
+                    {"expression": expression, "returnByValue": True},
+                    session=session,
+                )
+                if "exceptionDetails" in found:
+                    raise RuntimeError(f"check {name!r} failed: {found['exceptionDetails']}")
+                values[name] = found["result"].get("value")
             png = await _full_page_png(cdp, session)
             with contextlib.suppress(RuntimeError, TimeoutError):
                 await asyncio.wait_for(cdp.send("Browser.close"), 2)
@@ -266,6 +305,8 @@ async def _render(ws_url: str, html_path: Path, screenshot: Path) -> RenderResul
         failed_or_external_requests=list(recorder.bad_requests),
         text=str(text["result"].get("value", "")),
         screenshot=screenshot,
+        page_width=int(scroll_width["result"].get("value", 0)),
+        checks=values,
     )
 
 

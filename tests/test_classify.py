@@ -34,11 +34,18 @@ def probe(
     return replace(base, **changes)
 
 
+def interval(parallelism: int, rate: float, halfwidth: float, **changes: Any) -> ProbeResult:
+    """A probe whose 95% interval is rate ± `halfwidth` (a share), from 10 batches."""
+    spread = (rate * (1 - halfwidth), rate * (1 + halfwidth))
+    return probe(parallelism, rate, rollouts_per_s_ci=spread, batches=10, **changes)
+
+
 def test_threshold_scales_with_the_parallelism_ratio() -> None:
     th = Thresholds()
     assert th.parallelism_bound_speedup(4) == 2.0  # the NeMo Gym guide: 2× for 4×
     assert th.parallelism_bound_speedup(2) < 2.0
-    assert classify(probe(10, 10), probe(20, 14)).verdict == "parallelism-bound"  # 1.4 ≥ 1.33
+    precise = classify(interval(10, 10, 0.005), interval(20, 14, 0.005))
+    assert precise.verdict == "parallelism-bound"  # 1.4 ≥ 1.33 (and its 3% margin)
     assert classify(probe(5, 10), probe(20, 14), th).leaning  # 1.4 < 2 for 4×
 
 
@@ -176,3 +183,105 @@ def test_token_mismatch_is_reported() -> None:
     }
     verdict = classify(probe(5, 10), probe(20, 39, token_check=check))
     assert any("over 10%" in note for note in verdict.notes)
+
+
+def test_the_interval_decides_not_the_point() -> None:
+    """The same speedup, ×2.2 for ×4 parallelism: a clear verdict when both probes are
+    precise, `inconclusive` between the two verdicts when their intervals are wide."""
+    precise = classify(interval(5, 10, 0.02), interval(20, 22, 0.02))
+    assert precise.verdict == "parallelism-bound" and precise.clear_of_threshold
+    assert precise.speedup_interval is not None
+    assert 2.0 * 1.03 < precise.speedup_interval[0] < 2.2 < precise.speedup_interval[1]
+    assert "lies above the parallelism-bound threshold ×2.00" in precise.confidence
+
+    wide = classify(interval(5, 10, 0.15), interval(20, 22, 0.15, model_s=3.6))
+    assert wide.verdict == "inconclusive" and wide.clear_of_threshold is False
+    assert wide.between == ["parallelism-bound", "model-bound"]
+    assert wide.speedup_interval is not None
+    assert wide.speedup_interval[0] < 2.0 < wide.speedup_interval[1]
+    assert "rerun with a larger --max-s" in wide.next_step
+    assert "reaches across the 3% margin" in wide.confidence
+
+
+def test_a_speedup_on_the_threshold_is_inconclusive_however_precise() -> None:
+    """Within the margin around ×2.00 no probe length puts it on either side: the next
+    step is a sweep, not a longer probe."""
+    on_it = classify(interval(5, 10, 0.005), interval(20, 20.2, 0.005, model_s=2.0))
+    assert on_it.verdict == "inconclusive"
+    assert "lies within 3% of the parallelism-bound threshold" in on_it.confidence
+    assert on_it.next_step.startswith("run `autotune sweep`")
+
+
+def test_an_interval_below_the_threshold_names_the_stage_and_says_how_sure() -> None:
+    flat = classify(interval(5, 10, 0.05, model_s=0.5), interval(20, 10.5, 0.05, model_s=1.9))
+    assert flat.verdict == "model-bound" and not flat.leaning and flat.clear_of_threshold
+    assert "barely moved" in flat.confidence
+    # ×1.5: clearly not parallelism-bound, but the interval is above 'barely moved'.
+    partial = classify(interval(5, 10, 0.03, model_s=0.5), interval(20, 15, 0.03, model_s=1.3))
+    assert partial.verdict == "model-bound" and partial.leaning and partial.clear_of_threshold
+    assert "the saturation is partial" in partial.confidence
+
+
+def test_timeouts_in_the_high_probe_are_instability() -> None:
+    verdict = classify(probe(5, 10), probe(20, 20, timeouts=9, completed=100))
+    assert verdict.verdict == "unstable"
+    timeouts = next(e for e in verdict.evidence if e.name.startswith("timed-out model calls"))
+    assert timeouts.met and timeouts.value == 0.09
+    assert "timed out 9 times" in verdict.next_step
+    assert verdict.confidence.startswith("decided by the failures and latencies measured")
+
+
+def test_a_latency_tail_that_grew_is_instability() -> None:
+    def tail(parallelism: int, rate: float, p50: float, p95: float) -> ProbeResult:
+        latency = {**probe(1, 1).latency_s, "total": StageLatency(100, p50, p50, p95)}
+        return probe(parallelism, rate, latency_s=latency, latency_cv=p95 / p50 / 3)
+
+    steady = classify(tail(5, 10, 1.0, 1.5), tail(20, 30, 1.3, 2.0))
+    assert steady.verdict == "parallelism-bound"  # ×1.5 at both: a tail that did not grow
+    spread = classify(tail(5, 10, 1.0, 1.5), tail(20, 30, 1.3, 6.5))
+    assert spread.verdict == "unstable"
+    grew = next(e for e in spread.evidence if e.name.startswith("rollout latency spread"))
+    assert grew.met and abs(grew.value - 5.0 / 1.5) < 1e-9
+    assert "latency spread far wider" in spread.next_step
+
+
+def test_evidence_is_rounded_to_what_it_means() -> None:
+    verdict = classify(probe(5, 10), probe(20, 11, rate_limited_responses=4, completed=305))
+    share = next(e for e in verdict.evidence if e.name.startswith("HTTP 429"))
+    assert share.summary() == (
+        "HTTP 429 responses per rollout in the high probe's window = 1.3% (threshold >= 1%)"
+    )
+
+
+def with_tools(parallelism: int, rate: float, *, tool_s: float, model_s: float) -> ProbeResult:
+    """A multi-turn probe: rollouts spend `tool_s` in tool calls and `model_s` in the model."""
+    result = probe(parallelism, rate, model_s=model_s)
+    total = tool_s + model_s
+    latency = {
+        **result.latency_s,
+        "tool": StageLatency(100, tool_s, tool_s, tool_s),
+        "total": StageLatency(100, total, total, total),
+    }
+    return replace(result, latency_s=latency)
+
+
+def test_flat_with_tool_calls_queueing_is_environment_bound() -> None:
+    verdict = classify(
+        with_tools(5, 10, tool_s=0.4, model_s=0.1), with_tools(20, 10.5, tool_s=1.8, model_s=0.1)
+    )
+    assert verdict.verdict == "environment-bound" and not verdict.leaning
+    met = {e.name for e in verdict.evidence if e.met}
+    assert met == {
+        "tool latency growth ÷ Little's-law prediction",
+        "share of rollout time in tool calls (high probe)",
+    }
+    assert "resources server more workers or replicas" in verdict.next_step
+
+
+def test_tools_that_keep_up_leave_a_saturated_model_to_blame() -> None:
+    verdict = classify(
+        with_tools(5, 10, tool_s=0.1, model_s=0.4), with_tools(20, 10.5, tool_s=0.1, model_s=1.8)
+    )
+    assert verdict.verdict == "model-bound"
+    tools = [e for e in verdict.evidence if "tool" in e.name]
+    assert tools == []  # the model's evidence is cited, the environment's is not

@@ -239,12 +239,12 @@ def test_nothing_succeeding_fails_the_gate_whatever_the_rate(null_url: str) -> N
     result = autotune(
         "collect", "--synthetic", "3", "--base-url", null_url, "--model", "null",
         "--verifier", "tests/fixtures/verifiers/autotune_test_scores.py:raises_value_error",
-        "--verifier-workers", "1", "--max-failure-rate", "1", "--quiet",
+        "--verifier-workers", "1", "--max-failure-rate", "1", "--quiet", "--no-output",
     )  # fmt: skip
     assert result.returncode == 3
     line = one_sentence_error(result)
     assert "3 of 3 rollouts failed (none succeeded; verifier_error 3); none was kept" in line
-    assert "pass --output to keep rollouts" in line
+    assert "(--no-output): drop it to keep each failure's cause." in line
 
 
 def test_api_key_never_reaches_output(null_url: str, tmp_path: Path) -> None:

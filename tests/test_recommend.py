@@ -3,16 +3,18 @@ the promise behind its `vllm serve` line: the flags recommended are the flags la
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import pytest
 
 from autotune.knee import summarise_curve
-from autotune.results import CurveSummary, SweepResult, TrialRecord
+from autotune.results import CurvePoint, CurveSummary, SweepResult, TrialRecord
 from autotune.servers.flags import server_flags
 from autotune.servers.vllm import vllm_command
 from autotune.sweep.recommend import recommendation, vllm_serve_line
+from tests.test_sweep_curve import usl
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KNOBS: dict[str, Any] = {
@@ -158,3 +160,23 @@ def test_the_launched_vllm_command_carries_exactly_the_recommended_flags() -> No
         "--no-enable-prefix-caching",
         "--enforce-eager",
     ]
+
+
+def test_a_ttft_slo_binds_like_the_latency_one() -> None:
+    """Points whose p95 TTFT grows with parallelism: an SLO under the 80% point's TTFT
+    lowers the recommendation and is named as the rule that set it."""
+    curve = usl_curve(lam=1.0)
+    points = [
+        CurvePoint(n, usl(n), 100 * usl(n), 0.0, 1.0, 4.0, "time cap", p95_ttft_s=0.01 * n)
+        for n in (4, 8, 16, 32, 64, 128)  # usl_curve's ladder
+    ]
+    measured = dataclasses.replace(trial(0, 15.0, KNOBS, curve=curve), points=points)
+    free = recommendation(sweep(measured))
+    assert free is not None and free.recommended.bound_by == "80% of peak"
+    headroom = free.recommended.parallelism  # 35: its expected p95 TTFT is 0.35 s
+    bound = recommendation(dataclasses.replace(sweep(measured), p95_ttft_slo_s=0.2))
+    assert bound is not None
+    assert bound.recommended.bound_by == "p95 TTFT SLO"
+    # The largest parallelism whose expected TTFT (0.01 s a request) stays 10% inside 0.2 s.
+    assert bound.recommended.parallelism == 18 < headroom
+    assert bound.recommended.p95_ttft_s is not None and bound.recommended.p95_ttft_s * 1.1 <= 0.2

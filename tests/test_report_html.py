@@ -15,21 +15,29 @@ from pathlib import Path
 
 import pytest
 
-from autotune.report import diagnose_report
+from autotune.classify import classify
+from autotune.knee import summarise_curve
+from autotune.report import diagnose_report, sweep_report
 from autotune.report import html as h
 from autotune.report.diagnose_report import PROBE_COLUMNS
-from autotune.report.plots import bar_chart_stacked, time_series
+from autotune.report.plots import bar_chart_stacked, horizontal_bars, time_series
 from autotune.report.terminal import diagnose_text
 from autotune.results import (
+    STAGES,
+    CurvePoint,
     DiagnoseResult,
     DiagnoseSettings,
     DiagnoseTarget,
     DiagnoseWorkload,
     Evidence,
     ProbeResult,
+    StageLatency,
+    SweepResult,
+    TrialRecord,
     Verdict,
 )
-from tests.browser import VIEWPORT, RenderResult, render
+from autotune.sweep.recommend import recommendation
+from tests.browser import VIEWPORT, RenderResult, drawn, render
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HOSTILE = "<script>alert(\"pwned\")</script> & 'quoted'"
@@ -124,6 +132,17 @@ def test_plots_return_png_and_check_their_input() -> None:
         bar_chart_stacked(["p1", "p2"], {"model": [1.0]}, "s", "t")
     with pytest.raises(ValueError, match="2 x values and 1 y values"):
         time_series({"kv": ([0.0, 1.0], [0.1])}, "y", "t")
+
+
+def test_plots_from_the_simulator_carry_its_mark() -> None:
+    """The PNG plots too: the mark is drawn into the figure, not beside it."""
+    stages = (["p1", "p2"], {"model": [1.0, 2.0]}, "ms", "t")
+    assert bar_chart_stacked(*stages, simulated=True) != bar_chart_stacked(*stages)
+    line = ({"kv": ([0.0, 1.0], [0.1, 0.5])}, "fraction", "t")
+    assert time_series(*line, simulated=True) != time_series(*line)
+    assert horizontal_bars({"a": 1.0}, "x", "t", simulated=True) != horizontal_bars(
+        {"a": 1.0}, "x", "t"
+    )
 
 
 def _diagnosis() -> DiagnoseResult:
@@ -294,3 +313,180 @@ def test_the_policy_blocks_and_the_harness_reports_what_slips_into_a_page(tmp_pa
     result = render(path, tmp_path / "leak.png")
     assert any("Content Security Policy" in e for e in result.console_errors)
     assert "failed: http://127.0.0.1:9/x.png (csp)" in result.failed_or_external_requests
+
+
+# --- the diagnose and sweep reports, rendered ---------------------------------------------
+
+# What a reader must find on a report page, by element (the plots are inline SVG).
+PAGE_CHECKS = {
+    "page_width": "document.documentElement.scrollWidth",
+    "tables_overflowing": """[...document.querySelectorAll('table')].filter(
+        t => t.getBoundingClientRect().right >
+             document.querySelector('main').getBoundingClientRect().right + 1).length""",
+    "plots_without_simulated_mark": """[...document.querySelectorAll('svg.plot')].filter(
+        s => !s.textContent.includes('SIMULATED')).length""",
+}
+
+
+def _timeline_probe(parallelism: int, rate: float) -> ProbeResult:
+    """A probe as the engine probe saves it: warm-up, window, drain, in simulated time."""
+    phases = [("warm-up", 0.0, 20.0), ("measured", 20.0, 80.0), ("drain", 80.0, 86.0)]
+    timeline = [(t + 1.0, rate * (0.5 if t < 4 else 1.0)) for t in range(0, 86, 2)]
+    latency = {stage: StageLatency(300, 0.001, 0.001, 0.002) for stage in STAGES}
+    latency["model"] = latency["total"] = StageLatency(300, 1.7, 1.7, 2.3)
+    return ProbeResult(
+        parallelism=parallelism,
+        rollouts_per_s=rate,
+        rollouts_per_s_ci=(rate * 0.96, rate * 1.04),
+        output_tokens_per_s=rate * 256,
+        error_rate=0.0,
+        completed=round(rate * 60),
+        failed=0,
+        measured_s=60.0,
+        warmup_s=20.0,
+        stop_reason="precision",
+        latency_s=latency,
+        batches=12,
+        latency_cv=0.2,
+        timeline=timeline,
+        phases=phases,
+    )
+
+
+def _inconclusive_diagnosis() -> DiagnoseResult:
+    """Two probes whose speedup (×2.03, 95% interval ×1.92–×2.15) straddles ×2.00."""
+    low, high = _timeline_probe(5, 2.9), _timeline_probe(20, 5.9)
+    verdict = classify(low, high)
+    assert verdict.verdict == "inconclusive"
+    return DiagnoseResult(
+        created_at=0.0,
+        verdict=verdict,
+        probes=[low, high],
+        target=DiagnoseTarget(
+            base_url="http://127.0.0.1:8000/v1",
+            model="sim/llama-3.1-8b",
+            simulated=True,
+            api="chat",
+            stream=True,
+            time_scale=0.05,
+        ),
+        workload=DiagnoseWorkload(input=None, tasks=2000, verifier="synthetic"),
+        settings=DiagnoseSettings(low=5, high=20, min_s=3.0, max_s=20.0, target_halfwidth=0.15),
+        machine={"autotune": "test"},
+    )
+
+
+def test_the_diagnose_report_shows_its_windows_intervals_and_thresholds(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The page a reviewer reads: each probe's warm-up, window and drain shaded; both
+    probes' intervals; the thresholds as bands; the speedup's interval against them;
+    the time scale; every plot marked SIMULATED; nothing wider than the page."""
+    out = tmp_path_factory.mktemp("diagnose-report")
+    page = diagnose_report.write(_inconclusive_diagnosis(), out)
+    checks = {
+        **PAGE_CHECKS,
+        "warm-up": drawn('[id^="timeline-"][id*="-warm-up-"]'),
+        "measured": drawn('[id^="timeline-"][id*="-measured-"]'),
+        "drain": drawn('[id^="timeline-"][id*="-drain-"]'),
+        "rate_bands": drawn('[id^="timeline-"][id$="-interval"]'),
+        "probe_intervals": drawn('[id^="scaling-interval-"]'),
+        "threshold_bands": drawn('[id^="scaling-band-"]'),
+        "speedup_interval": drawn("#speedup-interval"),
+        "speedup_thresholds": drawn('[id^="speedup-threshold-"]'),
+        "speedup_margin": drawn("#speedup-zone"),
+    }
+    shot = render(page, out / "diagnose-report.png", checks=checks)
+    print(f"diagnose report screenshot: {shot.screenshot}")
+    assert shot.console_errors == []
+    assert shot.failed_or_external_requests == []
+    found = shot.checks
+    assert found["page_width"] <= VIEWPORT[0] and found["tables_overflowing"] == 0
+    assert found["plots_without_simulated_mark"] == 0
+    assert (found["warm-up"], found["measured"], found["drain"], found["rate_bands"]) == (2,) * 4
+    assert (found["probe_intervals"], found["threshold_bands"]) == (2, 2)
+    assert (found["speedup_interval"], found["speedup_thresholds"], found["speedup_margin"]) == (
+        1,
+        2,
+        1,
+    )
+    for expected in (
+        "Verdict: inconclusive between parallelism-bound and model-bound",
+        "95% interval ×1.",
+        "straddles" if "straddles" in shot.text else "reaches across the 3% margin",
+        "time scale 0.05 (20× faster than real time)",
+        "rollouts/s",
+    ):
+        assert expected in shot.text
+    assert not re.search(r"\d\.\d{4,}", shot.text)  # no 0.01311-style figures
+
+
+def _sweep_trial(number: int, knobs: dict[str, object], lam: float) -> TrialRecord:
+    ladder = [4, 8, 16, 32, 64, 128]
+    rates = [lam * n / (1 + 0.02 * (n - 1) + 0.0004 * n * (n - 1)) for n in ladder]
+    points = [
+        CurvePoint(n, r, r * 256, 0.0, 1.0, 5.0, "precision")
+        for n, r in zip(ladder, rates, strict=True)
+    ]
+    return TrialRecord(
+        number=number,
+        state="COMPLETE",
+        value=max(rates),
+        feasible=True,
+        knobs=knobs,
+        points=points,
+        curve=summarise_curve(ladder, rates),
+        probe_s=30.0,
+        wall_s=33.3333,
+        p95_latency_s=1.23456,
+        error_rate=0.0,
+    )
+
+
+def test_the_sweep_report_labels_its_80_percent_lines_and_shows_every_curve(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Two trials of one configuration give one curve; three configurations, three
+    curves, each its own style; 'recommended' is said to be 80% of the peak
+    parallelism, and the 80%-of-peak-throughput line has its own label."""
+    same = {"gpu_memory_utilization": 0.9, "max_num_seqs": 128, "max_num_batched_tokens": 8192}
+    trials = [
+        _sweep_trial(0, same, 2.0),
+        _sweep_trial(1, {**same, "max_num_seqs": 256}, 2.4),
+        _sweep_trial(2, same, 2.01),  # the same configuration again
+        _sweep_trial(3, {**same, "max_num_seqs": 64}, 1.5),
+    ]
+    result = SweepResult(
+        study="report-test", created_at=0.0, started_at=0.0, simulated=True,
+        storage="sqlite:///report-test.db", trials_reused=0, metric="rollouts_per_s",
+        max_error_rate=0.05, model="sim/llama-3.1-8b",
+        spec={"target": {"kind": "sim", "args": ["--time-scale", "0.05"]}},
+        trials=trials, importances={"max_num_seqs": 0.8, "gpu_memory_utilization": 0.2},
+        machine={"autotune": "test"},
+    )  # fmt: skip
+    recommended = recommendation(result)
+    assert recommended is not None
+    out = tmp_path_factory.mktemp("sweep-report")
+    page = sweep_report.write(result, recommended, out)
+    checks = {
+        **PAGE_CHECKS,
+        "curves": drawn('[id^="knee-curve-"]'),
+        "marks": drawn('[id^="knee-mark-"]'),
+        "level": drawn("#knee-level"),
+        "knee_text": "document.getElementById('knee').textContent",
+    }
+    shot = render(page, out / "sweep-report.png", checks=checks)
+    print(f"sweep report screenshot: {shot.screenshot}")
+    assert shot.console_errors == []
+    assert shot.failed_or_external_requests == []
+    found = shot.checks
+    assert found["page_width"] <= VIEWPORT[0] and found["tables_overflowing"] == 0
+    assert found["plots_without_simulated_mark"] == 0
+    assert (found["curves"], found["marks"], found["level"]) == (3, 3, 1)
+    knee = found["knee_text"]
+    assert "= 80% of the peak parallelism" in knee
+    assert "80% of the peak throughput: " in knee
+    # Trial 2 repeated trial 0's configuration and measured more: its curve alone is drawn.
+    assert knee.count("trial 2:") == 2 and "trial 0:" not in knee  # fit and points, once
+    assert "(80% of the peak parallelism)" in shot.text
+    assert "33.3" in shot.text and "33.3333" not in shot.text  # rounded on the page

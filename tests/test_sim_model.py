@@ -230,3 +230,15 @@ async def test_time_scale_paces_steps_in_real_time() -> None:
     assert engine.e2e_latency.count == 1 and engine.e2e_latency.sum == pytest.approx(
         elapsed, abs=0.01
     )
+
+
+async def test_planted_slowdown_makes_every_later_step_slower() -> None:
+    async with _engine() as steady:
+        await steady.submit(100, 40).finished
+    async with _engine(slow_down_after_s=0.0, slow_down_factor=2.0) as slowed:
+        await slowed.submit(100, 40).finished
+    async with _engine(slow_down_after_s=3600.0, slow_down_factor=2.0) as not_yet:
+        await not_yet.submit(100, 40).finished
+    assert slowed.steps == steady.steps == not_yet.steps
+    assert slowed.sim_time_s == pytest.approx(2 * steady.sim_time_s)
+    assert not_yet.sim_time_s == pytest.approx(steady.sim_time_s)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
 
-from autotune.stats import batch_means_rate, t95
+from autotune.stats import batch_means_rate, completion_batches_rate, ratio_interval, t95
 
 
 def test_regular_arrivals_give_a_tight_interval() -> None:
@@ -41,3 +42,55 @@ def test_bursts_widen_the_interval() -> None:
 
 def test_t_quantiles() -> None:
     assert t95(9) == 2.262 and t95(1000) == 1.96
+
+
+def test_completion_batches_ignore_waves_that_time_bins_would_count() -> None:
+    """A closed loop of 8 slots finishing together every second: 8/s, exactly. Time bins
+    that cut the waves unevenly see noise; batches timed between completions do not."""
+    waves = [wave + 0.001 * slot for wave in range(1, 41) for slot in range(8)]
+    binned = batch_means_rate(waves, 0.0, 37.5)
+    batched = completion_batches_rate(waves, [(waves[7], waves[-1])], 16)
+    assert abs(batched.rate - 8) < 0.05
+    assert batched.relative_halfwidth < 0.01 < binned.relative_halfwidth
+    assert batched.batches == 19 and batched.events == 19 * 16
+
+
+def test_completion_batches_pool_several_windows() -> None:
+    """An extended probe: two windows of the same 10/s process, minutes apart, pool into
+    one rate over their measured time only (the gap between them is not measured)."""
+    first = [i * 0.1 for i in range(1, 101)]  # (0, 10]
+    second = [100 + i * 0.1 for i in range(1, 101)]  # (100, 110]
+    estimate = completion_batches_rate(first + second, [(0.0, 10.0), (100.0, 110.0)], 10)
+    assert estimate.batches == 20 and abs(estimate.rate - 10) < 1e-6
+    assert abs(estimate.window_s - 20) < 1e-6
+
+
+def test_too_few_events_give_an_unbounded_interval() -> None:
+    estimate = completion_batches_rate([1.0, 2.0, 3.0], [(0.0, 3.0)], 3)
+    assert estimate.batches == 1 and estimate.high == math.inf
+
+
+def test_ratio_interval_covers_the_true_ratio() -> None:
+    """Two Poisson processes at 20/s and 50/s, measured as a probe would: their ratio's
+    95% interval (delta method on the log scale) covers 2.5 about 95% of the time."""
+    covered = 0
+    trials = 200
+    for seed in range(trials):
+        rng = random.Random(seed)
+        estimates = []
+        for rate in (20.0, 50.0):
+            t, times = 0.0, []
+            while t < 20:
+                t += rng.expovariate(rate)
+                times.append(t)
+            estimate = completion_batches_rate(times, [(0.0, 20.0)], max(1, round(rate)))
+            estimates.append((estimate.rate, estimate.high - estimate.rate, estimate.batches))
+        ratio = ratio_interval(estimates[1], estimates[0])
+        assert ratio.low < ratio.ratio < ratio.high
+        covered += ratio.low <= 2.5 <= ratio.high
+    assert 0.89 * trials <= covered <= trials
+
+
+def test_a_ratio_with_an_unmeasured_side_is_unbounded() -> None:
+    assert ratio_interval((10.0, math.inf, 10), (5.0, 0.5, 10)).high == math.inf
+    assert ratio_interval((10.0, 1.0, 10), (0.0, 0.0, 10)).ratio == math.inf

@@ -127,7 +127,7 @@ def test_resume_refuses_another_runs_output(
         check_run(out, {**RUN, **change})
     message = str(caught.value)
     assert message.startswith(f"--resume: {out} holds rollouts of another run (")
-    assert says in message and message.endswith("or choose another --output.")
+    assert says in message and message.endswith("or choose another --output-dir.")
 
 
 def test_run_records_are_optional_but_must_be_readable(tmp_path: Path) -> None:

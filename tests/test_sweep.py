@@ -78,7 +78,7 @@ def test_sweep_writes_report_and_recommendation(tmp_path: Path) -> None:
     assert len((out / "trials.csv").read_text().splitlines()) == 1 + 3
     saved = load_result(out / "sweep.json")
     assert isinstance(saved, SweepResult)
-    assert len(saved.completed) == 3 and saved.simulated
+    assert len(saved.completed) + len(saved.pruned) == 3 and saved.simulated
     page = render(out / "index.html", tmp_path / "sweep.png")
     assert page.console_errors == [] and page.failed_or_external_requests == []
     assert "Recommended: parallelism" in page.text and "SIMULATED" in page.text
@@ -123,7 +123,7 @@ def test_killed_sweep_resumes_and_leaves_no_server(tmp_path: Path) -> None:
     saved = load_result(tmp_path / "reports" / "killed" / "sweep.json")
     assert isinstance(saved, SweepResult)
     assert saved.trials_reused >= 1
-    assert len(saved.completed) == 4
+    assert len(saved.completed) + len(saved.pruned) == 4
     assert servers_alive(marker) == []
 
 
@@ -158,8 +158,9 @@ def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_pat
     assert len(result.completed) == 3  # the study went on after the refusal
     refused = [t for t in result.completed if t.knobs == {"tensor_parallel_size": 1}]
     assert refused and not refused[0].feasible
-    assert refused[0].infeasible_reason is not None
-    assert refused[0].infeasible_reason.startswith("ValueError: No available memory")
+    assert refused[0].infeasible_reason is not None  # known before launch: never started
+    assert refused[0].infeasible_reason.startswith("No available memory for the cache blocks")
+    assert refused[0].infeasible_reason.endswith("(known before launch: not started)")
     best = result.best()
     assert best is not None and best.knobs == {"tensor_parallel_size": 4}
     write_outputs(result, tmp_path / "report")

@@ -7,15 +7,25 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from autotune.config import Study
 from autotune.errors import ServerStartupError
-from autotune.results import ProbeResult
-from autotune.sweep.curve import measure_curve, run_trial, start_parallelism
+from autotune.probe import ProbeSettings
+from autotune.results import CurvePoint, ProbeResult
+from autotune.sweep.curve import (
+    PEAK_LATENCIES,
+    QUEUE_GAIN,
+    SCREEN_LATENCIES,
+    Incumbent,
+    measure_curve,
+    reachable,
+    run_trial,
+    start_parallelism,
+)
 
 
 def usl(n: int, lam: float = 1.0, sigma: float = 0.02, kappa: float = 0.0005) -> float:
@@ -33,9 +43,11 @@ class FakeProbe:
     stop_reason: Callable[[int], str] = lambda n: "converged"
     tokens: Callable[[int], float] | None = None  # output tokens/s; default 100 a rollout
     asked: list[int] = field(default_factory=list)
+    timed: list[ProbeSettings | None] = field(default_factory=list)  # settings asked with
 
-    async def measure(self, parallelism: int) -> ProbeResult:
+    async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
         self.asked.append(parallelism)
+        self.timed.append(settings)
         rate = self.throughput(parallelism)
         return ProbeResult(
             parallelism=parallelism,
@@ -82,9 +94,15 @@ def ladder(points: list[Any]) -> list[int]:
     return [p.parallelism for p in points]
 
 
+async def curve(probe: FakeProbe, study: Study, start: int) -> tuple[list[CurvePoint], str | None]:
+    """The ladder's points and why the server died (None: it did not)."""
+    measured = await measure_curve(probe, study, start)
+    return measured.points, measured.died
+
+
 async def test_doubling_stops_at_the_first_point_without_a_plateau_gain() -> None:
     probe = FakeProbe()
-    points, died = await measure_curve(probe, study(), 4)
+    points, died = await curve(probe, study(), 4)
     assert ladder(points) == probe.asked == [4, 8, 16, 32, 64]
     assert died is None
     *rising, last = points
@@ -96,22 +114,22 @@ async def test_doubling_stops_at_the_first_point_without_a_plateau_gain() -> Non
 
 async def test_doubling_never_passes_the_top_of_the_range() -> None:
     probe = FakeProbe(throughput=lambda n: 2.0 * n)  # scales for ever
-    points, _ = await measure_curve(probe, study(high=40), 4)
+    points, _ = await curve(probe, study(high=40), 4)
     assert ladder(points) == [4, 8, 16, 32]
 
 
 async def test_the_output_token_metric_decides_the_plateau_when_it_is_the_objective() -> None:
     # Rollouts/s keep doubling, but rollouts get shorter: tokens/s levels off at 16.
     probe = FakeProbe(throughput=float, tokens=lambda n: 100.0 * min(n, 16))
-    points, _ = await measure_curve(probe, study(metric="output_tokens_per_s"), 4)
+    points, _ = await curve(probe, study(metric="output_tokens_per_s"), 4)
     assert ladder(points) == [4, 8, 16, 32]
-    points, _ = await measure_curve(FakeProbe(throughput=float), study(high=64), 4)
+    points, _ = await curve(FakeProbe(throughput=float), study(high=64), 4)
     assert ladder(points) == [4, 8, 16, 32, 64]  # by rollouts/s it never levels off
 
 
 async def test_doubling_stops_at_the_first_point_with_too_many_errors() -> None:
     probe = FakeProbe(error_rate=lambda n: 0.5 if n >= 16 else 0.0)
-    points, died = await measure_curve(probe, study(), 4)
+    points, died = await curve(probe, study(), 4)
     assert ladder(points) == [4, 8, 16]  # 32 is never asked for
     assert died is None
     assert points[-1].error_rate == 0.5
@@ -119,13 +137,13 @@ async def test_doubling_stops_at_the_first_point_with_too_many_errors() -> None:
 
 async def test_an_error_rate_at_the_limit_is_still_usable() -> None:
     probe = FakeProbe(error_rate=lambda n: 0.05)
-    points, _ = await measure_curve(probe, study(max_error_rate=0.05), 4)
+    points, _ = await curve(probe, study(max_error_rate=0.05), 4)
     assert ladder(points) == [4, 8, 16, 32, 64]
 
 
 async def test_errors_at_the_start_make_it_halve_below_start_for_two_usable_points() -> None:
     probe = FakeProbe(error_rate=lambda n: 0.5 if n >= 32 else 0.0)
-    points, died = await measure_curve(probe, study(), 32)
+    points, died = await curve(probe, study(), 32)
     assert probe.asked == [32, 16, 8]
     assert ladder(points) == [8, 16, 32]  # lowest parallelism first
     assert died is None
@@ -133,14 +151,14 @@ async def test_errors_at_the_start_make_it_halve_below_start_for_two_usable_poin
 
 async def test_one_usable_point_after_doubling_halves_once() -> None:
     probe = FakeProbe(error_rate=lambda n: 0.5 if n >= 64 else 0.0)
-    points, _ = await measure_curve(probe, study(), 32)
+    points, _ = await curve(probe, study(), 32)
     assert probe.asked == [32, 64, 16]
     assert ladder(points) == [16, 32, 64]
 
 
 async def test_halving_stops_at_the_bottom_of_the_range() -> None:
     probe = FakeProbe(error_rate=lambda n: 1.0)
-    points, died = await measure_curve(probe, study(low=4), 16)
+    points, died = await curve(probe, study(low=4), 16)
     assert probe.asked == [16, 8, 4]
     assert ladder(points) == [4, 8, 16]
     assert died is None
@@ -148,13 +166,13 @@ async def test_halving_stops_at_the_bottom_of_the_range() -> None:
 
 async def test_no_halving_when_two_points_are_usable() -> None:
     probe = FakeProbe()
-    points, _ = await measure_curve(probe, study(), 256)  # past the peak: 512 is lower
+    points, _ = await curve(probe, study(), 256)  # past the peak: 512 is lower
     assert ladder(points) == probe.asked == [256, 512]
 
 
 async def test_a_server_that_dies_ends_the_curve_with_the_reason() -> None:
     probe = FakeProbe(stop_reason=lambda n: "server died" if n == 16 else "converged")
-    points, died = await measure_curve(probe, study(), 4)
+    points, died = await curve(probe, study(), 4)
     assert ladder(points) == [4, 8, 16]
     assert died == "the server stopped answering at parallelism 16"
 
@@ -164,7 +182,7 @@ async def test_a_server_that_dies_while_halving_ends_the_curve_too() -> None:
         error_rate=lambda n: 1.0 if n >= 32 else 0.0,
         stop_reason=lambda n: "server died" if n == 16 else "converged",
     )
-    points, died = await measure_curve(probe, study(), 32)
+    points, died = await curve(probe, study(), 32)
     assert probe.asked == [32, 16]
     assert ladder(points) == [16, 32]
     assert died == "the server stopped answering at parallelism 16"
@@ -175,21 +193,22 @@ async def test_a_server_that_dies_while_halving_ends_the_curve_too() -> None:
     [
         (None, 4),  # no trial yet: the bottom of the range
         (0.0, 4),
-        (10.0, 4),  # a quarter (2.5) is below the bottom
-        (64.0, 16),  # a quarter is exactly 16, on the ladder
-        (100.0, 16),  # a quarter is 25: the ladder's 16, never above a quarter
-        (1000.0, 128),  # a quarter is 250: 4, 8, ... 128
+        (24.0, 4),  # an eighth (3) is below the bottom
+        (128.0, 16),  # an eighth is exactly 16, on the ladder
+        (200.0, 16),  # an eighth is 25: the ladder's 16, never above an eighth
+        (2000.0, 128),  # an eighth is 250: 4, 8, ... 128
     ],
 )
-def test_start_is_the_ladder_step_at_or_below_a_quarter_of_the_best_peak(
+def test_start_is_the_ladder_step_at_or_below_an_eighth_of_the_best_parallelism(
     best_peak: float | None, expected: int
 ) -> None:
     assert start_parallelism(study(low=4, high=1024), best_peak) == expected
 
 
-def test_start_stays_inside_the_range() -> None:
+def test_start_stays_inside_the_range_and_under_the_servers_ceiling() -> None:
     assert start_parallelism(study(low=4, high=16), 1e6) == 16
-    assert start_parallelism(study(low=3, high=1024), 100.0) == 24  # 3, 6, 12, 24 ≤ 25
+    assert start_parallelism(study(low=3, high=1024), 200.0) == 24  # 3, 6, 12, 24 ≤ 25
+    assert start_parallelism(study(low=4, high=1024), 1000.0, top=64) == 64
 
 
 async def test_a_refused_configuration_is_an_infeasible_outcome_with_the_servers_reason() -> None:
@@ -234,3 +253,77 @@ async def test_a_trial_whose_server_dies_is_feasible_on_the_points_before() -> N
     assert ladder(outcome.points) == [4, 8, 16]
     assert outcome.infeasible_reason is None
     assert outcome.value == pytest.approx(usl(16))
+
+
+# -- pruning: what a curve can still reach -------------------------------------------------
+
+
+def point(n: int, rate: float, interval: tuple[float, float] | None = None) -> CurvePoint:
+    """A rung; one with an interval measured it over ten batches."""
+    batches = 10 if interval else None
+    return CurvePoint(
+        n, rate, 100 * rate, 0.0, None, 4.0, "time cap", rollouts_per_s_ci=interval, batches=batches
+    )
+
+
+def test_one_rung_bounds_the_curve_by_linear_scaling_to_the_top_of_the_range() -> None:
+    # X(N)/N never grows: 10/s at 16 is at most 10·64/16 = 40/s at the range's top, 64.
+    assert reachable([point(16, 10.0, (9.0, 11.0))], study(high=64)) == pytest.approx(44.0)
+
+
+def test_two_rungs_bound_it_by_the_secant_of_n_over_x() -> None:
+    # N/X: 16/10 = 1.6 and 32/16 = 2.0, a slope of 0.025 a unit: at 1024, 1024/25.6 = 40.
+    rungs = [point(16, 10.0, (10.0, 10.0)), point(32, 16.0, (16.0, 16.0))]
+    assert reachable(rungs, study()) == pytest.approx(1024 / (2.0 + 0.025 * (1024 - 32)))
+    true = [usl(n) for n in (16, 32, 64, 128, 256, 512, 1024)]
+    exact = [point(n, usl(n), (usl(n), usl(n))) for n in (16, 32)]
+    assert reachable(exact, study()) >= max(true)  # a bound, for a curve that obeys the USL
+
+
+def test_at_the_servers_ceiling_only_queueing_is_left() -> None:
+    rungs = [point(32, 20.0, (19.0, 21.0)), point(64, 30.0, (29.0, 31.0))]
+    assert reachable(rungs, study(), top=64) == pytest.approx(31.0 * (1 + QUEUE_GAIN))
+
+
+def test_a_rung_without_a_trustworthy_interval_counts_as_known_to_five_percent() -> None:
+    expected = 30.0 * 1.05 * (1 + QUEUE_GAIN)
+    assert reachable([point(64, 30.0)], study(), top=64) == pytest.approx(expected)
+    wide = (10.0, 50.0)
+    two_batches = CurvePoint(64, 30.0, 3000.0, 0.0, None, 4.0, "time cap", rollouts_per_s_ci=wide)
+    two_batches = replace(two_batches, batches=2)
+    assert reachable([two_batches], study(), top=64) == pytest.approx(expected)
+
+
+async def test_a_curve_that_cannot_reach_the_best_is_pruned_at_its_first_rung() -> None:
+    launcher = FakeLauncher()
+    rungs: list[tuple[int, float]] = []
+    best = Incumbent(value=100.0, parallelism=64, points=[])
+    outcome = await run_trial(
+        launcher, {}, study(), 32, best=best, top=64, on_rung=lambda *r: rungs.append(r)
+    )
+    # usl(32) ≈ 15.1: even linear scaling to the ceiling (64) gives ~32, far from 100.
+    assert ladder(outcome.points) == [32]  # no second rung, no halving below
+    assert outcome.pruned_reason is not None
+    assert "below the best so far (100)" in outcome.pruned_reason
+    assert rungs == [(0, pytest.approx(usl(32)))]
+    assert outcome.infeasible_reason is None and outcome.probe_s == pytest.approx(4.0)
+
+
+async def test_a_curve_that_may_beat_the_best_is_measured_to_its_top() -> None:
+    launcher = FakeLauncher()
+    best = Incumbent(value=14.0, parallelism=64, points=[])
+    outcome = await run_trial(launcher, {}, study(), 4, best=best)
+    assert outcome.pruned_reason is None
+    assert ladder(outcome.points) == [4, 8, 16, 32, 64]
+
+
+async def test_rungs_are_timed_by_their_rollout_latency_and_the_top_is_measured_longer() -> None:
+    probe = FakeProbe(throughput=lambda n: 0.5 * min(n, 64))  # saturates at 64 requests
+    await run_trial(FakeLauncher(probe), {}, study(), 16, top=64)
+    first, second, top = probe.timed
+    assert first is not None and first.max_s == study().probe.max_s  # no latency to go on
+    # Little's law: 32 requests at the 8/s of one rung (no growth seen yet) take 4 s;
+    # 64 at the 16/s of 32 doubled again (the last step doubled) take 2 s.
+    assert second is not None and second.max_s == pytest.approx(SCREEN_LATENCIES * 4.0)
+    assert top is not None and top.max_s == pytest.approx(PEAK_LATENCIES * 2.0)
+    assert probe.asked == [16, 32, 64]

@@ -196,13 +196,14 @@ def database(postgres: Postgres) -> str:
 
 
 def start_worker(study: Path, url: str, directory: Path) -> tuple[subprocess.Popen[str], Path]:
-    """`autotune sweep STUDY --storage URL` in the background, output to directory/log."""
+    """`autotune sweep STUDY --storage URL` in the background (its study is named `shared`),
+    output to directory/log."""
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / "worker.log"
     log: IO[str] = log_path.open("w")
-    dirs = ["--studies-dir", str(directory / "studies"), "--reports-dir", str(directory)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "sweep", str(study), "--storage", url, *dirs, "-q"],
+    dirs = ["--studies-dir", str(directory / "studies"), "--output-dir", str(directory / "shared")]
+    process = subprocess.Popen(  # not --quiet: its `trial N:` lines say which trials it ran
+        [sys.executable, "-m", "autotune", "sweep", str(study), "--storage", url, *dirs],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -271,10 +272,10 @@ def test_two_workers_share_one_study(tmp_path: Path, postgres: Postgres, databas
         assert process.returncode == 0, output
 
     trials = load(url, "shared").get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    complete = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert [t for t in trials if t.state == TrialState.RUNNING] == []
-    # Each worker stops once the study holds `budget` finished trials, so the two may
-    # each have started the last one.
+    # Each worker stops once the study holds `budget` finished (complete or pruned)
+    # trials, so the two may each have started the last one.
     assert budget <= len(complete) <= budget + 1, [t.state for t in trials]
     for trial in complete:
         assert {"knobs", "points"} <= trial.user_attrs.keys(), trial.number

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from autotune.store import completed_keys
 from autotune.workload import rollout_key
-from tests.helpers import autotune, one_sentence_error, read_rows
+from tests.helpers import autotune, free_port, one_sentence_error, read_rows
 
 ROOT = os.geteuid() == 0
 
@@ -494,7 +495,7 @@ def test_resume_refuses_another_runs_output(
     before = out.read_bytes()
     line = one_sentence_error(autotune(*QUICK, "--output", str(out), "--resume", *other))
     assert f"--resume: {out} holds rollouts of another run (" in line and says in line
-    assert line.endswith("or choose another --output.")
+    assert line.endswith("or choose another --output-dir.")
     assert out.read_bytes() == before
     again = autotune(*QUICK, "--output", str(out), "--resume", "--synthetic", "5")
     assert again.returncode == 0, again.stderr  # more of the same tasks: its own run
@@ -560,3 +561,260 @@ def test_sweep_storage_and_folders_are_refused_before_the_first_trial(
 def test_study_setting_a_flag_autotune_sets_itself(tmp_path: Path, target: str, says: str) -> None:
     line = one_sentence_error(autotune("sweep", str(_study(tmp_path, f"target: {target}\n"))))
     assert says in line
+
+
+# -- collect's live flags: metrics, stats, drift watch, report (issue 17) ------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--metrics-port", "0", "a port from 1 to 65535"),
+        ("--metrics-port", "70000", "a port from 1 to 65535"),
+        ("--metrics-port", "http", "a port from 1 to 65535"),
+        ("--stats-every", "0", ABOVE_0),
+        ("--stats-every", "-5", ABOVE_0),
+        ("--expect-rate", "0", ABOVE_0),
+        ("--drift-window", "0", ABOVE_0),
+        ("--drift-windows", "0", WHOLE_1),
+    ],
+)
+def test_out_of_range_live_flags_are_refused_before_anything_runs(
+    flag: str, value: str, expected: str
+) -> None:
+    result = autotune("collect", flag, value)
+    assert result.returncode == 2
+    line = one_sentence_error(result)
+    assert line == (
+        f"autotune: error: argument {flag}: must be {expected}, not {value!r}; "
+        "see `autotune collect --help`."
+    )
+
+
+def test_metrics_port_in_use_is_refused_before_a_rollout(tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.jsonl"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = autotune(*QUICK, "--output-dir", str(tmp_path), "--metrics-port", str(port))
+    line = one_sentence_error(result)
+    assert line.startswith(f"autotune: error: --metrics-port {port} cannot be served on 127.0.0.1")
+    assert line.endswith("pick a free port with --metrics-port, or stop what listens there.")
+    assert not out.exists()  # refused before the rollout file was opened
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "does not exist; pass the recommendation.json a sweep wrote, e.g. reports/"),
+        (b'{"kind": "sweep", "trials": []}', "is not a recommendation (KeyError: 'simulated'); "),
+        (b"not json", "is not valid JSON ("),
+    ],
+)
+def test_expect_file_that_is_missing_or_no_recommendation(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    expect = tmp_path / "recommendation.json"
+    if content is not None:
+        expect.write_bytes(content)
+    run = ("--output-dir", str(tmp_path / "run"))
+    line = one_sentence_error(autotune(*QUICK, *run, "--expect", str(expect)))
+    assert says in line
+    assert not (tmp_path / "run" / "rollouts.jsonl").exists()
+
+
+def test_stats_every_without_output_names_the_fix() -> None:
+    line = one_sentence_error(autotune(*QUICK, "--no-output", "--stats-every", "5"))
+    assert line == (
+        "autotune: error: --stats-every writes its lines beside the rollout file, and this run "
+        "keeps none (--no-output); drop one of the two."
+    )
+
+
+def test_expect_and_expect_rate_together_are_refused(tmp_path: Path) -> None:
+    line = one_sentence_error(
+        autotune(*QUICK, "--expect", str(tmp_path / "r.json"), "--expect-rate", "5")
+    )
+    assert "argument --expect-rate: not allowed with argument --expect" in line
+
+
+def test_collect_report_into_a_file_is_refused_before_collecting(tmp_path: Path) -> None:
+    (tmp_path / "file").touch()
+    run = ("--output-dir", str(tmp_path / "run"))
+    result = autotune(*QUICK, *run, "--report", str(tmp_path / "file" / "r"))
+    line = one_sentence_error(result)
+    assert f"--report {tmp_path / 'file' / 'r'} cannot be written: " in line
+    assert not (tmp_path / "run" / "rollouts.jsonl").exists()
+
+
+# -- the output convention: a folder per run, the old spellings one at a time ------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--resume",), "--resume needs the folder of the run to continue; pass its --output-dir"),
+        (("--no-output", "--resume"), "--no-output keeps nothing, so it takes no --output-dir"),
+        (("--output", "a.jsonl", "--output-dir", "d"), "--output is the old spelling of"),
+        (("--no-output", "--report"), "--report without DIR goes in --output-dir, and this"),
+    ],
+)
+def test_collect_output_flags_that_cannot_go_together(
+    tmp_path: Path, flags: tuple[str, ...], says: str
+) -> None:
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", *flags, cwd=tmp_path))
+    assert says in line
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_merge_without_a_place_for_its_rows(tmp_path: Path) -> None:
+    shard = tmp_path / "a.jsonl"
+    shard.write_bytes(_rollout(0))
+    line = one_sentence_error(autotune("merge", str(shard)))
+    assert line == (
+        "autotune: error: merge needs a place for the merged rows; pass --output-dir DIR."
+    )
+
+
+def test_diagnose_report_and_output_dir_together(tmp_path: Path) -> None:
+    line = one_sentence_error(
+        autotune("diagnose", "--report", str(tmp_path / "a"), "--output-dir", str(tmp_path))
+    )
+    assert "--report is the old spelling of --output-dir; pass only one." in line
+
+
+# -- sweep 2.0: latency budgets and the validation run ----------------------------------
+
+
+ABOVE_0 = "must be a number above 0, not"
+AT_LEAST_0 = "must be a whole number of at least 0, not"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("objective: {p95_latency_slo_s: 0}", f"objective.p95_latency_slo_s: {ABOVE_0} 0."),
+        ("objective: {p95_ttft_slo_s: -1}", f"objective.p95_ttft_slo_s: {ABOVE_0} -1."),
+        ("budget: {validate_rollouts: -5}", f"budget.validate_rollouts: {AT_LEAST_0} -5."),
+        ("budget: {validate_rollouts: 1.5}", f"budget.validate_rollouts: {AT_LEAST_0} 1.5."),
+    ],
+)
+def test_bad_latency_budgets_and_validation_lengths_are_one_sentence(
+    tmp_path: Path, body: str, says: str
+) -> None:
+    study = _study(tmp_path, f"target: {{kind: sim}}\n{body}\n")
+    line = one_sentence_error(autotune("sweep", str(study), cwd=tmp_path))
+    assert line.endswith(says), line
+    assert not (tmp_path / "studies").exists()  # refused before any storage or trial
+
+
+# -- NeMo Gym targets: --agent-url, --metrics-url, --tools ---------------------------------
+
+
+class _Routes(http.server.BaseHTTPRequestHandler):
+    """A FastAPI-like server that publishes its routes at /openapi.json (and has no other)."""
+
+    routes = b'{"paths": {"/server_instances": {}, "/readyz": {}}}'  # NeMo Gym's head server
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.routes)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve_routes(routes: bytes) -> Iterator[str]:
+    handler = type("Handler", (_Routes,), {"routes": routes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def head_server() -> Iterator[str]:
+    yield from _serve_routes(_Routes.routes)
+
+
+@pytest.fixture
+def agent_server() -> Iterator[str]:
+    yield from _serve_routes(b'{"paths": {"/run": {}, "/v1/responses": {}}}')
+
+
+def test_agent_url_without_a_scheme() -> None:
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--agent-url", "host:11"))
+    assert line == (
+        "autotune: error: --agent-url host:11 needs http:// or https://, e.g. http://host:port."
+    )
+
+
+def test_an_agent_that_does_not_answer() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--agent-url", url))
+    assert line.startswith(f"autotune: error: cannot reach the NeMo Gym agent at {url} (")
+    assert line.endswith("); start it (ng_run) or fix --agent-url.")
+
+
+def test_a_server_without_run_is_not_an_agent(head_server: str) -> None:
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--agent-url", head_server))
+    assert f"the server at {head_server} has no /run route, so it is not a NeMo Gym agent;" in line
+    assert "/server_instances" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--base-url", "http://h:1/v1"), "--agent-url and --base-url both say where rollouts go"),
+        (("--verifier", "exact"), "the NeMo Gym agent verifies each rollout itself"),
+        (("--tools", "null"), "the NeMo Gym agent calls its resources server's tools itself"),
+    ],
+)
+def test_what_an_agent_does_itself_is_not_asked_of_autotune(
+    flags: tuple[str, ...], says: str
+) -> None:
+    result = autotune("collect", "--synthetic", "3", "--agent-url", "http://h:1", *flags)
+    assert says in one_sentence_error(result)
+
+
+def test_diagnose_of_a_command_and_an_agent_at_once() -> None:
+    result = autotune("diagnose", "--agent-url", "http://h:1", "--command", "x {parallelism}")
+    line = one_sentence_error(result)
+    assert "--command and --agent-url each name the collector to diagnose; pass one." in line
+
+
+def test_metrics_url_that_cannot_be_read(agent_server: str) -> None:
+    metrics = f"http://127.0.0.1:{free_port()}/metrics"
+    result = autotune(
+        "collect", "--synthetic", "3", "--agent-url", agent_server, "--metrics-url", metrics
+    )
+    line = one_sentence_error(result)
+    assert line.startswith(f"autotune: error: cannot read --metrics-url {metrics} (")
+    assert line.endswith("or drop it.")
+
+
+@pytest.mark.parametrize(
+    ("tools", "says"),
+    [
+        ("ftp://x", "--tools 'ftp://x' is neither a resources server's URL"),
+        ("http://127.0.0.1:{port}", "cannot reach the resources server at http://127.0.0.1:"),
+    ],
+)
+def test_tools_that_cannot_be_used(tools: str, says: str) -> None:
+    tools = tools.format(port=free_port())
+    result = autotune("collect", "--synthetic", "3", "--no-output", "--tools", tools)
+    assert says in one_sentence_error(result)
+
+
+def test_study_of_an_agent_without_its_url(tmp_path: Path) -> None:
+    study = _study(tmp_path, "target: {kind: nemo-gym-agent}\n")
+    line = one_sentence_error(autotune("sweep", str(study)))
+    assert "kind: nemo-gym-agent needs agent_url" in line

@@ -27,6 +27,14 @@ class Generation:
     first_token: float | None
     model_end: float
     attempts: int = 1
+    # A whole rollout made elsewhere (a NeMo Gym agent's /run answer): the row as it came.
+    row: dict[str, Any] | None = None
+    # A multi-turn rollout (autotune.turns): every turn's Responses output items, tool
+    # outputs included; each turn's timings (its model call, then its tool calls); and
+    # the seconds spent in the environment (its session's start and every tool call).
+    output: list[dict[str, Any]] | None = None
+    turns: list[dict[str, Any]] | None = None
+    tool_s: float = 0.0
 
 
 class ModelCallError(Exception):
@@ -34,7 +42,8 @@ class ModelCallError(Exception):
 
     `failure_class` keys the error tables: timeout (no answer in time, or a stream that
     stalled), connection, rate_limited, http_4xx, http_5xx, bad_response (an answer of
-    the wrong shape) or truncated (a stream that ended before its answer did).
+    the wrong shape), truncated (a stream that ended before its answer did) or
+    tool_error (a multi-turn rollout's tool endpoint could not be used).
     """
 
     def __init__(self, failure_class: str, message: str, attempts: int = 1) -> None:
@@ -72,7 +81,8 @@ class CallCounters:
 
 
 class ModelBackend(Protocol):
-    """One way of calling a model server."""
+    """One way of calling a model server (openai.py), or of having a whole rollout made by
+    a NeMo Gym agent server (nemo_gym_agent.py: its Generation carries the row)."""
 
     model: str
     counters: CallCounters

@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +79,12 @@ class NullServer(ServerProcess):
     process group (SIGTERM, then SIGKILL).
     """
 
-    def __init__(self, core: int | None = None, startup_timeout_s: float = 60.0) -> None:
-        super().__init__(ServerSpec.null(core=core, startup_timeout_s=startup_timeout_s))
+    def __init__(
+        self, core: int | None = None, startup_timeout_s: float = 60.0, tool_turns: int = 1
+    ) -> None:
+        super().__init__(
+            ServerSpec.null(core=core, startup_timeout_s=startup_timeout_s, tool_turns=tool_turns)
+        )
 
     @property
     def base_url(self) -> str:
@@ -88,7 +95,7 @@ class NullServer(ServerProcess):
 class Run:
     """One measured run of either client."""
 
-    kind: str  # "bare" or "engine"
+    kind: str  # "bare", "engine", or "metered" (the engine with autotune/live/ on)
     requests: int
     failed: int
     elapsed_s: float
@@ -129,6 +136,15 @@ async def _bare_loop(url: str, concurrency: int, total: int) -> Run:
     return Run("bare", total, failed, elapsed, (total - failed) / elapsed, cpu, elapsed)
 
 
+def _scrape_every_second(port: int | None, stop: threading.Event) -> None:
+    """GET /metrics once a second until `stop` (a scrape that finds nothing listening yet,
+    or any more, is skipped)."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    while not stop.wait(1.0):
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as answer:
+            answer.read()
+
+
 def bare_loop(base_url: str, concurrency: int, total: int) -> Run:
     """The ceiling: aiohttp+uvloop posting chat completions as fast as it can."""
     loop_factory = None
@@ -142,12 +158,24 @@ def bare_loop(base_url: str, concurrency: int, total: int) -> Run:
         return runner.run(_bare_loop(base_url + "/chat/completions", concurrency, total))
 
 
-def engine_run(base_url: str, concurrency: int, total: int, out_dir: Path) -> Run:
-    """autotune's engine: synthetic tasks, `exact` verifier, rows written to a JSONL file."""
+def engine_run(
+    base_url: str, concurrency: int, total: int, out_dir: Path, metered: bool = False
+) -> Run:
+    """autotune's engine: synthetic tasks, `exact` verifier, rows written to a JSONL file.
+
+    `metered`: with everything a production run watches on (autotune/live/): /metrics
+    scraped every second by a thread (Prometheus' default is 15 s), a stats line every
+    second, and a drift watch with one-second windows."""
     from autotune.collect import run_collect
-    from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+    from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
 
     output = out_dir / "overhead.jsonl"
+    live = LiveConfig()
+    if metered:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        live = LiveConfig(metrics_port=port, stats_every_s=1.0, expect_rate=1.0, drift_window_s=1.0)
     config = CollectConfig(
         target=TargetConfig(base_url=base_url, model="null", stream=False),
         synthetic=SyntheticWorkload(num_tasks=total),
@@ -155,15 +183,24 @@ def engine_run(base_url: str, concurrency: int, total: int, out_dir: Path) -> Ru
         verifier="exact",
         output=output,
         progress=False,
+        live=live,
     )
+    stop = threading.Event()
+    scraper = threading.Thread(target=_scrape_every_second, args=(live.metrics_port, stop))
+    if metered:
+        scraper.start()
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     try:
         summary = run_collect(config)
     finally:
-        output.unlink(missing_ok=True)
+        stop.set()
+        if metered:
+            scraper.join()
+        for path in (output, output.with_name(f"{output.stem}_stats.jsonl")):
+            path.unlink(missing_ok=True)
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     return Run(
-        "engine",
+        "metered" if metered else "engine",
         int(summary.completed) + int(summary.failed),
         int(summary.failed),
         float(summary.elapsed_s),

@@ -17,9 +17,15 @@ from autotune.results import ProbeResult
 
 
 class Probe(Protocol):
-    """Measures throughput at one parallelism of an already running configuration."""
+    """Measures throughput at one parallelism of an already running configuration.
 
-    async def measure(self, parallelism: int) -> ProbeResult: ...
+    `settings` set how long and how precisely for this measurement only (a sweep's short
+    first rungs, a long validation run); None: the probe's own.
+    """
+
+    async def measure(
+        self, parallelism: int, settings: ProbeSettings | None = None
+    ) -> ProbeResult: ...
 
 
 __all__ = ["Probe", "ProbeResult", "ProbeSettings", "Window", "steady_window"]

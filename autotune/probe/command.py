@@ -96,6 +96,7 @@ async def run_command_probe(
         warmup_s=start - started,
         stop_reason=window.reason,
         telemetry=summarise(recorder.samples, start, end),
+        batches=estimate.batches,
         telemetry_unavailable=dict(recorder.unavailable),
     )
 
@@ -114,7 +115,9 @@ class CommandProbe:
     workdir: Path
     tolerate_failures: bool = False
 
-    async def measure(self, parallelism: int) -> ProbeResult:
+    async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
+        """One run of `limit` rollouts: a finished run is timed whole, so `settings`
+        (how long to measure) do not apply."""
         try:
             return await run_command_probe(self.template, parallelism, self.limit, self.workdir)
         except CollectionError as error:

@@ -1,14 +1,19 @@
 """The engine probe: autotune's rollout engine at one parallelism against one server.
 
 The engine cycles through the probe's tasks for as long as `steady_window` needs, with
-the server's /metrics, NVML and the client's own CPU sampled alongside.
+the server's /metrics, NVML and the client's own CPU sampled alongside. A `ProbeRun`
+can be measured again to extend it: one more warm-up, one more window, every window's
+completions pooled into one result (diagnose does this when its interval straddles a
+threshold).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,9 +22,16 @@ import aiohttp
 
 from autotune.backends import ModelBackend
 from autotune.engine import Engine
-from autotune.probe.window import ProbeSettings, steady_window, warm_until
+from autotune.probe.status import ProbeWatch, drain_status, probe_status
+from autotune.probe.window import (
+    ProbeSettings,
+    Window,
+    pooled_estimate,
+    steady_window,
+    warm_until,
+)
 from autotune.results import STAGES, ProbeResult, StageLatency, stage_durations
-from autotune.stats import batch_means_rate, mean
+from autotune.stats import RateEstimate, mean
 from autotune.store import RolloutSink
 from autotune.telemetry import Sample, Sampler, summarise
 from autotune.telemetry.client import ClientSampler
@@ -31,6 +43,7 @@ from autotune.workload import Task, WorkItem
 
 CHECK_EVERY_S = 0.25
 TOKEN_MISMATCH_THRESHOLD = 0.10
+TIMELINE_BINS = 60  # bins of a probe's throughput-over-time, at most
 
 
 class _Meter:
@@ -79,42 +92,173 @@ async def run_probe(
     verifier: Verifier,
     session: aiohttp.ClientSession,
     base_url: str,
+    *,
+    metrics: str | None = None,
 ) -> ProbeResult:
-    """Measure one parallelism in steady state."""
-    meter = _Meter()
-    engine = Engine(
-        backend, verifier, RolloutSink(None, resume=False), settings.parallelism, observer=meter
-    )
-    counters = backend.counters
-    snapshots = [_snapshot(counters)]  # at the start, then at the end of warm-up and at stop
-    # Scrapes get their own connection: at a parallelism near the pool's limit they would
-    # otherwise queue behind model calls and time out exactly when the server is busiest.
-    async with aiohttp.ClientSession() as metrics_session:
-        samplers: list[Sampler] = [
-            ClientSampler(),
-            PrometheusSampler(metrics_session, metrics_url(base_url)),
-            GpuSampler(),
-        ]
-        async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
-            started = time.time()
-            run = asyncio.create_task(engine.run(_cycle(tasks)))
-            warm_at, stop_at, reason = await _watch(
-                settings, meter, run, engine, started, lambda: snapshots.append(_snapshot(counters))
-            )
-            snapshots.append(_snapshot(counters))
-            engine.stop()
-            await _drain(run, meter)
-    warm, stop = snapshots[1] if len(snapshots) > 2 else snapshots[0], snapshots[-1]
-    return _result(
-        settings,
-        meter,
-        verifier,
-        recorder.samples,
-        recorder.unavailable,
-        (started, warm_at, stop_at),
-        reason,
-        tuple(b - a for a, b in zip(warm, stop, strict=True)),
-    )
+    """Measure one parallelism in steady state; the model server's queue comes from
+    `metrics` (its /metrics URL; default: beside `base_url`, where vLLM serves it)."""
+    return await ProbeRun(settings, tasks, backend, verifier, base_url, metrics=metrics).measure()
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One stretch of the engine at the probe's parallelism (wall-clock instants)."""
+
+    started: float
+    warm: float  # end of warm-up: the measured window starts here
+    stop: float  # the window's end
+    drained: float  # the rollouts in flight at the stop have finished
+    reason: str
+
+
+class ProbeRun:
+    """One parallelism on one server, measured in one window and, on request, in more.
+
+    `measure` runs the engine until the estimate pooled over every window so far is
+    precise enough (or the windows' total reaches `max_s`) and returns the result over
+    all of them: a diagnosis that needs a tighter interval calls it again.
+    """
+
+    def __init__(
+        self,
+        settings: ProbeSettings,
+        tasks: Sequence[Task],
+        backend: ModelBackend,
+        verifier: Verifier,
+        base_url: str,
+        watch: ProbeWatch | None = None,
+        metrics: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.tasks = tasks
+        self.backend = backend
+        self.verifier = verifier
+        self.base_url = base_url
+        self.metrics = metrics or metrics_url(base_url)  # the model server's /metrics
+        self.watch = watch  # told the phase and the interval so far, for a progress display
+        self.meter = _Meter()
+        self.runs: list[_Run] = []
+        self.samples: list[Sample] = []
+        self.unavailable: dict[str, str] = {}
+        self.counted = (0.0,) * len(_snapshot(backend.counters))  # over the windows
+        self.estimate: RateEstimate | None = None
+
+    @property
+    def windows(self) -> list[tuple[float, float]]:
+        return [(run.warm, run.stop) for run in self.runs]
+
+    @property
+    def measured_s(self) -> float:
+        return sum(end - start for start, end in self.windows)
+
+    async def measure(self, enough: Callable[[RateEstimate], bool] | None = None) -> ProbeResult:
+        """One more run, until the pooled interval is within ±`target_halfwidth`, or until
+        `enough` says the pooled estimate is precise enough for its purpose; the result
+        covers every window measured so far."""
+        settings = self.settings
+        meter, counters = self.meter, self.backend.counters
+        engine = Engine(
+            self.backend,
+            self.verifier,
+            RolloutSink(None, resume=False),
+            settings.parallelism,
+            observer=meter,
+        )
+        snapshots = [_snapshot(counters)]  # at the start, then at the end of warm-up and at stop
+        # Scrapes get their own connection: at a parallelism near the pool's limit they would
+        # otherwise queue behind model calls and time out exactly when the server is busiest.
+        async with aiohttp.ClientSession() as metrics_session:
+            samplers: list[Sampler] = [
+                ClientSampler(),
+                PrometheusSampler(metrics_session, self.metrics),
+                GpuSampler(),
+            ]
+            async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
+                started = time.time()
+                run = asyncio.create_task(engine.run(_cycle(self.tasks)))
+                window, reason = await _watch(
+                    settings,
+                    meter,
+                    run,
+                    engine,
+                    started,
+                    self.windows,
+                    lambda: snapshots.append(_snapshot(counters)),
+                    self.watch,
+                    enough,
+                )
+                snapshots.append(_snapshot(counters))
+                engine.stop()
+                if self.watch is not None:
+                    measured = [*self.windows, (window.start, window.end)]
+                    done = len(meter.done_at)
+                    self.watch(drain_status(settings, done, measured, window.estimate))
+                await _drain(run, meter)
+                drained = time.time()
+        self.samples.extend(recorder.samples)
+        self.unavailable.update(recorder.unavailable)
+        warm, stop = snapshots[1] if len(snapshots) > 2 else snapshots[0], snapshots[-1]
+        self.counted = tuple(
+            total + b - a for total, a, b in zip(self.counted, warm, stop, strict=True)
+        )
+        self.runs.append(_Run(started, window.start, window.end, drained, reason))
+        self.estimate = window.estimate
+        return self._result()
+
+    def _result(self) -> ProbeResult:
+        settings, meter, windows = self.settings, self.meter, self.windows
+        measured = max(self.measured_s, 1e-9)
+        estimate = self.estimate
+        if estimate is None:  # the server died: no window was cut, so pool them here
+            estimate, _ = pooled_estimate(meter.done_at, windows, meter.mean_latency_s)
+        in_window = [i for start, end in windows for i in _between(meter.done_at, start, end)]
+        failures = [cls for t, cls in meter.failed_at if _inside(t, windows)]
+        last = self.runs[-1]
+        if last.reason == "server died":  # the failures that killed the probe count too
+            failures += [cls for t, cls in meter.failed_at if t > last.stop]
+        errors: dict[str, int] = {}
+        for cls in failures:
+            errors[cls] = errors.get(cls, 0) + 1
+        stage_values: dict[str, list[float]] = {stage: [] for stage in STAGES}
+        for i in in_window:
+            for stage, seconds in stage_durations(meter.timings[i]):
+                stage_values[stage].append(seconds)
+        latency = {stage: StageLatency.of(values) for stage, values in stage_values.items()}
+        tokens = sum(meter.tokens[i] for i in in_window)
+        attempts = len(in_window) + len(failures)
+        verify_busy = sum(stage_values["verify"])
+        capacity = self.verifier.capacity
+        mean_verify = mean(stage_values["verify"])
+        client_tps = tokens / measured
+        return ProbeResult(
+            parallelism=settings.parallelism,
+            rollouts_per_s=estimate.rate,
+            rollouts_per_s_ci=(estimate.low, estimate.high),
+            output_tokens_per_s=client_tps,
+            error_rate=len(failures) / attempts if attempts else (1.0 if failures else 0.0),
+            completed=len(in_window),
+            failed=len(failures),
+            measured_s=measured,
+            warmup_s=sum(run.warm - run.started for run in self.runs),
+            stop_reason=last.reason,
+            latency_s=latency,
+            errors_by_class=errors,
+            rate_limited_responses=int(self.counted[0]),
+            retry_after_seen=int(self.counted[1]),
+            limiter_wait_share=min(1.0, self.counted[2] / (measured * settings.parallelism)),
+            verifier_capacity=capacity,
+            verifier_busy_fraction=verify_busy / (measured * (capacity or 1)),
+            verifier_capacity_rps=(capacity or 1) / mean_verify if mean_verify else None,
+            telemetry=_summarise_windows(self.samples, windows),
+            telemetry_unavailable=dict(self.unavailable),
+            token_check=_token_check(self.samples, windows, client_tps),
+            series=[{"t": s.t, "source": s.source, **s.values} for s in self.samples],
+            batches=estimate.batches,
+            latency_cv=_coefficient_of_variation(stage_values["total"]),
+            timeouts=int(self.counted[3]) + errors.get("timeout", 0),
+            timeline=_timeline(meter.done_at, self.runs, meter.mean_latency_s),
+            phases=_phases(self.runs),
+        )
 
 
 @dataclass(slots=True)
@@ -127,20 +271,104 @@ class EngineProbe:
     tasks: Sequence[Task]
     base_url: str
     settings: ProbeSettings
+    metrics: str | None = None  # the model server's /metrics, if not beside base_url
 
-    async def measure(self, parallelism: int) -> ProbeResult:
+    async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
         return await run_probe(
-            replace(self.settings, parallelism=parallelism),
+            replace(settings or self.settings, parallelism=parallelism),
             self.tasks,
             self.backend,
             self.verifier,
             self.session,
             self.base_url,
+            metrics=self.metrics,
         )
 
 
-def _snapshot(counters: Any) -> tuple[float, float, float]:
-    return (counters.rate_limited_responses, counters.retry_after_seen, counters.limiter_wait_s)
+def _snapshot(counters: Any) -> tuple[float, ...]:
+    """The backend's counters the window counts: 429s, Retry-Afters, limiter waits and
+    timed-out calls that were retried."""
+    return (
+        counters.rate_limited_responses,
+        counters.retry_after_seen,
+        counters.limiter_wait_s,
+        counters.retries.get("timeout", 0),
+    )
+
+
+def _between(done_at: Sequence[float], start: float, end: float) -> range:
+    """Indices of the completions in (start, end]; `done_at` is in time order."""
+    return range(bisect_right(done_at, start), bisect_right(done_at, end))
+
+
+def _inside(t: float, windows: Sequence[tuple[float, float]]) -> bool:
+    return any(start < t <= end for start, end in windows)
+
+
+def _coefficient_of_variation(values: Sequence[float]) -> float | None:
+    """Standard deviation ÷ mean: how far rollouts' latencies spread, whatever their scale."""
+    average = mean(values)
+    if not average or len(values) < 2:
+        return None
+    variance = sum((v - average) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance) / average
+
+
+def _timeline(
+    done_at: Sequence[float], runs: Sequence[_Run], latency_s: float
+) -> list[tuple[float, float]]:
+    """Rollouts/s in bins from each run's start to its drain's end, in seconds since the
+    probe began (runs one after the other). A bin spans at least one mean latency, so
+    the waves in which a closed loop's slots finish do not show as spikes."""
+    total = sum(run.drained - run.started for run in runs)
+    width = max(total / TIMELINE_BINS, latency_s, 1e-3)
+    points: list[tuple[float, float]] = []
+    offset = 0.0
+    for run in runs:
+        span = run.drained - run.started
+        bins = max(1, round(span / width))
+        step = span / bins
+        for b in range(bins):
+            low = run.started + b * step
+            count = bisect_right(done_at, low + step) - bisect_right(done_at, low)
+            points.append((offset + (b + 0.5) * step, count / step))
+        offset += span
+    return points
+
+
+def _phases(runs: Sequence[_Run]) -> list[tuple[str, float, float]]:
+    """Each run's warm-up, measured window and drain, in seconds since the probe began."""
+    phases: list[tuple[str, float, float]] = []
+    offset = 0.0
+    for run in runs:
+        warm, stop, drained = (t - run.started + offset for t in (run.warm, run.stop, run.drained))
+        phases += [("warm-up", offset, warm), ("measured", warm, stop), ("drain", stop, drained)]
+        offset = drained
+    return phases
+
+
+def _summarise_windows(
+    samples: Sequence[Sample], windows: Sequence[tuple[float, float]]
+) -> dict[str, dict[str, float]]:
+    """Telemetry over several windows: means weighted by window length, the largest max,
+    counters' increases added (the gaps between windows belong to other probes)."""
+    merged: dict[str, dict[str, float]] = {}
+    weights: dict[str, float] = {}
+    for start, end in windows:
+        weight = max(end - start, 1e-9)
+        for key, stats in summarise(samples, start, end).items():
+            into = merged.setdefault(key, {})
+            for stat, value in stats.items():
+                if stat == "mean":
+                    into[stat] = into.get(stat, 0.0) + value * weight
+                elif stat == "max":
+                    into[stat] = max(into.get(stat, value), value)
+                else:
+                    into[stat] = into.get(stat, 0.0) + value
+            weights[key] = weights.get(key, 0.0) + weight
+    for key, stats in merged.items():
+        stats["mean"] /= weights[key]
+    return merged
 
 
 async def _drain(run: asyncio.Task[Any], meter: _Meter) -> None:
@@ -160,18 +388,31 @@ async def _watch(
     run: asyncio.Task[Any],
     engine: Engine,
     started: float,
+    earlier: Sequence[tuple[float, float]],
     on_warm: Callable[[], None],
-) -> tuple[float, float, str]:
-    """Wait until `steady_window` has a window; returns (warm, stop, reason)."""
+    watch: ProbeWatch | None = None,
+    enough: Callable[[RateEstimate], bool] | None = None,
+) -> tuple[Window, str]:
+    """Wait until `steady_window` has a window (telling `watch` how far it is at each
+    look); returns it and why it ended."""
     warm = False
     while True:
         await asyncio.wait({run}, timeout=CHECK_EVERY_S)
         now = time.time()
         if run.done() or engine.stats.stopped_early:
             first = warm_until(meter.done_at, settings.parallelism, started, settings.warmup_s)
-            return first or started, now, "server died"
+            return Window(first or started, now, "server died"), "server died"
+        if watch is not None:
+            latency = meter.mean_latency_s
+            watch(probe_status(meter.done_at, settings, started, now, latency, earlier))
         window = steady_window(
-            meter.done_at, settings, started=started, now=now, mean_latency_s=meter.mean_latency_s
+            meter.done_at,
+            settings,
+            started=started,
+            now=now,
+            mean_latency_s=meter.mean_latency_s,
+            earlier=earlier,
+            enough=enough,
         )
         if (
             not warm
@@ -181,81 +422,27 @@ async def _watch(
             warm = True
             on_warm()
         if window is not None:
-            return window.start, window.end, window.reason
-
-
-def _result(
-    settings: ProbeSettings,
-    meter: _Meter,
-    verifier: Verifier,
-    samples: list[Sample],
-    unavailable: dict[str, str],
-    times: tuple[float, float, float],
-    reason: str,
-    counted: tuple[float, ...],
-) -> ProbeResult:
-    started, start, end = times  # probe start, end of warm-up, stop
-    window = max(end - start, 1e-9)
-    estimate = batch_means_rate(meter.done_at, start, end)
-    in_window = [i for i, t in enumerate(meter.done_at) if start <= t < end]
-    failures = [cls for t, cls in meter.failed_at if start <= t < end]
-    if reason == "server died":  # the failures that killed the probe count too
-        failures = [cls for t, cls in meter.failed_at if t >= start]
-    errors: dict[str, int] = {}
-    for cls in failures:
-        errors[cls] = errors.get(cls, 0) + 1
-    stage_values: dict[str, list[float]] = {stage: [] for stage in STAGES}
-    for i in in_window:
-        for stage, seconds in stage_durations(meter.timings[i]):
-            stage_values[stage].append(seconds)
-    latency = {stage: StageLatency.of(values) for stage, values in stage_values.items()}
-    tokens = sum(meter.tokens[i] for i in in_window)
-    attempts = len(in_window) + len(failures)
-    verify_busy = sum(stage_values["verify"])
-    capacity = verifier.capacity
-    mean_verify = mean(stage_values["verify"])
-    telemetry = summarise(samples, start, end)
-    client_tps = tokens / window
-    token_check = _token_check(samples, start, end, client_tps)
-    return ProbeResult(
-        parallelism=settings.parallelism,
-        rollouts_per_s=estimate.rate,
-        rollouts_per_s_ci=(estimate.low, estimate.high),
-        output_tokens_per_s=client_tps,
-        error_rate=len(failures) / attempts if attempts else (1.0 if failures else 0.0),
-        completed=len(in_window),
-        failed=len(failures),
-        measured_s=window,
-        warmup_s=start - started,
-        stop_reason=reason,
-        latency_s=latency,
-        errors_by_class=errors,
-        rate_limited_responses=int(counted[0]),
-        retry_after_seen=int(counted[1]),
-        limiter_wait_share=min(1.0, counted[2] / (window * settings.parallelism)),
-        verifier_capacity=capacity,
-        verifier_busy_fraction=verify_busy / (window * (capacity or 1)),
-        verifier_capacity_rps=(capacity or 1) / mean_verify if mean_verify else None,
-        telemetry=telemetry,
-        telemetry_unavailable=dict(unavailable),
-        token_check=token_check,
-        series=[{"t": s.t, "source": s.source, **s.values} for s in samples],
-    )
+            return window, window.reason
 
 
 def _token_check(
-    samples: list[Sample], start: float, end: float, client_tps: float
+    samples: Sequence[Sample], windows: Sequence[tuple[float, float]], client_tps: float
 ) -> dict[str, float] | None:
     """Client output tokens/s against the server's own vllm:generation_tokens_total."""
     name = "vllm:generation_tokens_total"
-    counter = [
-        (s.t, s.values[name])
-        for s in samples
-        if s.source == "server" and start <= s.t <= end and name in s.values
-    ]
-    if len(counter) < 2 or counter[-1][0] <= counter[0][0]:
+    generated = elapsed = 0.0
+    for start, end in windows:
+        counter = [
+            (s.t, s.values[name])
+            for s in samples
+            if s.source == "server" and start <= s.t <= end and name in s.values
+        ]
+        if len(counter) >= 2 and counter[-1][0] > counter[0][0]:
+            generated += counter[-1][1] - counter[0][1]
+            elapsed += counter[-1][0] - counter[0][0]
+    if not elapsed:
         return None
-    server_tps = (counter[-1][1] - counter[0][1]) / (counter[-1][0] - counter[0][0])
+    server_tps = generated / elapsed
     if server_tps <= 0 and client_tps <= 0:
         return None
     relative = abs(client_tps - server_tps) / max(server_tps, client_tps)

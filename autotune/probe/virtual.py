@@ -37,10 +37,10 @@ class VirtualProbe:
     output_tokens: tuple[int, int]
     seed: int
 
-    async def measure(self, parallelism: int) -> ProbeResult:
+    async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
         """A closed-loop probe at `parallelism`, timed in simulated seconds."""
         engine = self.engine
-        settings = replace(self.settings, parallelism=parallelism)
+        settings = replace(settings or self.settings, parallelism=parallelism)
         start = engine.sim_time_s
         done_at: list[float] = []
         latencies: list[float] = []
@@ -86,8 +86,8 @@ class VirtualProbe:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
         window = found[0]
-        estimate = batch_means_rate(done_at, window.start, window.end)
-        in_window = [i for i, t in enumerate(done_at) if window.start <= t < window.end]
+        estimate = window.estimate or batch_means_rate(done_at, window.start, window.end)
+        in_window = [i for i, t in enumerate(done_at) if window.start < t <= window.end]
         measured = max(window.end - window.start, 1e-9)
         latency = no_latencies()
         latency["total"] = StageLatency.of([latencies[i] for i in in_window])
@@ -103,6 +103,7 @@ class VirtualProbe:
             warmup_s=window.start - start,
             stop_reason=window.reason,
             latency_s=latency,
+            batches=estimate.batches,
         )
 
 

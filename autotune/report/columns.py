@@ -6,6 +6,7 @@ so a table shown in two places cannot drift apart: both read the same definition
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -17,11 +18,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Column(Generic[T]):
-    """One column: its header, its cell for a record, and whether the terminal shows it."""
+    """One column: its header, its cell for a record, whether the terminal shows it, and
+    the significant digits a page shows of a measured number (CSV keeps every digit)."""
 
     header: str
     value: Callable[[T], object]
     terminal: bool = True
+    digits: int | None = None
 
 
 def headers(columns: Sequence[Column[T]]) -> list[str]:
@@ -36,7 +39,18 @@ def rows(columns: Sequence[Column[T]], records: Iterable[T]) -> list[list[object
 def html_table(
     columns: Sequence[Column[T]], records: Iterable[T], *, caption: str | None = None
 ) -> str:
-    return html.table(headers(columns), rows(columns, records), caption=caption)
+    """The table on a page: numbers rounded to each column's digits."""
+    shown = [
+        [_rounded(value, column.digits) for value, column in zip(row, columns, strict=True)]
+        for row in rows(columns, records)
+    ]
+    return html.table(headers(columns), shown, caption=caption)
+
+
+def _rounded(value: object, digits: int | None) -> object:
+    if digits is None or not isinstance(value, float) or not math.isfinite(value):
+        return value
+    return float(f"{value:.{digits}g}")
 
 
 def _terminal_cell(value: object) -> str:

@@ -6,12 +6,13 @@ draw them with report.plots.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 from autotune.report import html, plots
 from autotune.report.columns import Column, html_table
-from autotune.results import DiagnoseResult, Evidence, ProbeResult
+from autotune.results import DiagnoseResult, Evidence, ProbeResult, quantity
 
 STAGE_ORDER = ("queue", "model", "verify_wait", "verify")
 SERIES = {
@@ -30,12 +31,46 @@ def simulated_banner(result: DiagnoseResult) -> str | None:
     return None
 
 
-def _latency_ms(stage: str, statistic: str) -> Callable[[ProbeResult], float | None]:
+def time_scale_note(result: DiagnoseResult) -> str | None:
+    """What the simulator's time scale means for the figures, or None off the simulator."""
+    scale = result.target.time_scale
+    if not result.target.simulated:
+        return None
+    if scale is None:
+        return (
+            "This file does not say at what time scale the simulator ran (it was saved "
+            "before autotune recorded that): its figures may be wall-clock rates of a "
+            "simulator run faster than real time."
+        )
+    if scale == 0:
+        return (
+            "The simulator ran as fast as it could (time scale 0): figures are wall-clock "
+            "rates of that run, not what the simulated server would show in real time."
+        )
+    if scale == 1:
+        return "The simulator ran in real time (time scale 1): figures are as measured."
+    speed = f"{1 / scale:.3g}× faster than" if scale < 1 else f"{scale:.3g}× slower than"
+    return (
+        f"The simulator ran at time scale {scale:g} ({speed} real time); every figure is "
+        "in simulated time, as the simulated server would show it in real time. The client "
+        f"and the verifier ran in real time beside it, so their stages read {1 / scale:.3g}× "
+        "longer than they would beside a real-time server."
+    )
+
+
+def _ms(value: float | None) -> float | int | None:
+    """Milliseconds rounded to what they mean: whole from 10 ms, two digits below."""
+    if value is None:
+        return None
+    return round(value) if value >= 10 else float(f"{value:.2g}")
+
+
+def _latency_ms(stage: str, statistic: str) -> Callable[[ProbeResult], float | int | None]:
     """A probe's latency statistic (p50, p95, mean) of one stage, in milliseconds."""
 
-    def cell(probe: ProbeResult) -> float | None:
+    def cell(probe: ProbeResult) -> float | int | None:
         seconds: float | None = getattr(probe.latency_s[stage], statistic)
-        return None if seconds is None else seconds * 1000
+        return None if seconds is None else _ms(seconds * 1000)
 
     return cell
 
@@ -45,26 +80,44 @@ def _interval(probe: ProbeResult) -> str:
     return f"{low:.3g}–{high:.3g}"
 
 
-# The probe table: the HTML page shows every column, the terminal those marked `terminal`.
+def _precision(probe: ProbeResult) -> str:
+    """The interval's half-width as a share of the rate: what `target_halfwidth` bounds."""
+    rate, high = probe.rollouts_per_s, probe.rollouts_per_s_ci[1]
+    return f"±{(high - rate) / rate:.1%}" if rate > 0 and math.isfinite(high) else "—"
+
+
+def _digits(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+# The probe tables: the HTML page shows every column, the terminal those marked `terminal`.
 PROBE_COLUMNS: tuple[Column[ProbeResult], ...] = (
     Column("parallelism", lambda p: p.parallelism),
-    Column("rollouts/s", lambda p: p.rollouts_per_s),
+    Column("rollouts/s", lambda p: _digits(p.rollouts_per_s)),
     Column("95% CI", _interval),
-    Column("output tok/s", lambda p: p.output_tokens_per_s, terminal=False),
-    Column("error rate", lambda p: f"{p.error_rate:.1%}"),
+    Column("±", _precision),
+    Column("output tok/s", lambda p: round(p.output_tokens_per_s), terminal=False),
+    Column("error rate", lambda p: quantity(p.error_rate, "share")),
+    Column("timeouts", lambda p: p.timeouts, terminal=False),
+    Column("measured s", lambda p: _digits(p.measured_s), terminal=False),
+    Column("stop", lambda p: p.stop_reason),
+)
+
+LATENCY_COLUMNS: tuple[Column[ProbeResult], ...] = (
+    Column("parallelism", lambda p: p.parallelism),
     Column("model p50 ms", _latency_ms("model", "p50")),
     Column("model p95 ms", _latency_ms("model", "p95")),
     Column("verify p50 ms", _latency_ms("verify", "p50")),
     Column("total p50 ms", _latency_ms("total", "p50")),
-    Column("total p95 ms", _latency_ms("total", "p95"), terminal=False),
-    Column("measured s", lambda p: p.measured_s, terminal=False),
-    Column("stop", lambda p: p.stop_reason),
+    Column("total p95 ms", _latency_ms("total", "p95")),
+    Column("p95/p50", lambda p: _digits(p.latency_dispersion)),
+    Column("CV", lambda p: _digits(p.latency_cv, 2)),
 )
 
 EVIDENCE_COLUMNS: tuple[Column[Evidence], ...] = (
     Column("measure", lambda e: e.name),
-    Column("value", lambda e: e.value),
-    Column("threshold", lambda e: f"{e.comparison} {e.threshold:.3g}"),
+    Column("value", lambda e: quantity(e.value, e.unit)),
+    Column("threshold", lambda e: f"{e.comparison} {quantity(e.threshold, e.unit)}"),
     Column("met", lambda e: e.met),
     Column("meaning", lambda e: e.meaning),
 )
@@ -101,29 +154,163 @@ def telemetry_series(
     return out
 
 
+def speedup_thresholds(result: DiagnoseResult) -> list[tuple[str, float]]:
+    """The two speedups the verdict is judged against: 'barely moved' below the first,
+    parallelism-bound from the second."""
+    th, ratio = result.settings.thresholds, result.verdict.parallelism_ratio
+    flat, scales = 1 + th.flat_gain, th.parallelism_bound_speedup(ratio)
+    return [
+        (f"barely moved below ×{flat:.2f}", flat),
+        (f"parallelism-bound from ×{scales:.2f}", scales),
+    ]
+
+
+def threshold_margin(result: DiagnoseResult) -> tuple[str, float, float]:
+    """The speedups on the parallelism-bound threshold: an interval must clear these."""
+    th = result.settings.thresholds
+    low, high = th.undecided_zone(result.verdict.parallelism_ratio)
+    return (f"on the threshold (±{th.threshold_margin:.0%})", low, high)
+
+
+def threshold_bands(result: DiagnoseResult) -> list[tuple[str, float, float]]:
+    """The thresholds as throughputs at the high parallelism: each speedup threshold
+    times the low probe's rate, a band as wide as the low probe's 95% interval."""
+    low = result.probes[0]
+    lo, hi = low.rollouts_per_s_ci
+    return [
+        (f"{label} the low probe's rate", factor * lo, factor * hi)
+        for label, factor in speedup_thresholds(result)
+    ]
+
+
+def timelines(result: DiagnoseResult) -> list[plots.Timeline]:
+    """Each probe's throughput over time with its phases, for the shaded plot."""
+    return [
+        plots.Timeline(
+            f"parallelism {p.parallelism}: {p.stop_reason}",
+            p.timeline,
+            p.phases,
+            (p.rollouts_per_s, *p.rollouts_per_s_ci),
+        )
+        for p in result.probes
+        if p.timeline
+    ]
+
+
+def verdict_line(result: DiagnoseResult) -> str:
+    """The verdict with its speedup and the speedup's 95% interval."""
+    verdict = result.verdict
+    leaning = " (leaning)" if verdict.leaning else ""
+    between = f" between {' and '.join(verdict.between)}" if verdict.between else ""
+    interval = ""
+    if verdict.speedup_interval is not None:
+        low, high = verdict.speedup_interval
+        interval = f" (95% interval ×{low:.2f}–×{high:.2f})"
+    return (
+        f"{verdict.verdict}{leaning}{between} — throughput ×{verdict.speedup:.2f}{interval} "
+        f"for ×{verdict.parallelism_ratio:.2g} parallelism"
+    )
+
+
 def render(result: DiagnoseResult) -> str:
     """The whole report page."""
     verdict = result.verdict
-    leaning = " (leaning)" if verdict.leaning else ""
-    verdict_text = (
-        f"Verdict: {verdict.verdict}{leaning} — throughput ×{verdict.speedup:.2f} for "
-        f"×{verdict.parallelism_ratio:.2g} parallelism."
-    )
+    simulated = result.target.simulated
+    unit = "rollouts/s (simulated time)" if result.target.time_scale else "rollouts/s"
     categories, stages = stage_breakdown(result)
+    note = time_scale_note(result)
+    unsure = verdict.verdict == "inconclusive"
+    sure: html.CalloutKind = "warning" if unsure else "info"
     sections = [
         html.section(
             "Verdict",
-            html.callout(verdict_text, "verdict"),
+            html.callout(f"Verdict: {verdict_line(result)}.", "warning" if unsure else "verdict"),
+            *(
+                [html.callout(f"Confidence: {verdict.confidence}.", sure)]
+                if verdict.confidence
+                else []
+            ),
             html.callout(f"Next step: {verdict.next_step}", "info"),
-            *(html.callout(note, "warning") for note in verdict.notes),
+            *([html.callout(note, "warning")] if note else []),
+            *(html.callout(n, "warning") for n in verdict.notes),
+        )
+    ]
+    if verdict.speedup_interval is not None:
+        low, high = verdict.speedup_interval
+        sections.append(
+            html.section(
+                "Speedup against the thresholds",
+                html.svg(
+                    plots.interval_against_thresholds(
+                        (verdict.speedup, low, high),
+                        speedup_thresholds(result),
+                        "speedup (high ÷ low throughput)",
+                        "The speedup's 95% interval and the verdict thresholds",
+                        key="speedup",
+                        zone=threshold_margin(result),
+                        simulated=simulated,
+                    ),
+                    "the speedup's 95% interval against the verdict thresholds",
+                ),
+            )
+        )
+    sections.append(
+        html.section(
+            "Throughput versus parallelism",
+            html.svg(
+                plots.throughput_with_bands(
+                    [
+                        (p.parallelism, p.rollouts_per_s, *p.rollouts_per_s_ci)
+                        for p in result.probes
+                    ],
+                    threshold_bands(result),
+                    unit,
+                    "Each probe's rate with its 95% interval; the thresholds as bands",
+                    key="scaling",
+                    simulated=simulated,
+                ),
+                "throughput at both parallelisms with intervals and threshold bands",
+            ),
+        )
+    )
+    shown = timelines(result)
+    if shown:
+        sections.append(
+            html.section(
+                "Throughput over time",
+                html.svg(
+                    plots.probe_timelines(
+                        shown,
+                        unit,
+                        "Warm-up, measured window and drain of each probe",
+                        key="timeline",
+                        simulated=simulated,
+                    ),
+                    "each probe's throughput over time with warm-up, window and drain shaded",
+                ),
+                html.paragraph(
+                    "Only the green window is measured: it starts once every slot has finished "
+                    "a rollout and ends when the rate's interval is precise enough (or at the "
+                    "cap); the band is the rate's 95% interval."
+                ),
+            )
+        )
+    sections += [
+        html.section(
+            "Probes",
+            html_table(PROBE_COLUMNS, result.probes, caption="throughput"),
+            html_table(LATENCY_COLUMNS, result.probes, caption="latency"),
         ),
-        html.section("Probes", html_table(PROBE_COLUMNS, result.probes)),
         html.section("Evidence", html_table(EVIDENCE_COLUMNS, verdict.evidence)),
         html.section(
             "Where the time goes",
             html.image(
                 plots.bar_chart_stacked(
-                    categories, stages, "mean ms per rollout", "Per-stage latency"
+                    categories,
+                    stages,
+                    "mean ms per rollout",
+                    "Per-stage latency",
+                    simulated=simulated,
                 ),
                 "mean latency per stage for each probe",
             ),
@@ -133,7 +320,9 @@ def render(result: DiagnoseResult) -> str:
     for key, (_, _, label) in SERIES.items():
         series = telemetry_series(result, key)
         if series:
-            charts.append(html.image(plots.time_series(series, label, label), label))
+            charts.append(
+                html.image(plots.time_series(series, label, label, simulated=simulated), label)
+            )
     unavailable = {
         name: reason for p in result.probes for name, reason in p.telemetry_unavailable.items()
     }
@@ -141,28 +330,21 @@ def render(result: DiagnoseResult) -> str:
         charts.append(html.definition_list(sorted(unavailable.items())))
     sections.append(html.section("Telemetry over time", *charts))
     target, workload, settings = result.target, result.workload, result.settings
-    sections.append(
-        html.section(
-            "Settings",
-            html.definition_list(
-                [
-                    ("server", f"{target.base_url} ({target.model})"),
-                    (
-                        "api",
-                        f"{target.api}, {'streaming' if target.stream else 'non-streaming'}",
-                    ),
-                    ("workload", f"{workload.input or 'synthetic'}, {workload.tasks} tasks"),
-                    ("verifier", str(workload.verifier)),
-                    (
-                        "probes",
-                        f"low {settings.low}, high {settings.high}, "
-                        f"±{settings.target_halfwidth:.0%} target, {settings.max_s} s cap",
-                    ),
-                    ("autotune", result.machine["autotune"]),
-                ]
-            ),
-        )
-    )
+    items = [
+        ("server", f"{target.base_url} ({target.model})"),
+        ("api", f"{target.api}, {'streaming' if target.stream else 'non-streaming'}"),
+        ("workload", f"{workload.input or 'synthetic'}, {workload.tasks} tasks"),
+        ("verifier", str(workload.verifier)),
+        (
+            "probes",
+            f"low {settings.low}, high {settings.high}, ±{settings.target_halfwidth:.0%} "
+            f"target, {settings.max_s:g} s cap (wall clock)",
+        ),
+    ]
+    if target.simulated and target.time_scale is not None:
+        items.append(("time scale", f"{target.time_scale:g} real s per simulated s"))
+    items.append(("autotune", result.machine["autotune"]))
+    sections.append(html.section("Settings", html.definition_list(items)))
     return html.page(
         f"autotune diagnose: {verdict.verdict}",
         sections,

@@ -2,14 +2,16 @@
 
 A report is opened by a person, often from an archive, long after the run, on a machine that
 may have no network. So a page carries everything it shows: an embedded stylesheet, images
-inlined as ``data:`` URIs, no scripts, no fonts, no links out. A Content-Security-Policy meta
-tag makes that a property the browser enforces, not a promise: any request the page tried to
-make anyway would be refused (and the browser tests check that none is attempted).
+inlined as ``data:`` URIs or plots as inline SVG, no scripts, no fonts, no links out. A
+Content-Security-Policy meta tag makes that a property the browser enforces, not a promise:
+any request the page tried to make anyway would be refused (and the browser tests check
+that none is attempted).
 
 Every function returns an HTML fragment as a ``str``. Plain-text arguments (titles, cells,
 captions, alt text) are always escaped, because they come from user data: task names, model
 names, error messages. Arguments named ``parts`` or ``sections`` are fragments made by these
-functions and are inserted as they are.
+functions, and ``markup`` an SVG made by report.plots (matplotlib escapes its text); they
+are inserted as they are.
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ __all__ = [
     "page",
     "paragraph",
     "section",
+    "svg",
     "table",
     "write_report",
 ]
 
 #: No fetch of any kind; images only from data: URIs; styles only from the page itself.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+WIDE_TABLE = 10  # columns past which a table is set smaller
 
 CalloutKind = Literal["verdict", "warning", "info"]
 _CALLOUT_KINDS: tuple[str, ...] = ("verdict", "warning", "info")
@@ -61,16 +66,19 @@ section { margin: 2rem 0; }
 h2 { font-size: 1.25rem; margin: 0 0 .75rem; padding-bottom: .3rem;
   border-bottom: 1px solid var(--line); }
 p { margin: .5rem 0; }
-table { border-collapse: collapse; margin: .75rem 0; font-size: .9rem;
+table { border-collapse: collapse; margin: .75rem 0; font-size: .85rem;
   font-variant-numeric: tabular-nums; }
 caption { caption-side: top; text-align: left; color: var(--muted); padding: 0 0 .3rem; }
-th, td { border-bottom: 1px solid var(--line); padding: .3rem .75rem; text-align: left;
-  vertical-align: top; }
+th, td { border-bottom: 1px solid var(--line); padding: .3rem .5rem; text-align: left;
+  vertical-align: top; overflow-wrap: break-word; }
 th { background: var(--soft); font-weight: 600; border-bottom: 2px solid var(--line); }
+table.wide { font-size: .75rem; }
+table.wide th, table.wide td { padding: .25rem .35rem; }
 tbody tr:nth-child(even) td { background: #fbfcfd; }
-td.num, th.num { text-align: right; white-space: nowrap; }
+td.num, th.num { text-align: right; }
+td.num { white-space: nowrap; }
 figure { margin: 1rem 0; }
-figure img { max-width: 100%; height: auto; border: 1px solid var(--line); }
+figure img, figure svg.plot { max-width: 100%; height: auto; border: 1px solid var(--line); }
 figcaption { color: var(--muted); font-size: .9rem; }
 .callout { border-left: 4px solid; border-radius: 4px; padding: .6rem 1rem; margin: .75rem 0; }
 .callout.verdict { border-color: #1a7f37; background: #dafbe1; font-weight: 600; }
@@ -111,6 +119,12 @@ def format_value(value: object) -> str:
     return str(value)
 
 
+def _header(name: str) -> str:
+    """A column's name, free to wrap after each underscore (`max_num_batched_tokens` is
+    one word to a browser), so a table of many such columns still fits the page."""
+    return _text(name).replace("_", "_<wbr>")
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -137,7 +151,7 @@ def table(
         bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows) for i in range(width)
     ]
     head = "".join(
-        f'<th class="num">{_text(c)}</th>' if numeric[i] else f"<th>{_text(c)}</th>"
+        f'<th class="num">{_header(c)}</th>' if numeric[i] else f"<th>{_header(c)}</th>"
         for i, c in enumerate(columns)
     )
     body = []
@@ -150,8 +164,9 @@ def table(
         )
         body.append(f"<tr>{cells}</tr>")
     cap = f"<caption>{_text(caption)}</caption>" if caption is not None else ""
+    wide = ' class="wide"' if width > WIDE_TABLE else ""  # smaller type, so it fits the page
     return (
-        f"<table>{cap}<thead><tr>{head}</tr></thead>\n<tbody>\n"
+        f"<table{wide}>{cap}<thead><tr>{head}</tr></thead>\n<tbody>\n"
         + "\n".join(body)
         + "\n</tbody></table>"
     )
@@ -164,6 +179,15 @@ def image(png: bytes, alt: str, *, caption: str | None = None) -> str:
     data = base64.b64encode(png).decode("ascii")
     cap = f"<figcaption>{_text(caption)}</figcaption>" if caption is not None else ""
     return f'<figure><img src="data:image/png;base64,{data}" alt="{_text(alt)}">{cap}</figure>'
+
+
+def svg(markup: str, alt: str, *, caption: str | None = None) -> str:
+    """An inline SVG plot made by report.plots: drawn by the page itself, so its parts
+    (shaded spans, bands, labelled lines) are elements a reader's tools can find."""
+    if not markup.startswith("<svg"):
+        raise ValueError("svg() takes an <svg> element made by report.plots")
+    cap = f"<figcaption>{_text(caption)}</figcaption>" if caption is not None else ""
+    return f'<figure role="img" aria-label="{_text(alt)}">{markup}{cap}</figure>'
 
 
 def callout(text: str, kind: CalloutKind = "info") -> str:

@@ -12,7 +12,14 @@ from typing import Any
 from autotune.knee import UslFit
 from autotune.report import html, plots
 from autotune.report.columns import Column, html_table
-from autotune.results import Recommendation, SweepResult, TrialRecord
+from autotune.results import (
+    Recommendation,
+    Recommended,
+    SweepResult,
+    TrialRecord,
+    Validation,
+    quantity,
+)
 
 TOP_CURVES = 3
 CURVE_SAMPLES = 60
@@ -30,17 +37,22 @@ def trial_columns(result: SweepResult) -> tuple[Column[TrialRecord], ...]:
         Column("trial", lambda t: t.number),
         Column("state", lambda t: t.state),
         *(_knob(name) for name in knobs),
-        Column("value", lambda t: t.value),
+        Column("value", lambda t: t.value, digits=3),
         Column("feasible", lambda t: t.feasible),
-        Column("peak_parallelism", lambda t: t.curve.peak_parallelism if t.curve else None),
+        Column(
+            "peak_parallelism",
+            lambda t: t.curve.peak_parallelism if t.curve else None,
+            digits=3,
+        ),
         Column(
             "recommended_parallelism",
             lambda t: t.curve.recommended_parallelism if t.curve else None,
         ),
-        Column("p95_latency_s", lambda t: t.p95_latency_s),
-        Column("probe_s", lambda t: t.probe_s),
-        Column("wall_s", lambda t: t.wall_s),
+        Column("p95_latency_s", lambda t: t.p95_latency_s, digits=3),
+        Column("probe_s", lambda t: t.probe_s, digits=3),
+        Column("wall_s", lambda t: t.wall_s, digits=3),
         Column("infeasible_reason", lambda t: t.infeasible_reason),
+        Column("pruned_reason", lambda t: t.pruned_reason),
     )
 
 
@@ -60,9 +72,17 @@ def top_trials(result: SweepResult, count: int = TOP_CURVES) -> list[TrialRecord
 def knee_curves(
     result: SweepResult,
 ) -> dict[str, tuple[list[float], list[float], list[float], list[float]]]:
-    """Measured points and fitted USL lines of the best configurations."""
+    """Measured points and fitted USL lines of the best configurations, one curve a
+    configuration (a configuration tried twice is drawn once, from its best trial)."""
     curves = {}
-    for trial in top_trials(result):
+    seen: set[str] = set()
+    for trial in top_trials(result, len(result.trials)):
+        configuration = _knobs(trial.knobs)
+        if configuration in seen:
+            continue
+        seen.add(configuration)
+        if len(seen) > TOP_CURVES:
+            break
         points = [p for p in trial.points if p.error_rate <= result.max_error_rate]
         xs = [float(p.parallelism) for p in points]
         ys = [p.metric(result.metric) for p in points]
@@ -71,12 +91,88 @@ def knee_curves(
         line_y: list[float] = []
         if fit:
             usl = UslFit(fit["lambda"], fit["sigma"], fit["kappa"], fit["r2"])
-            low, high = 1.0, max(xs) * 1.5
+            low, high = min(xs) / 2, max(xs) * 1.5  # the measured range, not a guess below it
             line_x = [low * (high / low) ** (i / (CURVE_SAMPLES - 1)) for i in range(CURVE_SAMPLES)]
             line_y = [usl.throughput(x) for x in line_x]
-        label = f"trial {trial.number}: " + ", ".join(f"{k}={v}" for k, v in trial.knobs.items())
-        curves[label or f"trial {trial.number}"] = (xs, ys, line_x, line_y)
+        curves[f"trial {trial.number}: {configuration}"] = (xs, ys, line_x, line_y)
     return curves
+
+
+def knee_marks(recommended: Recommendation) -> tuple[dict[str, float], tuple[str, float]]:
+    """The knee plot's labelled lines: the peak, the knee and the recommended parallelism
+    (80% of the peak *parallelism*) as vertical lines, and 80% of the peak *throughput*
+    as a horizontal one, each saying which it is."""
+    peak, rec = recommended.peak, recommended.recommended
+    unit = recommended.metric.replace("_per_s", "/s").replace("_", " ")
+    marks = {
+        f"peak: parallelism {peak.parallelism:.0f}": peak.parallelism,
+        f"knee: parallelism {recommended.knee_parallelism:.0f}": recommended.knee_parallelism,
+        f"recommended: parallelism {rec.parallelism} = {_bound(rec)}": float(rec.parallelism),
+    }
+    level = 0.8 * peak.throughput
+    return marks, (f"80% of the peak throughput: {quantity(level)} {unit}", level)
+
+
+def _bound(rec: Recommended) -> str:
+    """Which rule set the recommended parallelism, in words."""
+    if rec.bound_by == "80% of peak":
+        return "80% of the peak parallelism"
+    if rec.bound_by == "validation":
+        return "stepped down after a failed validation run"
+    return f"the largest parallelism within the {rec.bound_by}"
+
+
+def interval_bands(recommended: Recommendation) -> dict[str, tuple[float, float]]:
+    """The knee plot's bands: the 95% intervals of the peak, the knee and the
+    recommended parallelism (those the bootstrap gave)."""
+    bands = {}
+    for name, interval in (
+        ("peak parallelism, 95% interval", recommended.peak.parallelism_interval),
+        ("knee, 95% interval", recommended.knee_interval),
+        ("recommended parallelism, 95% interval", recommended.recommended.parallelism_interval),
+    ):
+        if interval is not None:
+            bands[f"{name}: {interval[0]:.0f}–{interval[1]:.0f}"] = interval
+    return bands
+
+
+def pareto_points(
+    result: SweepResult,
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Every usable measured point of every trial as (p95 latency, throughput), and the
+    Pareto front among them: the points no other point beats on both, by latency."""
+    points = sorted(
+        (p.p95_latency_s, p.metric(result.metric))
+        for trial in result.trials
+        for p in trial.points
+        if p.error_rate <= result.max_error_rate and p.p95_latency_s
+    )
+    front: list[tuple[float, float]] = []
+    for latency, throughput in points:
+        if not front or throughput > front[-1][1]:
+            front.append((latency, throughput))
+    return points, front
+
+
+VALIDATION_COLUMNS: tuple[Column[Validation], ...] = (
+    Column("parallelism", lambda v: v.parallelism),
+    Column("rollouts", lambda v: v.completed),
+    Column("throughput", lambda v: v.throughput, digits=3),
+    Column("predicted (95%)", lambda v: _predicted(v)),
+    Column("error rate", lambda v: v.error_rate, digits=3),
+    Column("p95 latency s", lambda v: v.p95_latency_s, digits=3),
+    Column("p95 ÷ p50", lambda v: v.latency_dispersion, digits=3),
+    Column("passed", lambda v: v.passed),
+    Column("problems", lambda v: "; ".join(v.problems)),
+)
+
+
+def _predicted(run: Validation) -> str:
+    """What the sweep predicted for a validation run, with its 95% interval."""
+    if run.predicted_interval is None:
+        return quantity(run.predicted_throughput)
+    low, high = run.predicted_interval
+    return f"{quantity(run.predicted_throughput)} ({quantity(low)}–{quantity(high)})"
 
 
 def history(result: SweepResult) -> dict[str, tuple[list[float], list[float]]]:
@@ -92,20 +188,16 @@ def history(result: SweepResult) -> dict[str, tuple[list[float], list[float]]]:
 
 
 def render(result: SweepResult, recommended: Recommendation | None) -> str:
-    metric = result.metric.replace("_", " ")
+    metric = result.metric.replace("_per_s", "/s").replace("_", " ")
+    simulated = result.simulated
     sections = [_recommendation_section(recommended)]
     curves = knee_curves(result)
     if curves and recommended:
-        marks = {
-            "peak": recommended.peak.parallelism,
-            "knee": recommended.knee_parallelism,
-            "recommended (80% of peak)": recommended.recommended.parallelism,
-        }
-        level = ("80% of peak throughput", 0.8 * recommended.peak.throughput)
+        marks, level = knee_marks(recommended)
         sections.append(
             html.section(
                 "Throughput versus parallelism",
-                html.image(
+                html.svg(
                     plots.curves_with_marks(
                         curves,
                         marks,
@@ -113,19 +205,34 @@ def render(result: SweepResult, recommended: Recommendation | None) -> str:
                         "client parallelism",
                         metric,
                         "Knee plot (best configurations)",
+                        key="knee",
+                        simulated=simulated,
+                        bands=interval_bands(recommended),
                     ),
-                    "throughput versus parallelism with fitted curves, peak, knee and 80%",
+                    "throughput versus parallelism with fitted curves, peak, knee and 80% lines",
+                ),
+                html.paragraph(
+                    "The recommended parallelism is 80% of the peak parallelism (the NeMo Gym "
+                    "guide's headroom); the horizontal line is 80% of the peak throughput, a "
+                    "different figure: the smallest parallelism reaching it is "
+                    f"{recommended.smallest_parallelism_at_80pct_of_peak_throughput}."
                 ),
                 html.paragraph(recommended.note),
             )
         )
+    sections += _latency_sections(result, recommended, metric)
     if result.completed:
         sections.append(
             html.section(
                 "Optimisation history",
                 html.image(
                     plots.time_series(
-                        history(result), metric, "Objective by trial", xlabel="trial"
+                        history(result),
+                        metric,
+                        "Objective by trial",
+                        xlabel="trial",
+                        simulated=simulated,
+                        integer_x=True,
                     ),
                     "objective value by trial",
                 ),
@@ -137,7 +244,10 @@ def render(result: SweepResult, recommended: Recommendation | None) -> str:
                 "Parameter importances",
                 html.image(
                     plots.horizontal_bars(
-                        result.importances, "importance (PED-ANOVA)", "What mattered"
+                        result.importances,
+                        "importance (PED-ANOVA)",
+                        "What mattered",
+                        simulated=simulated,
                     ),
                     "parameter importances",
                 ),
@@ -170,7 +280,8 @@ def render(result: SweepResult, recommended: Recommendation | None) -> str:
                     ("storage", result.storage),
                     (
                         "trials",
-                        f"{len(result.completed)} finished ({result.trials_reused} reused)",
+                        f"{len(result.completed)} finished, {len(result.pruned)} pruned "
+                        f"({result.trials_reused} reused)",
                     ),
                     ("probe time", f"{result.probe_s_total:.0f} s"),
                     ("autotune", result.machine["autotune"]),
@@ -193,6 +304,47 @@ def _knobs(knobs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "(client only)"
 
 
+def _latency_sections(
+    result: SweepResult, recommended: Recommendation | None, metric: str
+) -> list[str]:
+    """The Pareto plot of throughput against p95 latency, and the validation runs."""
+    sections = []
+    points, front = pareto_points(result)
+    if points:
+        slo = f" (SLO: {result.p95_latency_slo_s:g} s)" if result.p95_latency_slo_s else ""
+        sections.append(
+            html.section(
+                "Throughput against p95 latency",
+                html.svg(
+                    plots.pareto(
+                        points,
+                        front,
+                        "p95 rollout latency (s)",
+                        metric,
+                        f"Every measured point, the Pareto front marked{slo}",
+                        key="pareto",
+                        simulated=result.simulated,
+                    ),
+                    "throughput against p95 latency of every measured point, front marked",
+                ),
+            )
+        )
+    if recommended is not None and recommended.validations:
+        verdict = "passed" if recommended.validated else "failed"
+        sections.append(
+            html.section(
+                "Validation",
+                html.paragraph(
+                    f"The recommended configuration was held at load before it was recommended "
+                    f"(budget.validate_rollouts); the last run {verdict}. A failed run steps "
+                    "down to 80% of its parallelism and validates again."
+                ),
+                html_table(VALIDATION_COLUMNS, recommended.validations),
+            )
+        )
+    return sections
+
+
 def _recommendation_section(recommended: Recommendation | None) -> str:
     if recommended is None:
         return html.section(
@@ -202,10 +354,11 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
             ),
         )
     rec, peak, snippets = recommended.recommended, recommended.peak, recommended.snippets
+    unit = recommended.metric.replace("_per_s", "/s").replace("_", " ")
     text = (
-        f"Recommended: parallelism {rec.parallelism} with {_knobs(recommended.server)}"
-        f" — predicted {rec.predicted_throughput:.3g} {recommended.metric} "
-        f"(peak {peak.throughput:.3g} at parallelism {peak.parallelism:.0f})."
+        f"Recommended: parallelism {rec.parallelism} ({_bound(rec)}) with "
+        f"{_knobs(recommended.server)} — predicted {quantity(rec.predicted_throughput)} {unit} "
+        f"(peak {quantity(peak.throughput)} {unit} at parallelism {peak.parallelism:.0f})."
     )
     return html.section(
         "Recommendation",
@@ -216,6 +369,9 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
                 ("NeMo Gym", snippets.nemo_gym),
                 ("vLLM", snippets.vllm),
                 ("OpenRLHF", f"{snippets.openrlhf} ({snippets.openrlhf_note})"),
+                ("rule that set it", f"{rec.bound_by}: {rec.rule}"),
+                *_intervals(recommended),
+                ("validated", _validated(recommended)),
                 ("knee", f"parallelism {recommended.knee_parallelism:.0f}"),
                 (
                     "smallest parallelism at 80% of peak throughput",
@@ -224,6 +380,34 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
             ]
         ),
     )
+
+
+def _intervals(recommended: Recommendation) -> list[tuple[str, str]]:
+    """The 95% intervals the bootstrap of the fit gave, as definition rows."""
+    rows = []
+    for name, interval in (
+        ("peak parallelism (95%)", recommended.peak.parallelism_interval),
+        ("peak throughput (95%)", recommended.peak.throughput_interval),
+        ("knee (95%)", recommended.knee_interval),
+        ("recommended parallelism (95%)", recommended.recommended.parallelism_interval),
+        ("predicted throughput there (95%)", recommended.recommended.throughput_interval),
+    ):
+        if interval is not None:
+            rows.append((name, f"{quantity(interval[0])} – {quantity(interval[1])}"))
+    return rows
+
+
+def _validated(recommended: Recommendation) -> str:
+    if recommended.validated is None:
+        return "not validated (budget.validate_rollouts: 0)"
+    last = recommended.validations[-1]
+    figures = (
+        f"{last.completed} rollouts at parallelism {last.parallelism}: "
+        f"{quantity(last.throughput)}, error rate {last.error_rate:.1%}"
+    )
+    if recommended.validated:
+        return f"yes — {figures}"
+    return f"no — {figures}; {'; '.join(last.problems)}"
 
 
 def write(result: SweepResult, recommended: Recommendation | None, directory: Path) -> Path:

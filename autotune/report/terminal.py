@@ -1,15 +1,24 @@
-"""Terminal output: the progress bar (tqdm, on stderr) and closing summaries."""
+"""Terminal output: progress on stderr (a live bar on a terminal, plain lines in a log,
+nothing with --quiet) and the closing summaries."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
 
 from autotune.report.columns import terminal_table
-from autotune.report.diagnose_report import PROBE_COLUMNS
+from autotune.report.diagnose_report import (
+    LATENCY_COLUMNS,
+    PROBE_COLUMNS,
+    time_scale_note,
+    verdict_line,
+)
 from autotune.results import (
     STAGES,
     CollectSummary,
@@ -18,52 +27,210 @@ from autotune.results import (
     SweepResult,
 )
 
+if TYPE_CHECKING:
+    from autotune.probe.status import ProbeStatus
 
-class _Progress:
-    """A tqdm bar with a cheap per-rollout `tick` (tqdm redraws at most twice a second)."""
 
-    def __init__(self, bar: Any) -> None:
-        self._bar = bar
+BAR_EVERY_S = 0.2  # a terminal's bar is redrawn at most this often
+LINE_EVERY_S = 10.0  # a log (stderr not a terminal) gets a progress line this often
+_BAR_WIDTH = 20
+_ERASE_LINE = "\r\x1b[K"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class _Status:
+    """Where progress goes: on a terminal one line redrawn in place; in a log (a pipe, a
+    file) a plain line now and then, never a carriage return."""
+
+    def __init__(self, stream: TextIO, live: bool) -> None:
+        self.stream = stream
+        self.live = live
+        self.colour = live and not os.environ.get("NO_COLOR")  # https://no-color.org
+        self.every_s = BAR_EVERY_S if live else LINE_EVERY_S
+        self._next = 0.0
+        self._shown = ""
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next
+
+    def show(self, text: str) -> None:
+        """The current status: redrawn in place, or written as the next log line."""
+        self._next = time.monotonic() + self.every_s
+        self._shown = text
+        if self.live:
+            width = shutil.get_terminal_size().columns - 1
+            self.stream.write(_ERASE_LINE + self._fit(text, width))
+        else:
+            head, _, tail = text.partition(_BAR_MARK)
+            self.stream.write(head.rstrip() + tail.partition(_BAR_MARK)[2] + "\n")
+        self.stream.flush()
+
+    def line(self, text: str) -> None:
+        """A line that stays (above the bar, which is drawn again under it)."""
+        if self.live and self._shown:
+            self.stream.write(_ERASE_LINE)
+        self.stream.write(text + "\n")
+        if self.live and self._shown:
+            self.show(self._shown)
+        self.stream.flush()
+
+    def close(self, keep: bool) -> None:
+        """Leave the last bar on its own line (`keep`), or erase it."""
+        if self.live and self._shown:
+            self.stream.write("\n" if keep else _ERASE_LINE)
+            self.stream.flush()
+
+    def _fit(self, text: str, width: int) -> str:
+        """The bar's text cut to the terminal's width, its bar coloured unless NO_COLOR."""
+        head, _, tail = text.partition(_BAR_MARK)
+        bar, _, rest = tail.partition(_BAR_MARK)
+        plain = head + bar + rest
+        if len(plain) > width:  # a narrow terminal: the figures matter more than the bar
+            return (head.rstrip() + rest)[:width]
+        if self.colour and bar:
+            bar = f"\x1b[32m{bar}\x1b[0m"
+        return head + bar + rest
+
+
+_BAR_MARK = "\x00"  # brackets the bar in a status text, so that it can be coloured or left out
+
+
+class Progress:
+    """The progress of a job that does a known number of things (rollouts, trials): a bar
+    with the count, the rate and the ETA. The rate is completions per second since the
+    total was set, the quantity collect's closing summary reports; failures count toward
+    the ETA, not the rate. Cheap per rollout: it draws only when its status is due."""
+
+    def __init__(self, status: _Status | None, unit: str, total: int | None = None) -> None:
+        self._status = status
+        self.unit = unit
+        self.total = total
+        self.done = 0
+        self.failed = 0
+        self.started = self.last = time.monotonic()  # `last`: the latest completion
 
     def rollout_done(self, timings: dict[str, float | None], output_tokens: int) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
+        self.done += 1
+        self._tick()
 
     def rollout_failed(self, failure_class: str) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
+        self.failed += 1
+        self._tick()
+
+    def _tick(self) -> None:
+        self.last = time.monotonic()
+        if self._status is not None and self._status.due():
+            self._status.show(self.text())
 
     def set_total(self, total: int) -> None:
-        if self._bar is not None:
-            self._bar.reset(total=total)
+        """The count to reach; the clock (and the rate) starts now."""
+        self.total, self.done, self.failed = total, 0, 0
+        self.started = self.last = time.monotonic()
+        if self._status is not None:
+            self._status.show(self.text())
 
     def write(self, line: str) -> None:
-        """A line above the bar (or plain stderr when there is no bar)."""
-        if self._bar is not None:
-            self._bar.write(line, file=sys.stderr)
+        """A line for the person watching (above the bar; on stderr even when quiet)."""
+        if self._status is not None:
+            self._status.line(line)
         else:
-            print(line, file=sys.stderr)
+            print(line, file=sys.stderr, flush=True)
+
+    def text(self, final: bool = False) -> str:
+        """The status line; `final`: timed to the last completion, as the summary is."""
+        elapsed = (self.last if final else time.monotonic()) - self.started
+        finished = self.done + self.failed
+        parts = [f"{finished:,}" + (f"/{self.total:,}" if self.total else "") + f" {self.unit}s"]
+        if self.total:
+            share = min(1.0, finished / self.total)
+            filled = round(share * _BAR_WIDTH)
+            bar = "█" * filled + "░" * (_BAR_WIDTH - filled)
+            parts[0] += f" {share:4.0%} {_BAR_MARK}{bar}{_BAR_MARK}"
+        parts.append(f"{self.done / elapsed if elapsed > 0 else 0:,.2f} {self.unit}s/s")
+        if self.failed:
+            parts.append(f"{self.failed:,} failed")
+        if self.total and finished and finished < self.total:
+            parts.append(f"ETA {_clock((self.total - finished) * elapsed / finished)}")
+        parts.append(f"elapsed {_clock(elapsed)}")  # last: the first cut on a narrow terminal
+        return "  ".join(parts)
+
+
+def _status(enabled: bool) -> _Status | None:
+    """stderr's status line: live on a terminal (not TERM=dumb), plain lines otherwise."""
+    if not enabled:
+        return None
+    live = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    return _Status(sys.stderr, live)
 
 
 @contextmanager
-def progress_bar(enabled: bool, unit: str, total: int | None = None) -> Iterator[_Progress]:
-    """A progress bar showing the rate (it/s) and ETA; a no-op when disabled."""
-    if not enabled:
-        yield _Progress(None)
-        return
-    from tqdm import tqdm
-
-    # `delay`: nothing is drawn before the caller has had a moment to set the total.
-    bar = tqdm(
-        total=total, unit=unit, mininterval=0.5, smoothing=0.1, dynamic_ncols=True, delay=0.5
-    )
+def progress_bar(enabled: bool, unit: str, total: int | None = None) -> Iterator[Progress]:
+    """Progress on stderr (see Progress and _Status); nothing when disabled (--quiet)."""
+    status = _status(enabled)
+    progress = Progress(status, unit, total)
     try:
-        yield _Progress(bar)
+        yield progress
     except BaseException:
-        bar.leave = False  # clear the bar, so the error sentence stands on its own line
+        if status is not None:
+            status.close(keep=False)  # the error sentence stands on its own line
         raise
+    if status is not None:
+        final = progress.text(final=True)  # the final count, whatever the schedule...
+        if status.live or final != status._shown:  # ...once in a log
+            status.show(final)
+        status.close(keep=True)
+
+
+def _probe_text(index: int, count: int, status: ProbeStatus) -> str:
+    head = f"probe {index + 1}/{count} at parallelism {status.parallelism}: {status.phase}"
+    if status.phase == "warm-up":
+        return (
+            f"{head}, {status.completed:,} rollouts done, {status.phase_s:.1f} s "
+            "(until every slot has finished one)"
+        )
+    if status.rate is None or status.halfwidth is None:  # too few completions for a rate
+        measured = f"{status.phase_s:.1f} s measured"
+    else:
+        measured = (
+            f"{status.rate:,.3g} rollouts/s (wall clock) ±{status.halfwidth:.1%}, "
+            f"{status.phase_s:.1f} s measured"
+        )
+    if status.phase == "drain":
+        return f"{head} (the rollouts in flight finish, uncounted); {measured}"
+    if status.phase == "measuring":
+        stop = f"stops at ±{status.target_halfwidth:.0%} or {status.max_s:g} s"
+        return f"{head} {measured}; {stop}"
+    return head
+
+
+@contextmanager
+def probe_progress(
+    enabled: bool, count: int
+) -> Iterator[Callable[[int, ProbeStatus], None] | None]:
+    """Each probe's progress (warm-up, measuring with its interval, drain) on stderr: one
+    line redrawn on a terminal, a line per phase and every LINE_EVERY_S in a log. None
+    when disabled, so that a quiet probe computes no status at all."""
+    status = _status(enabled)
+    if status is None:
+        yield None
+        return
+    phase = [""]
+
+    def watch(index: int, probe: ProbeStatus) -> None:
+        key = f"{index}:{probe.phase}"
+        if key != phase[0] or status.due():
+            phase[0] = key
+            status.show(_probe_text(index, count, probe))
+
+    try:
+        yield watch
     finally:
-        bar.close()
+        status.close(keep=False)
 
 
 def _ms(value: float | None) -> str:
@@ -112,23 +279,39 @@ def collect_summary_text(summary: CollectSummary) -> str:
 
 
 def diagnose_text(result: DiagnoseResult) -> str:
-    """The terminal summary of a diagnosis: verdict, probe table, evidence, next step."""
+    """The terminal summary of a diagnosis: verdict and how sure it is, probe tables,
+    evidence, next step."""
     verdict = result.verdict
     lines = []
     if result.target.simulated:
         lines.append("SIMULATED: measured on autotune's simulated vLLM-like server.")
-    leaning = " (leaning; a sweep should decide)" if verdict.leaning else ""
-    lines.append(
-        f"verdict: {verdict.verdict}{leaning}  —  throughput ×{verdict.speedup:.2f} "
-        f"for ×{verdict.parallelism_ratio:.2g} parallelism"
-    )
+        note = time_scale_note(result)
+        if note:
+            lines.append(note)
+    lines.append(f"verdict: {verdict_line(result)}")
+    if verdict.confidence:
+        lines.append(f"confidence: {verdict.confidence}")
     lines.append("")
     lines += terminal_table(PROBE_COLUMNS, result.probes)
+    lines.append("")
+    lines += terminal_table(LATENCY_COLUMNS, result.probes)
     lines.append("\nevidence:")
     lines += [f"  - {e.text()}" for e in verdict.evidence]
     lines.append(f"\nnext step: {verdict.next_step}")
     lines += [f"note: {note}" for note in verdict.notes]
     return "\n".join(lines)
+
+
+def _validated(rec: Recommendation) -> str:
+    """Whether the validation run held, with its figures."""
+    if rec.validated is None:
+        return "no validation run (budget.validate_rollouts: 0)"
+    last = rec.validations[-1]
+    figures = (
+        f"{last.completed} rollouts at parallelism {last.parallelism}: {last.throughput:.3g}, "
+        f"error rate {last.error_rate:.1%}"
+    )
+    return f"yes ({figures})" if rec.validated else f"NO ({figures}: {'; '.join(last.problems)})"
 
 
 def sweep_text(result: SweepResult, recommended: Recommendation | None, directory: Path) -> str:
@@ -140,7 +323,8 @@ def sweep_text(result: SweepResult, recommended: Recommendation | None, director
     feasible = sum(1 for t in trials if t.feasible)
     lines.append(
         f"study {result.study}: {len(trials)} trials ({feasible} feasible, "
-        f"{result.trials_reused} reused), {result.probe_s_total:.0f} s of probes"
+        f"{len(result.pruned)} more pruned, {result.trials_reused} reused), "
+        f"{result.probe_s_total:.0f} s of probes"
     )
     if recommended is None:
         lines.append("no feasible configuration: see the failed configurations in the report")
@@ -153,7 +337,9 @@ def sweep_text(result: SweepResult, recommended: Recommendation | None, director
             f"peak                 {rec.peak.throughput:.3g} {rec.metric} at parallelism "
             f"{rec.peak.parallelism:.0f}",
             f"recommended          parallelism {rec.recommended.parallelism} "
-            f"(80% of peak) → {rec.recommended.predicted_throughput:.3g} predicted",
+            f"({rec.recommended.bound_by}) → {rec.recommended.predicted_throughput:.3g} "
+            "predicted",
+            f"validated            {_validated(rec)}",
             f"knee                 parallelism {rec.knee_parallelism:.0f}; 80% of peak "
             f"throughput from parallelism {smallest}",
             f"note                 {rec.note}",

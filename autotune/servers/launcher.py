@@ -218,11 +218,15 @@ class ServerSpec:
         port: int | None = None,
         startup_timeout_s: float = 60.0,
         log_path: str | Path | None = None,
+        tool_turns: int = 1,
     ) -> ServerSpec:
-        """The null server (answers at once), pinned to `core` when given."""
+        """The null server (answers at once), pinned to `core` when given; with
+        `tool_turns` > 1 it calls a tool until a rollout's last turn (servers.null)."""
         port = port or free_port()
         command = [sys.executable, "-m", "autotune.servers.null", "--host", LOCALHOST]
         command += ["--port", str(port)]
+        if tool_turns > 1:
+            command += ["--tool-turns", str(tool_turns)]
         if core is not None:
             command += ["--cpu", str(core)]  # the child pins itself before it serves
         return cls.local(

@@ -9,9 +9,13 @@ by a byte search of the body.
 
 Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
 `POST /v1/completions` (non-streaming, or SSE when the body asks for `"stream": true`,
-with a usage chunk when it asks for `include_usage`).
+with a usage chunk when it asks for `include_usage`). With `--tool-turns N` a chat
+request that offers `tools` is answered with a call to a tool named `null` until the
+conversation holds N − 1 tool results (counted by a byte search, like the flags), so a
+multi-turn rollout makes N model calls.
 
     python -m autotune.servers.null --port 8000 [--host 127.0.0.1] [--reply TEXT]
+                                    [--tool-turns N]
 
 prints one ready line, `autotune-null ready http://HOST:PORT`, and stops on SIGTERM/SIGINT.
 """
@@ -90,7 +94,8 @@ def _pieces(text: str) -> list[str]:
 class _Answers:
     """Every answer the server gives, pre-encoded once at start-up."""
 
-    def __init__(self, reply: str, model: str) -> None:
+    def __init__(self, reply: str, model: str, tool_turns: int = 1) -> None:
+        self.tool_turns = tool_turns
         created = int(time.time())
         pieces = _pieces(reply)
         usage = {
@@ -139,7 +144,7 @@ class _Answers:
         chunk = {"id": "chatcmpl-null", "object": "chat.completion.chunk", "created": created}
         chunk["model"] = model
 
-        def chat_choice(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+        def chat_choice(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
             return {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
         chat_events = [chat_choice({"role": "assistant", "content": ""}, None)]
@@ -161,6 +166,27 @@ class _Answers:
         self.chat_stream_usage = _http(200, sse, _sse(chat_events + chat_usage))
         self.completions_stream = _http(200, sse, _sse(text_events))
         self.completions_stream_usage = _http(200, sse, _sse(text_events + text_usage))
+
+        function = {"name": "null", "arguments": "{}"}
+        call = {"id": "call_null", "type": "function", "function": function}
+        tool_message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        tool_choice = {"index": 0, "message": tool_message, "finish_reason": "tool_calls"}
+        self.chat_tool = _json(
+            200, {**chat_head, "model": model, "choices": [tool_choice], "usage": usage}
+        )
+        tool_delta = {"role": "assistant", "tool_calls": [{"index": 0, **call}]}
+        tool_events = [chat_choice(tool_delta, "tool_calls")]
+        self.chat_tool_stream = _http(200, sse, _sse(tool_events))
+        self.chat_tool_stream_usage = _http(200, sse, _sse(tool_events + chat_usage))
+
+    def calls_a_tool(self, body: bytes) -> bool:
+        """Whether this chat request gets a tool call: tools offered, and fewer tool
+        results in the conversation than --tool-turns − 1."""
+        return (
+            self.tool_turns > 1
+            and b'"tools"' in body
+            and body.count(b'"tool_call_id"') < self.tool_turns - 1
+        )
 
 
 def _flag(
@@ -302,11 +328,16 @@ class NullProtocol(asyncio.Protocol):
             else:
                 body = bytes(buf[body_start:body_end])
                 chat = path == b"/v1/chat/completions"
+                tool = chat and answers.calls_a_tool(body)
                 if _flag(body, _STREAM_TRUE, _STREAM_FALSE, "stream"):
                     usage = _flag(
                         body, _USAGE_TRUE, _USAGE_FALSE, "include_usage", "stream_options"
                     )
-                    if chat:
+                    if tool:
+                        answer = (
+                            answers.chat_tool_stream_usage if usage else answers.chat_tool_stream
+                        )
+                    elif chat:
                         answer = answers.chat_stream_usage if usage else answers.chat_stream
                     else:
                         answer = (
@@ -314,6 +345,8 @@ class NullProtocol(asyncio.Protocol):
                             if usage
                             else answers.completions_stream
                         )
+                elif tool:
+                    answer = answers.chat_tool
                 else:
                     answer = answers.chat if chat else answers.completions
         elif path == b"/health":
@@ -328,9 +361,9 @@ class NullProtocol(asyncio.Protocol):
 
 
 async def _serve(
-    host: str, port: int, reply: str, model: str
+    host: str, port: int, reply: str, model: str, tool_turns: int = 1
 ) -> tuple[asyncio.AbstractServer, int, set[asyncio.Transport]]:
-    answers = _Answers(reply, model)
+    answers = _Answers(reply, model, tool_turns)
     connections: set[asyncio.Transport] = set()
     loop = asyncio.get_running_loop()
     factory: Callable[[], asyncio.Protocol] = lambda: NullProtocol(answers, connections)  # noqa: E731
@@ -345,14 +378,15 @@ async def serve_null(
     *,
     reply: str = DEFAULT_REPLY,
     model: str = DEFAULT_MODEL,
+    tool_turns: int = 1,
 ) -> tuple[asyncio.AbstractServer, int]:
     """Start the null server on the running loop; port 0 picks a free one (returned)."""
-    server, bound, _ = await _serve(host, port, reply, model)
+    server, bound, _ = await _serve(host, port, reply, model, tool_turns)
     return server, bound
 
 
-async def _main(host: str, port: int, reply: str, model: str) -> None:
-    server, bound, connections = await _serve(host, port, reply, model)
+async def _main(host: str, port: int, reply: str, model: str, tool_turns: int) -> None:
+    server, bound, connections = await _serve(host, port, reply, model, tool_turns)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -379,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reply", default=DEFAULT_REPLY, help="the text every answer carries")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the model id it reports")
     parser.add_argument("--cpu", type=int, default=None, help="pin the server to this core")
+    parser.add_argument(
+        "--tool-turns",
+        type=int,
+        default=1,
+        help="model calls per rollout that offers tools: a tool call until the last",
+    )
     args = parser.parse_args(argv)
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
@@ -391,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(_main(args.host, args.port, args.reply, args.model))
+            runner.run(_main(args.host, args.port, args.reply, args.model, args.tool_turns))
     except OSError as error:
         print(f"cannot listen on {args.host}:{args.port}: {error.strerror}", file=sys.stderr)
         return 1

@@ -5,23 +5,42 @@ configuration once and doubles parallelism on it (the NeMo Gym guide's method) u
 throughput plateaus or errors appear; the Universal Scalability Law fit of those points
 places the peak and the knee (knee.py). Nothing here knows Optuna: a fake launcher and
 probe test it on their own.
+
+Probe time goes where it decides. A rung's window is counted in rollout latencies
+(Little's law from the rungs before), so it holds whole batches of completions however
+long rollouts are: a short screening window on every rung, after which `reachable`
+bounds what the configuration could still reach, and one that cannot beat the best so
+far is pruned there. Longer windows go to the top of the study's first curve and to a
+new best's best point (measured again): the bar every later trial is pruned against. A
+vLLM-like server runs at most `max_num_seqs` requests at once (fewer when its KV cache
+holds fewer rollouts: fit.prelaunch), so a rung at or past that ceiling is the top of
+the curve (more parallelism only queues).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from autotune.config import Study
 from autotune.errors import ServerStartupError
-from autotune.knee import summarise_curve
-from autotune.probe import Probe
+from autotune.knee import TRUSTED_BATCHES, UNKNOWN_SPREAD, summarise_curve
+from autotune.probe import Probe, ProbeSettings
 from autotune.results import CurvePoint, CurveSummary
 
 MIN_USABLE_POINTS = 2  # a curve needs two; a start above a configuration's peak may leave one
+SCREEN_LATENCIES = 2.5  # a screening rung's window: one batch (two rollout latencies) and room
+PEAK_LATENCIES = 4.0  # a rung at the top of a curve: two batches, enough for an interval
+BENDING = 1.5  # a doubling that gained less than this: the next rung is near the top
+FIRST_RUNG_SHARE = 4  # with no best yet, a ladder starts at ceiling ÷ 4 (or low)
+SLOWER_GUESS = 2.0  # a new configuration's first rung is timed as if half as fast as the best
+QUEUE_GAIN = 0.05  # past max_num_seqs, queued requests gain at most this (none seen: ~1%)
+OutOfReach = Callable[[Sequence[CurvePoint]], str | None]  # after each rung: why to stop
+Timing = Callable[[Sequence[CurvePoint], int], ProbeSettings | None]  # a rung's probe length
 
 
 class Launcher(Protocol):
@@ -47,82 +66,348 @@ class TrialOutcome:
     infeasible_reason: str | None
     probe_s: float
     wall_s: float
+    pruned_reason: str | None = None
+    min_p95_latency_s: float | None = None  # the lowest of any usable point (SLO constraint)
+    min_p95_ttft_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """A configuration's measured rungs, lowest parallelism first, and why they ended
+    early: the server died, or the curve could not reach the best one (pruned)."""
+
+    points: list[CurvePoint]
+    died: str | None = None
+    pruned: str | None = None
+    probe_s: float = 0.0  # every probe's, a rung measured again included
+
+
+@dataclass(frozen=True, slots=True)
+class Incumbent:
+    """The best trial so far: its value, where it was measured, and its points (whose
+    latencies time a new configuration's first rung)."""
+
+    value: float
+    parallelism: int
+    points: list[CurvePoint]
+
+
+def expected_latency_s(points: Sequence[CurvePoint], parallelism: int) -> float | None:
+    """A rollout's latency at `parallelism`, from the last rung by Little's law (latency =
+    parallelism ÷ throughput), the throughput growing as it did over the last step."""
+    measured = [p for p in points if p.rollouts_per_s > 0]
+    if not measured:
+        return None
+    last = measured[-1]
+    growth = 1.0
+    if len(measured) > 1 and parallelism > last.parallelism:
+        before = measured[-2]
+        step = last.parallelism / before.parallelism
+        gain = min(max(last.rollouts_per_s / before.rollouts_per_s, 1.0), step)
+        growth = gain ** (math.log(parallelism / last.parallelism) / math.log(step))
+    return parallelism / (last.rollouts_per_s * growth)
+
+
+def _guessed_latency_s(reference: Sequence[CurvePoint], parallelism: int) -> float | None:
+    """A first rung's latency from the best curve's nearest rung: the same below it (a
+    batching server's latency hardly grows while it scales), in proportion above, and
+    SLOWER_GUESS times that (the best is the fastest configuration known; a rung too
+    short to count anything must be measured again)."""
+    measured = [p for p in reference if p.rollouts_per_s > 0]
+    if not measured:
+        return None
+    near = min(measured, key=lambda p: abs(math.log(p.parallelism / parallelism)))
+    latency = near.parallelism / near.rollouts_per_s * max(1.0, parallelism / near.parallelism)
+    return SLOWER_GUESS * latency
+
+
+def rung_timing(
+    study: Study,
+    latencies: float,
+    points: Sequence[CurvePoint],
+    parallelism: int,
+    reference: Sequence[CurvePoint] = (),
+) -> ProbeSettings:
+    """A rung's probe: a window of `latencies` expected rollout latencies (so it counts
+    whole batches of completions however long rollouts are), never shorter than the
+    study's min_s. A first rung's latency is guessed from `reference` (the best curve's
+    rungs up to this parallelism); without either, the study's settings."""
+    spec = study.probe
+    settings = ProbeSettings.of(spec, parallelism)
+    if points:
+        latency = expected_latency_s(points, parallelism)
+    else:
+        latency = _guessed_latency_s(reference, parallelism)
+    if latency is None:
+        return settings
+    window = max(spec.min_s, latencies * latency)
+    return replace(settings, min_s=min(spec.min_s, window), max_s=window)
 
 
 async def measure_curve(
-    probe: Probe, study: Study, start: int
-) -> tuple[list[CurvePoint], str | None]:
-    """Double parallelism from `start` until throughput plateaus, errors appear or the
-    range ends; then, if that left fewer than two usable points (errors at `start`, or
-    a start past this configuration's own plateau), halve below `start` for more.
-    Returns the points, lowest parallelism first, and, if the server died, why."""
+    probe: Probe,
+    study: Study,
+    start: int,
+    *,
+    top: int | None = None,
+    timing: Timing | None = None,
+    out_of_reach: OutOfReach | None = None,
+    wanted: Callable[[Sequence[CurvePoint]], bool] | None = None,
+) -> Ladder:
+    """Double parallelism from `start` until throughput plateaus, errors appear, the rung
+    reaches `top` (the server's ceiling) or the range ends, or `out_of_reach` says the
+    curve cannot beat the best; then, if that left fewer than two usable points (errors
+    at `start`, or a start past this configuration's own plateau), halve below `start`
+    for more, if the curve is `wanted` (a trial that is not the best needs no fit).
+    `timing` sets each rung's probe length (None: the probe's own)."""
     space = study.search_space.parallelism
     limit = study.objective.max_error_rate
     metric = study.objective.metric
     points: list[CurvePoint] = []
+    spent = 0.0  # every probe's time, a rung measured again included
+
+    async def measure(parallelism: int) -> CurvePoint:
+        """A rung; one that counted nothing in time (rollouts far slower than expected)
+        is measured again over a window of its observed latency."""
+        nonlocal spent
+        settings = timing(points, parallelism) if timing else None
+        point = CurvePoint.of(await probe.measure(parallelism, settings))
+        spent += point.probe_s
+        if settings is not None and point.rollouts_per_s <= 0 and point.error_rate == 0:
+            latency = point.p50_latency_s or 0.0
+            longer = replace(settings, max_s=max(2 * settings.max_s, SCREEN_LATENCIES * latency))
+            point = CurvePoint.of(await probe.measure(parallelism, longer))
+            spent += point.probe_s
+        return point
+
+    def died(parallelism: int) -> Ladder:
+        why = f"the server stopped answering at parallelism {parallelism}"
+        return Ladder(points, why, probe_s=spent)
+
     parallelism = start
     while parallelism <= space.high:
-        point = CurvePoint.of(await probe.measure(parallelism))
+        point = await measure(parallelism)
         points.append(point)
         if point.stop_reason == "server died":
-            return points, f"the server stopped answering at parallelism {parallelism}"
+            return died(parallelism)
+        why = out_of_reach(points) if out_of_reach else None
+        usable = sum(p.error_rate <= limit for p in points)
+        if why is not None and (point.error_rate > limit or usable < MIN_USABLE_POINTS):
+            return Ladder(points, pruned=why, probe_s=spent)  # no halving: out of reach
         if point.error_rate > limit:
             break
         plateau = points[-2].metric(metric) * (1 + space.plateau_gain) if len(points) > 1 else 0
-        if point.metric(metric) < plateau:
-            break
+        if point.metric(metric) < plateau or (top is not None and parallelism >= top):
+            break  # the curve is whole
+        if why is not None:
+            return Ladder(points, pruned=why, probe_s=spent)
         parallelism *= 2
     parallelism = start
     while (
-        parallelism > space.low and sum(p.error_rate <= limit for p in points) < MIN_USABLE_POINTS
+        parallelism > space.low
+        and sum(p.error_rate <= limit for p in points) < MIN_USABLE_POINTS
+        and (wanted is None or wanted(points))
     ):
         parallelism = max(space.low, parallelism // 2)
-        point = CurvePoint.of(await probe.measure(parallelism))
+        point = await measure(parallelism)
         points.insert(0, point)
         if point.stop_reason == "server died":
-            return points, f"the server stopped answering at parallelism {parallelism}"
-    return points, None
+            return died(parallelism)
+    return Ladder(points, probe_s=spent)
 
 
-def start_parallelism(study: Study, best_peak: float | None) -> int:
-    """Doubling starts at `low`, or a quarter of the best peak so far on the same ladder."""
-    low = study.search_space.parallelism.low
-    if not best_peak:
-        return low
+def start_parallelism(study: Study, best_parallelism: float | None, top: int | None = None) -> int:
+    """Doubling starts at `low`, or on the same ladder at the last step at or under an
+    eighth of the best configuration's best parallelism and under this one's ceiling
+    `top`: two cheap rungs (short rollouts, far below the best's scale) bound the curve,
+    and a loser is pruned there."""
+    space = study.search_space.parallelism
+    if not best_parallelism:  # far below its ceiling a batching server scales ~linearly
+        return _on_ladder(space.low, min(top // FIRST_RUNG_SHARE, space.high)) if top else space.low
+    cap = min(best_parallelism / 8, top if top is not None else space.high, space.high)
+    return _on_ladder(space.low, cap)
+
+
+def _on_ladder(low: int, cap: float) -> int:
+    """The last step of the doubling ladder from `low` at or under `cap` (`low` at least)."""
     start = low
-    while start * 2 <= best_peak / 4 and start * 2 <= study.search_space.parallelism.high:
+    while start * 2 <= cap:
         start *= 2
     return start
 
 
+def _spread(point: CurvePoint, metric: str) -> tuple[float, float]:
+    """A point's 95% interval if trusted (knee.TRUSTED_BATCHES), else ±UNKNOWN_SPREAD."""
+    interval = point.metric_interval(metric)
+    if interval is not None and (point.batches or 0) >= TRUSTED_BATCHES:
+        return interval
+    value = point.metric(metric)
+    return value * (1 - UNKNOWN_SPREAD), value * (1 + UNKNOWN_SPREAD)
+
+
+def reachable(points: Sequence[CurvePoint], study: Study, top: int | None = None) -> float:
+    """The most this configuration's curve could reach at any parallelism of the range.
+
+    Under the Universal Scalability Law throughput per unit of parallelism, X(N)/N, never
+    grows (σ, κ ≥ 0), so X(N) ≤ X(n)·N/n beyond the last rung n; and N/X(N) is convex
+    in N, so the line through the last two rungs' N/X lies below it beyond them, which
+    bounds X tighter. Each rung's figure is taken at the optimistic end of its 95%
+    interval. Past the server's ceiling `top` (max_num_seqs) more parallelism only
+    queues: the curve is flat there but for QUEUE_GAIN.
+    """
+    metric = study.objective.metric
+    usable = sorted(
+        (p for p in points if p.error_rate <= study.objective.max_error_rate),
+        key=lambda p: p.parallelism,
+    )
+    if not usable:
+        return math.inf
+    best = max(_spread(p, metric)[1] for p in usable)
+    last = usable[-1]
+    queue = 1 + QUEUE_GAIN if top is not None else 1.0
+    far = min(study.search_space.parallelism.high, top if top is not None else math.inf)
+    if far <= last.parallelism:
+        return best * queue
+    x1 = _spread(last, metric)[1]
+    bound = x1 * far / last.parallelism  # linear scaling from the last rung
+    if len(usable) > 1:
+        before = usable[-2]
+        n0, n1 = before.parallelism, last.parallelism
+        x0 = _spread(before, metric)[0]
+        slope = (n1 / x1 - n0 / x0) / (n1 - n0) if x0 > 0 and x1 > 0 else 0.0
+        if slope > 0:  # the secant of N/X: tighter once scaling bends
+            bound = min(bound, far / (n1 / x1 + slope * (far - n1)))
+    return max(best, bound) * queue
+
+
+def _value(points: Sequence[CurvePoint], study: Study) -> float:
+    """The best usable figure among `points`."""
+    usable = [p for p in points if p.error_rate <= study.objective.max_error_rate]
+    return max((p.metric(study.objective.metric) for p in usable), default=0.0)
+
+
+def _within_slos(point: CurvePoint, study: Study) -> bool:
+    objective = study.objective
+    for figure, slo in (
+        (point.p95_latency_s, objective.p95_latency_slo_s),
+        (point.p95_ttft_s, objective.p95_ttft_slo_s),
+    ):
+        if slo is not None and (figure is None or figure > slo):
+            return False
+    return True
+
+
 async def run_trial(
-    launcher: Launcher, knobs: dict[str, Any], study: Study, start: int
+    launcher: Launcher,
+    knobs: dict[str, Any],
+    study: Study,
+    start: int,
+    *,
+    best: Incumbent | None = None,
+    top: int | None = None,
+    on_rung: Callable[[int, float], None] | None = None,
 ) -> TrialOutcome:
-    """Start the configuration, measure its curve, stop it; failures become outcomes."""
+    """Start the configuration, measure its curve, stop it; failures become outcomes.
+
+    `best`: the best trial so far; a curve that cannot reach its value is pruned. `top`:
+    the most requests the server can run at once (fit.ceiling), where the curve ends.
+    `on_rung` gets each rung's number and the best value measured so far (Optuna's
+    intermediate value).
+    """
     started = time.perf_counter()
-    points: list[CurvePoint] = []
-    reason: str | None = None
+    metric = study.objective.metric
+    ladder = Ladder([])
+    probe_s = 0.0
+    reference = best.points if best else []
+
+    def timing(points: Sequence[CurvePoint], parallelism: int) -> ProbeSettings:
+        """Short, but long at the top of the study's first curve (the server's ceiling,
+        or once a doubling gained less than BENDING): it sets the bar every later trial
+        is pruned against."""
+        near_top = top is not None and parallelism >= top
+        if len(points) > 1 and points[-2].rollouts_per_s > 0:
+            near_top |= points[-1].rollouts_per_s < BENDING * points[-2].rollouts_per_s
+        latencies = PEAK_LATENCIES if near_top and best is None else SCREEN_LATENCIES
+        return rung_timing(study, latencies, points, parallelism, reference)
+
+    def out_of_reach(points: Sequence[CurvePoint]) -> str | None:
+        if on_rung is not None:
+            on_rung(len(points) - 1, _value(points, study))
+        if best is None:
+            return None
+        bound = reachable(points, study, top)
+        if bound >= best.value:
+            return None
+        return (
+            f"its curve could reach at most {bound:.3g} {metric} (the upper bound through "
+            f"its last rungs), below the best so far ({best.value:.3g})"
+        )
+
     try:
         async with launcher.running(knobs) as probe:
-            points, reason = await measure_curve(probe, study, start)
+            ladder = await measure_curve(
+                probe,
+                study,
+                start,
+                top=top,
+                timing=timing,
+                out_of_reach=out_of_reach,
+                wanted=lambda points: best is None or _value(points, study) >= best.value,
+            )
+            probe_s = ladder.probe_s
+            if best is not None and _value(ladder.points, study) > best.value:
+                ladder, again_s = await _confirm(probe, study, ladder)
+                probe_s += again_s
     except ServerStartupError as error:  # deterministic: the server refuses these knobs
-        reason = error.reason
+        ladder = Ladder([], error.reason)
+    return _outcome(study, knobs, ladder, probe_s, time.perf_counter() - started)
+
+
+async def _confirm(probe: Probe, study: Study, ladder: Ladder) -> tuple[Ladder, float]:
+    """A new best: its best point measured again at length, in its place (a screening
+    rung is too rough to crown it, and the bar every later trial is pruned against
+    should be known well); returns the ladder and the probe time spent."""
+    if ladder.died or ladder.pruned:
+        return ladder, 0.0
     metric = study.objective.metric
-    usable = [p for p in points if p.error_rate <= study.objective.max_error_rate]
-    best = max(usable, key=lambda p: p.metric(metric), default=None)
+    usable = [p for p in ladder.points if p.error_rate <= study.objective.max_error_rate]
+    top = max(usable, key=lambda p: p.metric(metric))
+    settings = rung_timing(study, PEAK_LATENCIES, [top], top.parallelism)
+    again = CurvePoint.of(await probe.measure(top.parallelism, settings))
+    died = None
+    if again.stop_reason == "server died":
+        died = f"the server stopped answering at parallelism {top.parallelism}"
+    points = [again if p is top else p for p in ladder.points]
+    return Ladder(points, died, probe_s=ladder.probe_s + again.probe_s), again.probe_s
+
+
+def _outcome(
+    study: Study, knobs: dict[str, Any], ladder: Ladder, probe_s: float, wall_s: float
+) -> TrialOutcome:
+    objective = study.objective
+    metric = objective.metric
+    usable = [p for p in ladder.points if p.error_rate <= objective.max_error_rate]
+    meeting = [p for p in usable if _within_slos(p, study)] or usable
+    best = max(meeting, key=lambda p: p.metric(metric), default=None)
     curve = None
     if usable:
         curve = summarise_curve([p.parallelism for p in usable], [p.metric(metric) for p in usable])
+    reason = ladder.died
     if best is None and reason is None:
-        reason = f"every probe failed more than {study.objective.max_error_rate:.0%} of rollouts"
+        reason = f"every probe failed more than {objective.max_error_rate:.0%} of rollouts"
+    latencies = [p.p95_latency_s for p in usable if p.p95_latency_s is not None]
+    ttfts = [p.p95_ttft_s for p in usable if p.p95_ttft_s is not None]
     return TrialOutcome(
         knobs=knobs,
-        points=points,
+        points=ladder.points,
         curve=curve,
         value=best.metric(metric) if best else 0.0,
         p95_latency_s=best.p95_latency_s if best else None,
         error_rate=best.error_rate if best else 1.0,
         infeasible_reason=reason if best is None else None,
-        probe_s=sum(p.probe_s for p in points),
-        wall_s=time.perf_counter() - started,
+        probe_s=probe_s,
+        wall_s=wall_s,
+        pruned_reason=ladder.pruned,
+        min_p95_latency_s=min(latencies, default=None),
+        min_p95_ttft_s=min(ttfts, default=None),
     )

@@ -1,8 +1,9 @@
-"""`autotune sweep STUDY.yaml`: run (or resume) a study, then save what it found.
+"""`autotune sweep STUDY.yaml`: run (or resume) a study, validate its recommendation,
+then save what it found.
 
-Outputs in `reports/<study>/`: `sweep.json` (the SweepResult), and, rebuilt from it
-alone by `write_outputs` (also what `autotune report DIR` calls): `index.html`,
-`trials.csv`, `recommendation.json` and `recommendation.yaml`.
+Outputs in `reports/<study>/`: `sweep.json` (the SweepResult, validation runs included),
+and, rebuilt from it alone by `write_outputs` (also what `autotune report DIR` calls):
+`index.html`, `trials.csv`, `recommendation.json` and `recommendation.yaml`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import yaml
 
 from autotune.config import Study
 from autotune.errors import UsageError
-from autotune.results import SweepResult, machine_identity, save, to_json
+from autotune.results import SweepResult, Validation, machine_identity, save, to_json
 from autotune.sweep.curve import Launcher, TrialOutcome
-from autotune.sweep.launchers import command_launcher, http_launcher
+from autotune.sweep.launchers import agent_launcher, command_launcher, http_launcher
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import (
     check_space,
@@ -33,6 +34,7 @@ from autotune.sweep.search import (
     storage_url,
     trial_records,
 )
+from autotune.sweep.validate import validate
 from autotune.verifiers import VerifierOptions, load_verifier
 
 log = logging.getLogger("autotune")
@@ -48,7 +50,9 @@ async def run_sweep(
     launcher: Launcher | None = None,
     on_trial: Callable[[int, TrialOutcome], None] | None = None,
 ) -> SweepResult:
-    """Runs or resumes the study to its budget; returns what sweep.json saves."""
+    """Runs or resumes the study to its budget and validates its recommendation (once per
+    best trial: a resumed study whose best did not change reuses the runs); returns what
+    sweep.json saves."""
     from autotune.telemetry import gpu_count
 
     gpus = gpu_count() if study.target.kind == "vllm" else 0
@@ -62,19 +66,35 @@ async def run_sweep(
     started = time.time()
     if launcher is None and study.target.kind == "command":
         launcher = command_launcher(study, studies_dir)
+    if launcher is None and study.target.kind == "nemo-gym-agent":
+        launcher = agent_launcher(study)
     if launcher is not None:
-        await optimise(study, optuna_study, launcher, gpus, on_trial)
-    else:
-        verifier = await load_verifier(
-            study.workload.verifier,
-            VerifierOptions(
-                workers=study.workload.verifier_workers, cost_ms=study.workload.verifier_cost_ms
-            ),
-        )
-        try:
-            await optimise(study, optuna_study, http_launcher(study, verifier), gpus, on_trial)
-        finally:
-            await verifier.aclose()
+        return await _search(study, optuna_study, launcher, gpus, on_trial, url, started, already)
+    verifier = await load_verifier(
+        study.workload.verifier,
+        VerifierOptions(
+            workers=study.workload.verifier_workers, cost_ms=study.workload.verifier_cost_ms
+        ),
+    )
+    try:
+        launcher = http_launcher(study, verifier)
+        return await _search(study, optuna_study, launcher, gpus, on_trial, url, started, already)
+    finally:
+        await verifier.aclose()
+
+
+async def _search(
+    study: Study,
+    optuna_study: Any,
+    launcher: Launcher,
+    gpus: int,
+    on_trial: Callable[[int, TrialOutcome], None] | None,
+    url: str,
+    started: float,
+    already: int,
+) -> SweepResult:
+    """The trials, then the validation runs of what they recommend."""
+    await optimise(study, optuna_study, launcher, gpus, on_trial)
     result = SweepResult(
         study=study.name,
         created_at=time.time(),
@@ -89,8 +109,21 @@ async def run_sweep(
         trials=trial_records(optuna_study),
         importances=importances(optuna_study),
         machine=machine_identity(),
+        p95_latency_slo_s=study.objective.p95_latency_slo_s,
+        p95_ttft_slo_s=study.objective.p95_ttft_slo_s,
     )
-    return redact_result(result)
+    best = result.best()
+    saved = optuna_study.user_attrs.get(VALIDATIONS, {})
+    if best is not None and str(best.number) in saved:
+        runs = [Validation.from_dict(run) for run in saved[str(best.number)]]
+    else:
+        runs = await validate(study, launcher, result)
+        if best is not None and runs:
+            optuna_study.set_user_attr(VALIDATIONS, {str(best.number): [r.to_dict() for r in runs]})
+    return redact_result(dataclasses.replace(result, validations=runs))
+
+
+VALIDATIONS = "validations"  # the study's user attribute: the best trial's validation runs
 
 
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql")  # what Optuna's RDB storage opens

@@ -2,7 +2,8 @@
 
 The search sees only `curve.Launcher`, so the same search runs against real vLLM, the
 simulated server over HTTP, a server someone else runs, a user's own collector command,
-or (for benchmarks) the simulated engine in virtual time (probe.virtual).
+a running NeMo Gym agent server, or (for benchmarks) the simulated engine in virtual
+time (probe.virtual).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, check_agent
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import Study, SyntheticWorkload, TargetConfig
 from autotune.probe import ProbeSettings
@@ -77,6 +79,37 @@ class CommandLauncher:
     @asynccontextmanager
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[CommandProbe]:
         yield CommandProbe(self.template, self.limit, self.workdir, tolerate_failures=True)
+
+
+@dataclass(slots=True)
+class AgentLauncher:
+    """No server to start: a running NeMo Gym agent makes and verifies every rollout."""
+
+    target: TargetConfig  # agent_url set; metrics_url: the model server's /metrics, if given
+    tasks: Sequence[Task]
+    settings: ProbeSettings
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[EngineProbe]:
+        agent_url = self.target.agent_url or ""  # validated: the kind always names it
+        async with open_session(self.target) as session:
+            await check_agent(session, agent_url)
+            backend = AgentBackend(session, self.target, agent_url)
+            yield EngineProbe(
+                session,
+                backend,
+                AgentRewardVerifier(),
+                self.tasks,
+                agent_url,
+                self.settings,
+                metrics=self.target.metrics_url,
+            )
+
+
+def agent_launcher(study: Study) -> AgentLauncher:
+    """Probes of a NeMo Gym agent with the study's tasks (only parallelism changes)."""
+    target = TargetConfig(agent_url=study.target.agent_url, metrics_url=study.target.metrics_url)
+    return AgentLauncher(target, _tasks(study), ProbeSettings.of(study.probe, parallelism=1))
 
 
 def command_launcher(study: Study, studies_dir: Path) -> CommandLauncher:

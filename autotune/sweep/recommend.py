@@ -1,10 +1,32 @@
-"""The recommendation: the best configuration at 80% of its peak parallelism, with
-lines ready to paste into NeMo Gym, `vllm serve` and OpenRLHF. Pure: computed from a
-saved SweepResult alone, never from a live study."""
+"""The recommendation: the best configuration at 80% of its peak parallelism, or lower
+where a latency budget or a failed validation run says so, with 95% intervals and lines
+ready to paste into NeMo Gym, `vllm serve` and OpenRLHF. Pure: computed from a saved
+SweepResult alone, never from a live study.
+
+The rules, in order: start from 80% of the fitted peak's parallelism (the NeMo Gym
+guide's headroom); take the largest parallelism at or under it whose expected p95
+rollout latency (and p95 TTFT) meets the study's SLOs; then, if validation runs were
+made, the last one's parallelism (each failed run stepped down). `bound_by` names the
+rule that set the number.
+"""
 
 from __future__ import annotations
 
-from autotune.results import Peak, Recommendation, Recommended, Snippets, SweepResult
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
+from autotune.results import (
+    CurvePoint,
+    Peak,
+    Recommendation,
+    Recommended,
+    Snippets,
+    SweepResult,
+    TrialRecord,
+)
 from autotune.servers.flags import server_flags
 
 # OpenRLHF's dotted flags for the vLLM knobs it exposes.
@@ -13,11 +35,156 @@ OPENRLHF_FLAGS = {
     "gpu_memory_utilization": "--vllm.gpu_memory_utilization",
 }
 RULE = "80% of the peak parallelism (the NeMo Gym guide's headroom for stability)"
+HEADROOM_RULE = "80% of peak"
+LATENCY_RULE = "p95 latency SLO"
+TTFT_RULE = "p95 TTFT SLO"
+VALIDATION_RULE = "validation"
+# An expected p95 must sit this far inside its SLO: a p95 read from a few hundred
+# rollouts moves by several percent, and a plan right at the SLO would fail its
+# validation run half the time.
+LATENCY_MARGIN = 0.10
 
 
 def vllm_serve_line(model: str | None, knobs: dict[str, object]) -> str:
     """The `vllm serve` line for a configuration, its flags spelled as they were launched."""
     return " ".join(["vllm serve", model or "MODEL", *server_flags(knobs)])
+
+
+def usable_points(result: SweepResult, trial: TrialRecord) -> list[CurvePoint]:
+    """The trial's points within the error budget, lowest parallelism first."""
+    points = [p for p in trial.points if p.error_rate <= result.max_error_rate]
+    return sorted(points, key=lambda p: p.parallelism)
+
+
+def curve_bootstrap(result: SweepResult, trial: TrialRecord) -> CurveBootstrap | None:
+    """The bootstrap of the trial's curve fit (seeded by the trial: the same file always
+    gives the same intervals)."""
+    points = usable_points(result, trial)
+    ns = [p.parallelism for p in points]
+    xs = [p.metric(result.metric) for p in points]
+    intervals = [p.metric_interval(result.metric) for p in points]
+    if len(points) < 2:
+        return None
+    batches = [p.batches for p in points]
+    errors = standard_errors(ns, xs, intervals, batches)
+    return bootstrap_curve(ns, xs, errors, seed=trial.number)
+
+
+def expected_latency(points: Sequence[CurvePoint], parallelism: float, which: str) -> float | None:
+    """The p95 latency (`which`: p95_latency_s or p95_ttft_s) expected at a parallelism:
+    interpolated between measured points on log-log axes; below the lowest point, that
+    point's; above the highest, growing in proportion (a flat throughput's queue)."""
+    known = [(p.parallelism, getattr(p, which)) for p in points if getattr(p, which)]
+    if not known:
+        return None
+    known.sort()
+    if parallelism <= known[0][0]:
+        return float(known[0][1])
+    if parallelism >= known[-1][0]:
+        return float(known[-1][1] * parallelism / known[-1][0])
+    for (n0, y0), (n1, y1) in itertools.pairwise(known):
+        if n0 <= parallelism <= n1:
+            share = math.log(parallelism / n0) / math.log(n1 / n0) if n1 > n0 else 0.0
+            return float(math.exp(math.log(y0) + share * (math.log(y1) - math.log(y0))))
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The parallelism the rules give before any validation run, and why."""
+
+    parallelism: int
+    bound_by: str
+    rule: str
+    parallelism_interval: Interval | None
+
+
+def _slo_misses(
+    points: Sequence[CurvePoint], parallelism: float, result: SweepResult, scale: float = 1.0
+) -> list[str]:
+    """The SLOs the expected latencies at `parallelism` miss (`scale`: a bootstrap draw's
+    latency ÷ the fit's, by Little's law)."""
+    misses = []
+    for which, slo, rule in (
+        ("p95_latency_s", result.p95_latency_slo_s, LATENCY_RULE),
+        ("p95_ttft_s", result.p95_ttft_slo_s, TTFT_RULE),
+    ):
+        expected = expected_latency(points, parallelism, which) if slo else None
+        if slo and expected is not None and expected * scale * (1 + LATENCY_MARGIN) > slo:
+            misses.append(rule)
+    return misses
+
+
+def _within_slos(
+    points: Sequence[CurvePoint],
+    headroom: int,
+    result: SweepResult,
+    scale: Callable[[int], float] | None = None,
+) -> int:
+    """The largest parallelism at or under `headroom` whose expected latencies meet the
+    SLOs (1 when none does)."""
+    for n in range(headroom, 0, -1):
+        if not _slo_misses(points, n, result, scale(n) if scale else 1.0):
+            return n
+    return 1
+
+
+def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -> Plan:
+    """80% of the peak, lowered to the SLOs where they bind, with the 95% interval of the
+    rule that bound it (the rule applied to every bootstrap draw)."""
+    assert trial.curve is not None
+    curve = trial.curve
+    headroom = int(curve.recommended_parallelism)
+    points = usable_points(result, trial)
+    parallelism = _within_slos(points, headroom, result)
+    if parallelism == headroom:
+        interval = boot.recommended_parallelism if boot else None
+        return Plan(headroom, HEADROOM_RULE, RULE, interval)
+    missed = _slo_misses(points, headroom, result)
+    interval = None
+    fitted = _fit(trial)
+    if boot is not None and fitted is not None:
+        draws = [
+            _within_slos(points, mark.recommended_parallelism, result, _scale(fitted, fit))
+            for fit, mark in zip(boot.fits, boot.draws, strict=True)
+        ]
+        interval = boot.interval(draws)
+    slos = []
+    if LATENCY_RULE in missed:
+        slos.append(f"p95 rollout latency stays 10% within {result.p95_latency_slo_s:g} s")
+    if TTFT_RULE in missed:
+        slos.append(f"p95 time to first token stays 10% within {result.p95_ttft_slo_s:g} s")
+    rule = (
+        f"the largest parallelism at or under 80% of the peak ({headroom}) whose expected "
+        f"{' and '.join(slos)} (the study's SLO: at {headroom} it would not)"
+    )
+    return Plan(parallelism, " and ".join(missed), rule, interval)
+
+
+def _scale(fitted: UslFit, draw: UslFit) -> Callable[[int], float]:
+    """A bootstrap draw's latencies relative to the fit's: at one parallelism a closed
+    loop's latency is inversely proportional to its throughput (Little's law)."""
+    return lambda n: fitted.throughput(n) / max(draw.throughput(n), 1e-12)
+
+
+def predicted_at(
+    result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None, parallelism: int
+) -> tuple[float, Interval | None]:
+    """The fitted curve's throughput at a parallelism, with its 95% interval (None when
+    there are too few points to bootstrap); without a fit, the nearest measured point's."""
+    fit = _fit(trial)
+    if fit is not None:
+        return fit.throughput(parallelism), boot.throughput_at(parallelism) if boot else None
+    points = usable_points(result, trial)
+    if not points:
+        return trial.curve.best_measured_throughput if trial.curve else 0.0, None
+    nearest = min(points, key=lambda p: abs(p.parallelism - parallelism))
+    return nearest.metric(result.metric), nearest.metric_interval(result.metric)
+
+
+def _fit(trial: TrialRecord) -> UslFit | None:
+    fit = trial.curve.fit if trial.curve else None
+    return UslFit(fit["lambda"], fit["sigma"], fit["kappa"], fit["r2"]) if fit else None
 
 
 def recommendation(result: SweepResult) -> Recommendation | None:
@@ -26,7 +193,24 @@ def recommendation(result: SweepResult) -> Recommendation | None:
     if best is None or best.curve is None:
         return None
     curve, knobs = best.curve, best.knobs
-    parallelism = int(curve.recommended_parallelism)
+    boot = curve_bootstrap(result, best)
+    planned = plan(result, best, boot)
+    parallelism, bound_by, rule, interval = (
+        planned.parallelism,
+        planned.bound_by,
+        planned.rule,
+        planned.parallelism_interval,
+    )
+    validations = [v for v in result.validations if v.trial == best.number]
+    if validations and validations[-1].parallelism != parallelism:
+        first, last = validations[0], validations[-1]
+        parallelism, bound_by, interval = last.parallelism, VALIDATION_RULE, None
+        rule = (
+            f"stepped down from {first.parallelism} ({planned.bound_by}) to {parallelism}: the "
+            f"validation run at {first.parallelism} failed ({'; '.join(first.problems)})"
+        )
+    predicted, predicted_interval = predicted_at(result, best, boot, parallelism)
+    points = usable_points(result, best)
     openrlhf = [f"{flag} {knobs[name]}" for name, flag in OPENRLHF_FLAGS.items() if name in knobs]
     return Recommendation(
         simulated=result.simulated,
@@ -38,8 +222,19 @@ def recommendation(result: SweepResult) -> Recommendation | None:
             inside_searched_range=curve.peak_inside_range,
             best_measured_parallelism=curve.best_measured_parallelism,
             best_measured_throughput=curve.best_measured_throughput,
+            parallelism_interval=boot.peak_parallelism if boot else None,
+            throughput_interval=boot.peak_throughput if boot else None,
         ),
-        recommended=Recommended(parallelism, curve.recommended_throughput, RULE),
+        recommended=Recommended(
+            parallelism,
+            predicted,
+            rule,
+            bound_by=bound_by,
+            parallelism_interval=interval,
+            throughput_interval=predicted_interval,
+            p95_latency_s=expected_latency(points, parallelism, "p95_latency_s"),
+            p95_ttft_s=expected_latency(points, parallelism, "p95_ttft_s"),
+        ),
         knee_parallelism=curve.knee_parallelism,
         smallest_parallelism_at_80pct_of_peak_throughput=curve.smallest_parallelism_at_80pct,
         note=curve.note,
@@ -53,4 +248,9 @@ def recommendation(result: SweepResult) -> Recommendation | None:
             ),
             autotune=f"autotune collect --parallelism {parallelism}",
         ),
+        knee_interval=boot.knee_parallelism if boot else None,
+        p95_latency_slo_s=result.p95_latency_slo_s,
+        p95_ttft_slo_s=result.p95_ttft_slo_s,
+        validated=validations[-1].passed if validations else None,
+        validations=validations,
     )

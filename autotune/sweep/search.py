@@ -2,11 +2,18 @@
 
 A configuration the server refuses (out of memory, a bad flag) or that crashes under
 load is a deterministic failure: it is recorded as a COMPLETE trial that violates a
-constraint, with the server's own error line, so the sampler learns to avoid it.
-Transient infrastructure errors are FAIL. Studies live in Optuna storage
-(`studies/<name>.db` by default) and resume: rerunning the same command reuses every
-finished trial. Later trials start their doubling near the best peak found so far,
-which saves the low, uninformative end of every curve.
+constraint, with the server's own error line, so the sampler learns to avoid it; one
+that is known not to fit before launch (sweep/fit.py) is recorded the same way without
+being started. Transient infrastructure errors are FAIL. Each rung of a trial's curve
+is reported to Optuna (`trial.report`), and a curve whose upper bound cannot reach the
+best trial's value is stopped there and recorded as PRUNED, which TPE learns from as
+it does from COMPLETE trials. Studies live in Optuna storage (`studies/<name>.db` by
+default) and resume: rerunning the same command reuses every finished trial, and a
+configuration measured (or pruned) before, or one that runs the same batches
+(fit.effective_knobs), is never launched again. A new study's first trial is the
+configuration known to hold the most requests at once (fit.py), and later trials start
+their doubling at an eighth of the best trial's best parallelism, which saves the low,
+uninformative end of every curve.
 """
 
 from __future__ import annotations
@@ -22,11 +29,19 @@ from typing import Any, Literal
 from autotune.config import ChoiceSpace, FloatSpace, IntSpace, Study
 from autotune.errors import UsageError
 from autotune.results import CurvePoint, CurveSummary, TrialRecord
-from autotune.sweep.curve import Launcher, TrialOutcome, run_trial, start_parallelism
+from autotune.sweep.curve import (
+    Incumbent,
+    Launcher,
+    TrialOutcome,
+    run_trial,
+    start_parallelism,
+)
+from autotune.sweep.fit import Prelaunch, effective_knobs, prelaunch, seed_configuration
 
 log = logging.getLogger("autotune")
 
 IMPROVEMENT = 0.01  # patience counts trials that did not beat the best by 1%
+EFFECTIVE = "effective_knobs"  # a trial's user attribute: the knobs that change its batches
 HEARTBEAT_INTERVAL_S = 10  # a shared study's running trial records a heartbeat this often
 GRACE_PERIOD_S = 30  # and the next worker to start fails it once it is this stale
 
@@ -88,11 +103,18 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
     trial.set_user_attr("error_rate", outcome.error_rate)
     if outcome.infeasible_reason is not None:
         trial.set_user_attr("infeasible_reason", outcome.infeasible_reason)
+    if outcome.pruned_reason is not None:
+        trial.set_user_attr("pruned_reason", outcome.pruned_reason)
     trial.set_constraint("feasible", 0.0 if outcome.infeasible_reason is None else 1.0)
     trial.set_constraint("error_rate", outcome.error_rate - objective.max_error_rate)
-    if objective.p95_latency_slo_s is not None:
-        p95 = outcome.p95_latency_s if outcome.p95_latency_s is not None else math.inf
-        trial.set_constraint("p95_latency", min(p95, 1e9) - objective.p95_latency_slo_s)
+    # An SLO is met when some usable point meets it (the value is the best such point's).
+    for name, lowest, slo in (
+        ("p95_latency", outcome.min_p95_latency_s, objective.p95_latency_slo_s),
+        ("p95_ttft", outcome.min_p95_ttft_s, objective.p95_ttft_slo_s),
+    ):
+        if slo is not None:
+            trial.set_user_attr(f"min_{name}_s", lowest)
+            trial.set_constraint(name, min(lowest if lowest is not None else math.inf, 1e9) - slo)
 
 
 def _values(outcome: TrialOutcome, study: Study) -> float | list[float]:
@@ -193,9 +215,11 @@ def _shared_storage(url: str) -> Any:
 
 
 def finished_trials(optuna_study: Any) -> list[Any]:
+    """COMPLETE and PRUNED trials: both count towards the budget and are never rerun."""
     from optuna.trial import TrialState
 
-    return [t for t in optuna_study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    finished = (TrialState.COMPLETE, TrialState.PRUNED)
+    return [t for t in optuna_study.get_trials(deepcopy=False) if t.state in finished]
 
 
 async def optimise(
@@ -210,6 +234,10 @@ async def optimise(
 
     budget = study.budget
     deadline = time.monotonic() + budget.time_s if budget.time_s else math.inf
+    if not optuna_study.get_trials(deepcopy=False):
+        seed = seed_configuration(study, gpu_count)
+        if seed is not None:
+            optuna_study.enqueue_trial(seed)
     while True:
         done = finished_trials(optuna_study)
         if len(done) >= budget.trials or time.monotonic() >= deadline:
@@ -217,23 +245,66 @@ async def optimise(
         if budget.patience and _stalled(done, budget.patience, startup_trials(study)):
             log.info("no 1%% gain in the last %d trials: stopping early", budget.patience)
             return
-        best_peak = _best_peak(done)
+        best = _best(done)
         with warnings.catch_warnings():  # ask/tell is fine: _heartbeat records it
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
             trial = optuna_study.ask()
         try:
             with _heartbeat(optuna_study, trial):
                 knobs = suggest_knobs(trial, study, gpu_count)
-                outcome = _measured_before(done, knobs) or await run_trial(
-                    launcher, knobs, study, start_parallelism(study, best_peak)
+                known = prelaunch(study, knobs)
+                same = effective_knobs(knobs, known)
+                outcome = _measured_before(done, knobs, same) or await _measure(
+                    study, launcher, trial, knobs, known, best
                 )
         except BaseException:
             optuna_study.tell(trial, state=TrialState.FAIL)
             raise
+        trial.set_user_attr(EFFECTIVE, same)
         _record(trial, outcome, study)
-        optuna_study.tell(trial, _values(outcome, study))
+        if outcome.pruned_reason is not None:
+            optuna_study.tell(trial, state=TrialState.PRUNED)
+        else:
+            optuna_study.tell(trial, _values(outcome, study))
         if on_trial is not None:
             on_trial(trial.number, outcome)
+
+
+async def _measure(
+    study: Study,
+    launcher: Launcher,
+    trial: Any,
+    knobs: dict[str, Any],
+    known: Prelaunch,
+    best: Incumbent | None,
+) -> TrialOutcome:
+    """Reject a configuration known not to fit without launching it; else run the trial,
+    each rung reported to Optuna and, in a one-objective study, pruned once it cannot
+    reach the best value so far."""
+    started = time.perf_counter()
+    if known.problem is not None:
+        return TrialOutcome(
+            knobs=knobs,
+            points=[],
+            curve=None,
+            value=0.0,
+            p95_latency_s=None,
+            error_rate=1.0,
+            infeasible_reason=f"{known.problem} (known before launch: not started)",
+            probe_s=0.0,
+            wall_s=time.perf_counter() - started,
+        )
+    one_objective = study.objective.second_objective is None
+    start = start_parallelism(study, best.parallelism if best else None, known.ceiling)
+    return await run_trial(
+        launcher,
+        knobs,
+        study,
+        start,
+        best=best if one_objective else None,
+        top=known.ceiling,
+        on_rung=(lambda step, value: trial.report(value, step)) if one_objective else None,
+    )
 
 
 def _heartbeat(optuna_study: Any, trial: Any) -> Any:
@@ -247,15 +318,18 @@ def _heartbeat(optuna_study: Any, trial: Any) -> Any:
     return get_heartbeat_thread(trial._trial_id, optuna_study._storage)
 
 
-def _measured_before(done: list[Any], knobs: dict[str, Any]) -> TrialOutcome | None:
-    """The sampler proposed a configuration already measured: reuse it, no restart.
+def _measured_before(
+    done: list[Any], knobs: dict[str, Any], effective: dict[str, Any]
+) -> TrialOutcome | None:
+    """The sampler proposed a configuration already measured (or pruned, or rejected),
+    or one that runs the same batches (fit.effective_knobs): reuse it, no restart.
 
     With categorical knobs TPE often proposes a repeat; a restart and a curve cost
     minutes on real hardware and would only re-measure the same thing.
     """
     for trial in done:
         attrs = trial.user_attrs
-        if attrs.get("knobs") == knobs and "points" in attrs:
+        if attrs.get(EFFECTIVE, attrs.get("knobs")) == effective and "points" in attrs:
             curve = attrs.get("curve")
             return TrialOutcome(
                 knobs=knobs,
@@ -267,6 +341,9 @@ def _measured_before(done: list[Any], knobs: dict[str, Any]) -> TrialOutcome | N
                 infeasible_reason=attrs.get("infeasible_reason"),
                 probe_s=0.0,
                 wall_s=0.0,
+                pruned_reason=attrs.get("pruned_reason"),
+                min_p95_latency_s=attrs.get("min_p95_latency_s"),
+                min_p95_ttft_s=attrs.get("min_p95_ttft_s"),
             )
     return None
 
@@ -275,17 +352,30 @@ def _value(trial: Any) -> float:
     return float(trial.values[0]) if trial.values else 0.0
 
 
-def _best_peak(done: list[Any]) -> float | None:
-    feasible = [t for t in done if is_feasible(t) and t.user_attrs.get("curve")]
+def _best(done: list[Any]) -> Incumbent | None:
+    """The best complete feasible trial: its value, best measured parallelism, points."""
+    feasible = [
+        t
+        for t in done
+        if t.state.name == "COMPLETE" and is_feasible(t) and t.user_attrs.get("curve")
+    ]
     if not feasible:
         return None
     best = max(feasible, key=_value)
-    return float(best.user_attrs["curve"]["peak_parallelism"])
+    attrs = best.user_attrs
+    return Incumbent(
+        _value(best),
+        int(attrs["curve"]["best_measured_parallelism"]),
+        [CurvePoint.from_dict(point) for point in attrs["points"]],
+    )
+
+
+STARTUP_TRIALS = 5  # after the seeded first trial; pruning keeps the poor ones cheap
 
 
 def startup_trials(study: Study) -> int:
     """Random trials before TPE models the space (patience does not count them)."""
-    return min(8, study.budget.trials)
+    return min(STARTUP_TRIALS, study.budget.trials)
 
 
 def _stalled(done: list[Any], patience: int, startup: int) -> bool:
@@ -298,20 +388,25 @@ def _stalled(done: list[Any], patience: int, startup: int) -> bool:
 
 
 def trial_records(optuna_study: Any) -> list[TrialRecord]:
-    """Every finished or failed trial, as sweep.json saves it."""
+    """Every finished, pruned or failed trial, as sweep.json saves it (a pruned trial's
+    value is the best it measured before it was stopped)."""
     records = []
     for trial in optuna_study.get_trials(deepcopy=False):
-        if trial.state.name not in ("COMPLETE", "FAIL"):
+        if trial.state.name not in ("COMPLETE", "PRUNED", "FAIL"):
             continue
         attrs = trial.user_attrs
         complete = trial.state.name == "COMPLETE"
+        pruned = trial.state.name == "PRUNED"
         curve = attrs.get("curve")
+        value = _value(trial) if complete else None
+        if pruned and trial.intermediate_values:
+            value = max(trial.intermediate_values.values())
         records.append(
             TrialRecord(
                 number=trial.number,
                 state=trial.state.name,
-                value=_value(trial) if complete else None,
-                feasible=is_feasible(trial) if complete else False,
+                value=value,
+                feasible=is_feasible(trial) if complete or pruned else False,
                 knobs=attrs.get("knobs", dict(trial.params)),
                 points=[CurvePoint.from_dict(point) for point in attrs.get("points", [])],
                 curve=CurveSummary.from_dict(curve) if curve else None,
@@ -320,6 +415,7 @@ def trial_records(optuna_study: Any) -> list[TrialRecord]:
                 p95_latency_s=attrs.get("p95_latency_s"),
                 error_rate=attrs.get("error_rate"),
                 infeasible_reason=attrs.get("infeasible_reason"),
+                pruned_reason=attrs.get("pruned_reason"),
             )
         )
     return records
@@ -336,6 +432,8 @@ def importances(optuna_study: Any) -> dict[str, float]:
     try:
         with warnings.catch_warnings():  # it warns whenever a target is given: ours is negated
             warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+            # reused (equivalent) trials can tie: equal importances are then the answer
+            warnings.filterwarnings("ignore", message="Target and region quantiles select")
             return dict(
                 optuna.importance.get_param_importances(
                     optuna_study, target=lambda t: -(_value(t) if is_feasible(t) else 0.0)

@@ -3,7 +3,9 @@
 Both cases run the same probes (parallelism 2 and 8, non-streaming, 64 output tokens
 each) against the same model; only the server's flag differs. With 2 sequences per
 batch the server queues the rest, so throughput stays flat (model-bound); with 64 and
-ample KV cache it batches all 8, so throughput grows (parallelism-bound).
+ample KV cache it batches all 8, so throughput grows (parallelism-bound). Each probe
+must reach its precision target, not its time cap, within --max-s 60, and the verdict
+must be sure: its speedup's interval clear of the threshold, on one diagnosis.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tests.vllm.conftest import VllmInstall, running_vllm
 
 pytestmark = pytest.mark.vllm
 
-PROBES = ("--low", "2", "--high", "8", "--min-s", "3", "--max-s", "12", "--no-stream")
+PROBES = ("--low", "2", "--high", "8", "--min-s", "3", "--max-s", "60", "--no-stream")
 WORKLOAD = ("--synthetic", "200", "--prompt-tokens", "64,16", "--output-tokens", "64,0")
 
 
@@ -29,30 +31,36 @@ def test_verdict_follows_max_num_seqs(
     vllm_install: VllmInstall, tmp_path: Path, max_num_seqs: int, verdict: str
 ) -> None:
     out = tmp_path / "diagnose.json"
-    # Real vLLM on two shared cores: a busy moment can sink one probe, so a diagnosis that
-    # misses is made once more on the same server (issue: verdicts with their confidence).
     with running_vllm(vllm_install, {"max_num_seqs": max_num_seqs}, tmp_path) as server:
-        for _ in range(2):
-            result = autotune(
-                "diagnose", "--base-url", server.base_url or "", *PROBES, *WORKLOAD,
-                "--extra-body", '{"ignore_eos": true}', "--json", str(out), timeout=180,
-            )  # fmt: skip
-            assert result.returncode == 0, result.stderr + server.log_tail()
-            diagnosis = load_result(out)
-            assert isinstance(diagnosis, DiagnoseResult)
-            if diagnosis.verdict.verdict == verdict:
-                break
+        result = autotune(
+            "diagnose", "--base-url", server.base_url or "", *PROBES, *WORKLOAD,
+            "--extra-body", '{"ignore_eos": true}', "--json", str(out), timeout=420,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr + server.log_tail()
+    diagnosis = load_result(out)
+    assert isinstance(diagnosis, DiagnoseResult)
     found = diagnosis.verdict
     low, high = diagnosis.probes
+    assert found.speedup_interval is not None
+    bottom, top = found.speedup_interval
     print(
-        f"max_num_seqs {max_num_seqs}: {low.rollouts_per_s:.1f} → "
-        f"{high.rollouts_per_s:.1f} rollouts/s, speedup ×{found.speedup:.2f}, "
-        f"verdict {found.verdict}"
+        f"max_num_seqs {max_num_seqs}: {low.rollouts_per_s:.2f} → "
+        f"{high.rollouts_per_s:.2f} rollouts/s, speedup ×{found.speedup:.2f} "
+        f"(95% interval ×{bottom:.2f}–×{top:.2f}, half-width "
+        f"±{(top - bottom) / 2 / found.speedup:.1%}), verdict {found.verdict}; "
+        + "; ".join(
+            f"parallelism {p.parallelism}: {p.stop_reason} after {p.measured_s:.0f} s, "
+            f"±{(p.rollouts_per_s_ci[1] - p.rollouts_per_s) / p.rollouts_per_s:.1%}"
+            for p in (low, high)
+        )
     )
     assert found.verdict == verdict, [e.text() for e in found.evidence]
-    assert diagnosis.target.simulated is False
+    assert found.clear_of_threshold, found.confidence
+    assert diagnosis.target.simulated is False and diagnosis.target.time_scale is None
     for probe in (low, high):
-        assert probe.error_rate == 0
+        assert probe.stop_reason == "precision", (probe.parallelism, probe.rollouts_per_s_ci)
+        assert probe.measured_s <= 60
+        assert probe.error_rate == 0 and probe.timeouts == 0
         assert probe.token_check is not None and not probe.token_check["mismatch"]
     evidence = {e.name: e for e in found.evidence}
     if verdict == "model-bound":

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from autotune.config import load_study
 from autotune.results import SweepResult, load_result
 from autotune.servers.vllm import API_SERVER_MODULE, shm_entries
 from autotune.sweep.recommend import recommendation
+from autotune.sweep.search import open_study, storage_url
 from tests.helpers import autotune
 from tests.vllm.conftest import VllmInstall
 
@@ -34,9 +37,10 @@ def sweep(
     env: dict[str, str],
     trials: int,
     args: list[str],
+    enqueue: Sequence[dict[str, Any]] = (),
 ) -> tuple[Any, SweepResult | None, Path]:
-    """Runs a study against real vLLM; returns the finished process, sweep.json (None if
-    none was saved), reports."""
+    """Runs a study against real vLLM, its first trials the `enqueue`d knobs; returns the
+    finished process, sweep.json (None if none was saved), reports."""
     study = {
         "name": "vllm-cpu",
         "target": {
@@ -55,11 +59,16 @@ def sweep(
         },
         "search_space": search_space,
         "probe": {"min_s": 1.5, "max_s": 4},
-        "budget": {"trials": trials},
+        "budget": {"trials": trials, "validate_rollouts": 100},
         "seed": 0,
     }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
+    if enqueue:
+        spec = load_study(path)
+        optuna_study = open_study(spec, storage_url(spec, None, tmp_path / "studies"))
+        for knobs in enqueue:
+            optuna_study.enqueue_trial(knobs)
     reports = tmp_path / "reports"
     result = autotune(
         "sweep",
@@ -101,10 +110,17 @@ def test_sweep_relaunches_vllm_per_configuration_and_cleans_up(
     }
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", mark.split("=")[0]: mark.split("=")[1]}
     args = [*FIXED_ARGS, "--block-size", "32"]
-    result, saved, directory = sweep(vllm_install, tmp_path, space, env, trials=4, args=args)
+    every = [
+        {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+        for seqs in (16, 4)
+        for tokens in (4096, 2048)
+    ]
+    result, saved, directory = sweep(
+        vllm_install, tmp_path, space, env, trials=4, args=args, enqueue=every
+    )
     assert result.returncode == 0, result.stderr
     assert saved is not None
-    measured = [t for t in saved.completed if t.probe_s]  # a repeat reuses, not relaunches
+    measured = [t for t in saved.trials if t.probe_s]  # complete or pruned, each launched
     assert {t.knobs["max_num_seqs"] for t in measured} == {4, 16}
     assert {t.knobs["max_num_batched_tokens"] for t in measured} == {2048, 4096}
     assert all(t.feasible and t.points for t in saved.completed)

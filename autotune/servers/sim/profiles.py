@@ -94,6 +94,18 @@ MODELS: dict[str, ModelProfile] = {
         bytes_per_param=2,
         source="https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json",
     ),
+    "qwen2.5-7b": ModelProfile(
+        name="qwen2.5-7b",
+        params=7_615_616_512,
+        layers=28,
+        hidden_size=3584,
+        attention_heads=28,  # not divisible by 8: tensor-parallel size 8 cannot shard it
+        kv_heads=4,
+        head_dim=128,
+        max_position_embeddings=131072,
+        bytes_per_param=2,
+        source="https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json",
+    ),
     "llama-3.1-8b": ModelProfile(
         name="llama-3.1-8b",
         params=8_030_261_248,

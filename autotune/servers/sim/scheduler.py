@@ -95,6 +95,10 @@ class EngineConfig:
     block_size: int = 16
     time_scale: float = 1.0  # real seconds per simulated second; 0: as fast as possible
     kv_capacity_tokens: int | None = None
+    # A replica that slows mid-run (throttling, a noisy neighbour), planted for drift tests:
+    # this many real seconds after the first step, every step takes `slow_down_factor` x.
+    slow_down_after_s: float | None = None
+    slow_down_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +309,8 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         scale = self.config.time_scale
         self._last_real = loop.time()
+        slow_after, slow_factor = self.config.slow_down_after_s, self.config.slow_down_factor
+        slow_from: float | None = None  # loop time the planted slowdown begins
         while True:
             if not self._running and not self._n_waiting:
                 self._wakeup.clear()
@@ -318,6 +324,11 @@ class SimEngine:
                 await self._wakeup.wait()
                 continue
             duration, decodes, completing = planned
+            if slow_after is not None:
+                if slow_from is None:
+                    slow_from = loop.time() + slow_after
+                if loop.time() >= slow_from:
+                    duration *= slow_factor
             if scale > 0:
                 now = loop.time()
                 self._debt += duration * scale - (now - self._last_real)

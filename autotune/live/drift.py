@@ -1,0 +1,114 @@
+"""The drift watch: does a collect still hold the throughput it was tuned for? Pure; no I/O.
+
+Windows follow one another from the end of warm-up (every slot has finished a rollout
+and the probes' warm-up has passed: probe.window.warm_until, the probes' own rule) until
+the last rollout is taken (the drain at the end is slower by design). Each window's rate
+is the probes' steady-state estimator (probe.window.pooled_estimate: batches of
+completions that each span two mean rollout latencies, so waves of completions are not
+taken for signal), with its 95% interval. A window needs several such batches for that
+interval to say anything, so by default it lasts MIN_BATCHES batches' worth of latency
+(at least a minute). A window is below the expectation when even the top of its interval
+is under the expectation's low end, so noise alone rarely counts; `windows` such windows
+in a row raise one DriftWarning, which names the stage whose mean latency grew most since
+the first window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autotune.probe.window import BATCH_LATENCIES, MIN_BATCHES, pooled_estimate
+from autotune.results import DriftWarning, Expectation
+from autotune.stats import RateEstimate
+
+# The stages a slowdown can be blamed on (total is their sum; ttft is part of model).
+BLAMED_STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify")
+MIN_AUTO_WINDOW_S = 60.0
+
+
+def auto_window_s(mean_latency_s: float) -> float:
+    """A window long enough for MIN_BATCHES batches of completions, at least a minute."""
+    return max(MIN_AUTO_WINDOW_S, MIN_BATCHES * BATCH_LATENCIES * mean_latency_s)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFigures:
+    """One window of the run: its steady-state rate and each stage's mean latency."""
+
+    start_s: float  # seconds since the run began
+    end_s: float
+    rate: RateEstimate
+    stage_means_s: Mapping[str, float]
+
+
+def window_rate(
+    done_at: Sequence[float], start: float, end: float, latency_s: float
+) -> RateEstimate:
+    """Completions per second in the window with its 95% interval, as a probe measures
+    it (`done_at` in time order; `latency_s` the window's mean rollout latency)."""
+    estimate, _ = pooled_estimate(done_at, [(start, end)], latency_s)
+    return estimate
+
+
+class DriftWatch:
+    """Fed one window at a time; warns once."""
+
+    def __init__(self, expectation: Expectation, windows: int, window_s: float, hint: str) -> None:
+        self.expectation = expectation
+        self.windows = windows
+        self.window_s = window_s
+        self.hint = hint  # the command that would find out why, e.g. `autotune diagnose ...`
+        self.baseline: WindowFigures | None = None
+        self.counted = 0  # windows compared so far
+        self.below = 0  # windows below the expectation in a row
+        self.warning: DriftWarning | None = None
+
+    def add(self, window: WindowFigures) -> DriftWarning | None:
+        """The warning, the first time `windows` windows in a row are below; else None."""
+        if self.baseline is None:
+            self.baseline = window
+        self.counted += 1
+        if window.rate.high < self.expectation.low:
+            self.below += 1
+        else:
+            self.below = 0
+        if self.warning is not None or self.below < self.windows:
+            return None
+        self.warning = self._warning(window)
+        return self.warning
+
+    def _warning(self, window: WindowFigures) -> DriftWarning:
+        assert self.baseline is not None
+        before, now = self.baseline.stage_means_s, window.stage_means_s
+        grown = {s: now[s] - before[s] for s in BLAMED_STAGES if s in now and s in before}
+        stage = max(grown, key=lambda s: grown[s]) if grown else None
+        if stage is not None and grown[stage] <= 0:
+            stage = None  # nothing slowed: it was below from the first window on
+        expected = self.expectation
+        rate = window.rate
+        text = (
+            f"throughput drifted: {rate.rate:.3g} rollouts/s (95% interval "
+            f"{rate.low:.3g}-{rate.high:.3g}) in the last of {self.windows} windows of "
+            f"{self.window_s:.3g} s in a row below the {expected.low:.3g} expected "
+            f"({expected.source})"
+        )
+        if stage is not None:
+            text += (
+                f"; the {stage} stage slowed most: {before[stage] * 1000:.1f} ms per rollout "
+                f"in the first window, {now[stage] * 1000:.1f} ms now"
+            )
+        else:
+            text += "; no stage slowed since the first window: it was slow from the start"
+        return DriftWarning(
+            t_s=window.end_s,
+            windows=self.windows,
+            window_s=self.window_s,
+            rollouts_per_s=rate.rate,
+            rollouts_per_s_ci=(rate.low, rate.high),
+            expected_low=expected.low,
+            stage=stage,
+            stage_before_s=before[stage] if stage is not None else None,
+            stage_now_s=now[stage] if stage is not None else None,
+            message=f"{text}; find out why with: {self.hint}",
+        )

@@ -1,0 +1,103 @@
+"""The figures of a running collect, read when asked from the totals the engine keeps.
+
+The engine counts rollouts, tokens, rewards, failures and per-stage samples anyway
+(RunStats), the backend its retries and waits (CallCounters), the pool its connection
+waits (MeteredConnector): a scrape or a sample reads them, so no metering code runs per
+rollout. Everything runs on the collect's event loop, so a read never sees half an update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.backends import CallCounters
+from autotune.concurrency import AdaptiveConcurrency
+from autotune.engine import RunStats
+from autotune.results import STAGES, Expectation, StageSamples
+from autotune.target import MeteredConnector
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Seconds; Prometheus' default buckets stretched to the minutes a long rollout can take.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """Where a running collect keeps its totals."""
+
+    stats: RunStats
+    counters: CallCounters
+    limiter: AdaptiveConcurrency | None
+    connector: MeteredConnector | None
+    planned: int  # rollouts this run is to make (those already on disk not counted)
+
+    @property
+    def in_flight(self) -> int:
+        stats = self.stats
+        return stats.taken - stats.completed - stats.failed
+
+    @property
+    def mean_reward(self) -> float | None:
+        stats = self.stats
+        return stats.reward_sum / stats.reward_count if stats.reward_count else None
+
+    @property
+    def pool_wait_s(self) -> float:
+        return self.connector.acquire_s if self.connector is not None else 0.0
+
+    @property
+    def draining(self) -> bool:
+        """Every rollout has been taken: fewer than `parallelism` can be in flight from now."""
+        return self.stats.taken >= self.planned
+
+
+class StageHistograms:
+    """Cumulative per-stage latency histograms, brought up to date at each scrape from the
+    samples added since the last one (numpy: a scrape after 100k rollouts costs ~ms)."""
+
+    def __init__(self, samples: StageSamples, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        import numpy as np  # only a run serving /metrics pays for the import
+
+        self._np = np
+        self._samples = samples
+        self.bounds = bounds
+        self._edges = np.array(bounds)
+        self._seen = dict.fromkeys(STAGES, 0)
+        self._counts: dict[str, np.ndarray] = {
+            stage: np.zeros(len(bounds) + 1, dtype=np.int64) for stage in STAGES
+        }
+        self._sums = dict.fromkeys(STAGES, 0.0)
+
+    def update(self) -> None:
+        for stage, values in self._samples.samples.items():
+            seen = self._seen[stage]
+            if len(values) == seen:
+                continue
+            np = self._np
+            new = np.frombuffer(values[seen:], dtype=np.float64)
+            where = np.searchsorted(self._edges, new, side="left")  # first bound >= value
+            self._counts[stage] += np.bincount(where, minlength=len(self.bounds) + 1)
+            self._sums[stage] += float(new.sum())
+            self._seen[stage] = seen + len(new)
+
+    def cumulative(self, stage: str) -> tuple[list[int], float]:
+        """Counts at or below each bound, then the total (the +Inf bucket); and the sum."""
+        return [int(n) for n in self._np.cumsum(self._counts[stage])], self._sums[stage]
+
+
+class RunState:
+    """What the collector reads: the sources once the engine exists, and the drift watch."""
+
+    def __init__(self, expectation: Expectation | None) -> None:
+        self.sources: Sources | None = None
+        self.histograms: StageHistograms | None = None
+        self.expectation = expectation
+        self.steady: tuple[float, float, float] | None = None  # rate, 95% low, high
+        self.drifted = False
+        self.finished = False

@@ -1,0 +1,182 @@
+"""`collect --metrics-port`: the run's figures as Prometheus metrics, read at scrape time.
+
+Imported only when the flag is given (prometheus_client takes ~50 ms to import).
+
+A prometheus_client custom collector builds every metric family from the figures the
+engine keeps (figures.py) when a scrape comes: nothing is called per rollout. The
+endpoint is an aiohttp site on the collect's own event loop, so a scrape reads totals
+the loop is not halfway through changing, and needs no thread. Names follow Prometheus'
+conventions: `autotune_` prefix, counters end in `_total`, durations in `_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from autotune.errors import UsageError
+from autotune.live.figures import RunState
+from autotune.results import STAGES
+
+
+class RunCollector(Collector):
+    """The prometheus_client Collector of one collect run."""
+
+    def __init__(self, state: RunState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state
+        yield GaugeMetricFamily(
+            "autotune_collect_finished",
+            "1 once the run has ended and these figures are final.",
+            value=float(state.finished),
+        )
+        if state.expectation is not None:
+            yield GaugeMetricFamily(
+                "autotune_expected_rollouts_per_second_low",
+                "The drift watch's floor: the low end of the expected throughput.",
+                value=state.expectation.low,
+            )
+            yield GaugeMetricFamily(
+                "autotune_drift_warning",
+                "1 once steady-state throughput stayed below the expectation (see the log).",
+                value=float(state.drifted),
+            )
+        if state.steady is not None:
+            yield GaugeMetricFamily(
+                "autotune_steady_state_rollouts_per_second",
+                "Rollouts/s in the last whole drift window (the probes' steady-state estimate).",
+                value=state.steady[0],
+            )
+        sources, histograms = state.sources, state.histograms
+        if sources is None or histograms is None:
+            return  # the server and the engine are still starting
+        stats, counters = sources.stats, sources.counters
+        yield GaugeMetricFamily(
+            "autotune_rollouts_planned",
+            "Rollouts this run is to make (those already on disk not counted).",
+            value=sources.planned,
+        )
+        yield CounterMetricFamily(
+            "autotune_rollouts_completed", "Rollouts verified and written.", value=stats.completed
+        )
+        failed = CounterMetricFamily(
+            "autotune_rollouts_failed", "Rollouts that failed, by class.", labels=["failure_class"]
+        )
+        for name, count in sorted(stats.errors_by_class.items()):
+            failed.add_metric([name], count)
+        yield failed
+        yield GaugeMetricFamily(
+            "autotune_rollouts_in_flight", "Rollouts begun and not yet ended.", sources.in_flight
+        )
+        yield CounterMetricFamily(
+            "autotune_input_tokens", "Prompt tokens of completed rollouts.", stats.input_tokens
+        )
+        yield CounterMetricFamily(
+            "autotune_output_tokens", "Output tokens of completed rollouts.", stats.output_tokens
+        )
+        reward = sources.mean_reward
+        yield GaugeMetricFamily(
+            "autotune_reward_mean",
+            "Mean reward of the rollouts that have one (NaN before the first).",
+            value=math.nan if reward is None else reward,
+        )
+        retries = CounterMetricFamily(
+            "autotune_model_retries", "Model calls re-sent, by class.", labels=["failure_class"]
+        )
+        for name, count in sorted(counters.retries.items()):
+            retries.add_metric([name], count)
+        yield retries
+        yield CounterMetricFamily(
+            "autotune_rate_limited_responses",
+            "HTTP 429 answers, every attempt counted.",
+            value=counters.rate_limited_responses,
+        )
+        yield CounterMetricFamily(
+            "autotune_limiter_wait_seconds",
+            "Seconds model calls waited for the --rpm/--tpm limiter.",
+            value=counters.limiter_wait_s,
+        )
+        yield CounterMetricFamily(
+            "autotune_connection_pool_wait_seconds",
+            "Seconds model calls took to get a connection: waiting for a free one, or opening one.",
+            value=sources.pool_wait_s,
+        )
+        if sources.limiter is not None:
+            yield GaugeMetricFamily(
+                "autotune_concurrency_limit",
+                "The adaptive limit on model calls in flight (lowered on 429/503).",
+                value=sources.limiter.limit,
+            )
+        histograms.update()
+        latency = HistogramMetricFamily(
+            "autotune_stage_latency_seconds",
+            "Per-rollout latency of each stage: queue, model, ttft (time to first token), "
+            "tool (multi-turn rollouts' tool calls), verify_wait, verify, total.",
+            labels=["stage"],
+        )
+        bounds = [repr(b) for b in histograms.bounds] + ["+Inf"]
+        for stage in STAGES:
+            counts, total = histograms.cumulative(stage)
+            latency.add_metric([stage], list(zip(bounds, counts, strict=True)), sum_value=total)
+        yield latency
+
+
+@asynccontextmanager
+async def serve_metrics(state: RunState, host: str, port: int) -> AsyncIterator[Scrapes]:
+    """`http://host:port/metrics` for the block; a port that cannot be bound is one sentence."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(state))
+    scrapes = Scrapes()
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        scrapes.served()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as error:
+            raise UsageError(
+                f"--metrics-port {port} cannot be served on {host} "
+                f"({error.strerror or error}); pick a free port with --metrics-port, "
+                "or stop what listens there."
+            ) from None
+        yield scrapes
+    finally:
+        await runner.cleanup()
+
+
+class Scrapes:
+    """Counts scrapes, so the run can wait for one that reads its final figures."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event = asyncio.Event()
+
+    def served(self) -> None:
+        self.count += 1
+        self._event.set()
+
+    async def next(self, timeout_s: float) -> bool:
+        """Wait for the next scrape, at most `timeout_s`; True if one came."""
+        self._event.clear()
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True

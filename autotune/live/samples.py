@@ -1,0 +1,105 @@
+"""`--stats-every` and `--report`: a LiveSample of the run every interval.
+
+A sample holds the run's totals (the figures /metrics serves) and, for the time since the
+previous sample, its throughput and each stage's latency percentiles: sorting only that
+window's samples keeps a sample cheap however long the run. `--stats-every` appends each
+one as a JSON line to `<output>_stats.jsonl`; the last line of a run holds its closing
+summary, exactly as `collect --json` prints it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from autotune.errors import CollectionError
+from autotune.live.figures import Sources
+from autotune.results import STAGES, CollectSummary, DriftWarning, LiveSample, StageLatency
+
+
+def stats_path(output: Path) -> Path:
+    """`out.jsonl` → `out_stats.jsonl`, beside it."""
+    return output.with_name(f"{output.stem}_stats.jsonl")
+
+
+class Sampler:
+    """Takes LiveSamples: totals from the sources, window figures since the previous one."""
+
+    def __init__(self, sources: Sources, at: float) -> None:
+        self._sources = sources
+        self._at0 = at  # time.time() when the engine started
+        self._cuts = dict.fromkeys(STAGES, 0)
+        self._last_t = 0.0
+        self._last_completed = 0
+        self._last_output_tokens = 0
+
+    def take(
+        self,
+        now: float,
+        *,
+        steady: tuple[float, float, float] | None = None,
+        drift: DriftWarning | None = None,
+        summary: CollectSummary | None = None,
+    ) -> LiveSample:
+        """The sample at `now` (a perf_counter reading)."""
+        sources = self._sources
+        stats, counters, limiter = sources.stats, sources.counters, sources.limiter
+        t = now - stats.started
+        window = max(t - self._last_t, 1e-9)
+        latency = {}
+        for stage, values in stats.samples.samples.items():
+            latency[stage] = StageLatency.of(values[self._cuts[stage] :])
+            self._cuts[stage] = len(values)
+        sample = LiveSample(
+            at=self._at0 + t,
+            t_s=t,
+            completed=stats.completed,
+            failed=stats.failed,
+            in_flight=sources.in_flight,
+            input_tokens=stats.input_tokens,
+            output_tokens=stats.output_tokens,
+            mean_reward=sources.mean_reward,
+            errors_by_class=dict(stats.errors_by_class),
+            retries_by_class=dict(counters.retries),
+            rate_limited_responses=counters.rate_limited_responses,
+            limiter_wait_s=counters.limiter_wait_s,
+            pool_wait_s=sources.pool_wait_s,
+            concurrency_limit=limiter.limit if limiter is not None else None,
+            window_s=window,
+            window_rollouts_per_s=(stats.completed - self._last_completed) / window,
+            window_output_tokens_per_s=(stats.output_tokens - self._last_output_tokens) / window,
+            window_latency_s=latency,
+            steady_rollouts_per_s=steady,
+            drift=drift,
+            summary=summary,
+        )
+        self._last_t, self._last_completed = t, stats.completed
+        self._last_output_tokens = stats.output_tokens
+        return sample
+
+
+class StatsFile:
+    """`<output>_stats.jsonl`, appended to (a resumed run adds its own lines)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._handle = path.open("ab", buffering=0)  # one write a line, on disk at once
+        except OSError as error:
+            raise self._error(error) from None
+
+    def write(self, sample: LiveSample) -> None:
+        try:
+            self._handle.write(orjson.dumps(sample.to_dict(), option=orjson.OPT_APPEND_NEWLINE))
+        except OSError as error:
+            raise self._error(error) from None
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def _error(self, error: OSError) -> CollectionError:
+        return CollectionError(
+            f"cannot write run stats to {self.path} ({error.strerror or error}); every rollout "
+            "is kept: free space (or drop --stats-every) and rerun with --resume."
+        )

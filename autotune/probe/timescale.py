@@ -1,0 +1,54 @@
+"""A probe of an accelerated simulator, in the simulator's own time.
+
+The simulated server runs `time_scale` real seconds per simulated second (0.05: 20×
+faster than real time). A probe times it by the wall clock, so its rates come out
+1/scale too high and its durations too short. `in_simulated_time` turns a result into
+what the simulated server would show in real time: rates × scale, durations ÷ scale.
+The client and the verifier ran in real time beside it, so their stages come out 1/scale
+times longer than they would beside a real-time server; reports say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autotune.results import ProbeResult, StageLatency
+
+
+def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeResult:
+    """`probe` converted from wall-clock time at `scale` to simulated time; telemetry
+    timestamps are stretched about `origin` (one instant for every probe of a job, so
+    probes keep their order). Scale 0 (as fast as possible) or 1 leaves it as it is."""
+    if scale <= 0 or scale == 1:
+        return probe
+
+    def seconds(value: float | None) -> float | None:
+        return None if value is None else value / scale
+
+    latency = {
+        stage: StageLatency(s.count, seconds(s.mean), seconds(s.p50), seconds(s.p95))
+        for stage, s in probe.latency_s.items()
+    }
+    check = probe.token_check
+    if check is not None:
+        check = {
+            **check,
+            "client_tokens_per_s": check["client_tokens_per_s"] * scale,
+            "server_tokens_per_s": check["server_tokens_per_s"] * scale,
+        }
+    low, high = probe.rollouts_per_s_ci
+    capacity = probe.verifier_capacity_rps
+    return replace(
+        probe,
+        rollouts_per_s=probe.rollouts_per_s * scale,
+        rollouts_per_s_ci=(low * scale, high * scale),
+        output_tokens_per_s=probe.output_tokens_per_s * scale,
+        measured_s=probe.measured_s / scale,
+        warmup_s=probe.warmup_s / scale,
+        latency_s=latency,
+        verifier_capacity_rps=None if capacity is None else capacity * scale,
+        token_check=check,
+        series=[{**s, "t": origin + (s["t"] - origin) / scale} for s in probe.series],
+        timeline=[(t / scale, rate * scale) for t, rate in probe.timeline],
+        phases=[(name, start / scale, end / scale) for name, start, end in probe.phases],
+    )

@@ -1,0 +1,174 @@
+"""Validate before recommending: hold the recommended configuration at the recommended
+parallelism for `budget.validate_rollouts` rollouts (the NeMo Gym guide's last step,
+"validate stability under load") and compare with what the sweep predicted.
+
+A run passes when its error rate stays within the study's limit, its throughput is not
+below the prediction's 95% interval (the run's own interval reaches it), its latency
+dispersion (p95 ÷ p50) is no worse than DISPERSION_GROWTH times what the sweep's own
+points of that configuration showed, and its p95 latencies meet the study's SLOs. A run
+that fails steps down (to 80% of its parallelism, the same headroom again) and validates
+again, at most MAX_STEP_DOWNS times. Each run is saved in the SweepResult; the
+recommendation (recommend.py) takes the last one's parallelism and says whether it
+passed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from autotune.config import Study
+from autotune.errors import ServerStartupError
+from autotune.knee import HEADROOM
+from autotune.probe import Probe, ProbeSettings
+from autotune.results import CurvePoint, SweepResult, TrialRecord, Validation
+from autotune.sweep.curve import Launcher
+from autotune.sweep.recommend import curve_bootstrap, predicted_at, recommendation, usable_points
+
+MAX_STEP_DOWNS = 3
+DISPERSION_GROWTH = 1.5  # p95 ÷ p50 may grow this much over the sweep's worst point
+SERVER_GONE = "the server"  # how a problem that ends the validation begins
+
+
+async def validate(study: Study, launcher: Launcher, result: SweepResult) -> list[Validation]:
+    """The validation runs of the study's recommendation, in order (none when
+    `budget.validate_rollouts` is 0 or nothing can be recommended)."""
+    rollouts = study.budget.rollouts_to_validate(study.target.kind)
+    planned = recommendation(result)
+    best = result.best()
+    if rollouts == 0 or planned is None or best is None:
+        return []
+    parallelism = planned.recommended.parallelism
+    runs: list[Validation] = []
+    try:
+        async with launcher.running(best.knobs) as probe:
+            for _ in range(MAX_STEP_DOWNS + 1):
+                run = await _validate_at(study, probe, result, best, parallelism, rollouts)
+                runs.append(run)
+                lower = max(1, math.floor(parallelism * HEADROOM))
+                gone = any(problem.startswith(SERVER_GONE) for problem in run.problems)
+                if run.passed or gone or lower == parallelism:
+                    break
+                parallelism = lower
+    except ServerStartupError as error:
+        runs.append(_not_started(result, best, parallelism, rollouts, error.reason))
+    return runs
+
+
+async def _validate_at(
+    study: Study,
+    probe: Probe,
+    result: SweepResult,
+    best: TrialRecord,
+    parallelism: int,
+    rollouts: int,
+) -> Validation:
+    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
+    points = usable_points(result, best)
+    settings = _settings(study, points, parallelism, predicted, result.metric, rollouts)
+    measured = CurvePoint.of(await probe.measure(parallelism, settings))
+    throughput = measured.metric(result.metric)
+    ci = measured.metric_interval(result.metric)
+    dispersion = _dispersion(measured)
+    limit = _dispersion_limit(points)
+    problems = []
+    if measured.stop_reason == "server died":
+        problems.append(f"{SERVER_GONE} stopped answering at parallelism {parallelism}")
+    if measured.error_rate > result.max_error_rate:
+        problems.append(
+            f"error rate {measured.error_rate:.1%} above the {result.max_error_rate:.0%} allowed"
+        )
+    reach = ci[1] if ci else throughput
+    if interval is not None and reach < interval[0]:
+        problems.append(
+            f"throughput {throughput:.3g} below the predicted 95% interval "
+            f"{interval[0]:.3g}–{interval[1]:.3g}"
+        )
+    if dispersion is not None and limit is not None and dispersion > limit:
+        problems.append(f"latency dispersion (p95 ÷ p50) {dispersion:.2f} above {limit:.2f}")
+    for name, figure, slo in (
+        ("p95 latency", measured.p95_latency_s, result.p95_latency_slo_s),
+        ("p95 TTFT", measured.p95_ttft_s, result.p95_ttft_slo_s),
+    ):
+        if slo is not None and figure is not None and figure > slo:
+            problems.append(f"{name} {figure:.3g} s over the {slo:g} s SLO")
+    return Validation(
+        trial=best.number,
+        knobs=best.knobs,
+        parallelism=parallelism,
+        rollouts=rollouts,
+        completed=measured.completed or 0,
+        throughput=throughput,
+        throughput_ci=ci,
+        predicted_throughput=predicted,
+        predicted_interval=interval,
+        error_rate=measured.error_rate,
+        max_error_rate=result.max_error_rate,
+        p50_latency_s=measured.p50_latency_s,
+        p95_latency_s=measured.p95_latency_s,
+        latency_dispersion=dispersion,
+        dispersion_limit=limit,
+        probe_s=measured.probe_s,
+        passed=not problems,
+        problems=problems,
+    )
+
+
+def _settings(
+    study: Study,
+    points: list[CurvePoint],
+    parallelism: int,
+    predicted: float,
+    metric: str,
+    rollouts: int,
+) -> ProbeSettings:
+    """A window of at least `rollouts` rollouts at the predicted rate (the probe's window
+    ends at its last whole batch, so it may run to twice that)."""
+    rate = predicted
+    if metric != "rollouts_per_s" and points:  # tokens/s → rollouts/s at the nearest point
+        near = min(points, key=lambda p: abs(p.parallelism - parallelism))
+        rate = predicted * near.rollouts_per_s / max(near.metric(metric), 1e-12)
+    window = max(study.probe.min_s, rollouts / max(rate, 1e-9))
+    return replace(ProbeSettings.of(study.probe, parallelism), min_s=window, max_s=2 * window)
+
+
+def _dispersion(point: CurvePoint) -> float | None:
+    if point.p95_latency_s is None or not point.p50_latency_s:
+        return None
+    return point.p95_latency_s / point.p50_latency_s
+
+
+def _dispersion_limit(points: list[CurvePoint]) -> float | None:
+    """DISPERSION_GROWTH × the worst p95 ÷ p50 among the sweep's points (None: unknown)."""
+    seen = [d for d in map(_dispersion, points) if d is not None]
+    return DISPERSION_GROWTH * max(seen) if seen else None
+
+
+def _not_started(
+    result: SweepResult,
+    best: TrialRecord,
+    parallelism: int,
+    rollouts: int,
+    reason: str,
+) -> Validation:
+    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
+    return Validation(
+        trial=best.number,
+        knobs=best.knobs,
+        parallelism=parallelism,
+        rollouts=rollouts,
+        completed=0,
+        throughput=0.0,
+        throughput_ci=None,
+        predicted_throughput=predicted,
+        predicted_interval=interval,
+        error_rate=1.0,
+        max_error_rate=result.max_error_rate,
+        p50_latency_s=None,
+        p95_latency_s=None,
+        latency_dispersion=None,
+        dispersion_limit=None,
+        probe_s=0.0,
+        passed=False,
+        problems=[f"{SERVER_GONE} did not start ({reason})"],
+    )

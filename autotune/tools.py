@@ -1,0 +1,124 @@
+"""Tools a multi-turn rollout calls between its model turns (autotune.turns runs the loop).
+
+    ResourcesServerTools  a NeMo Gym resources server, called as NeMo Gym's simple agent
+                          calls it: `POST /seed_session` with the task once per rollout,
+                          then `POST /{tool_name}` with each call's JSON arguments, the
+                          session's cookies carried from one call to the next; the raw
+                          body, whatever its status, is the tool's output
+    NullTools             answers every call at once, in-process: with the null model
+                          server it measures what the loop itself costs
+
+`load_tools` maps `--tools` to one of them. The loop owns the Protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from autotune.errors import ServerUnreachable, UsageError
+
+NULL_OUTPUT = '{"result": "ok"}'
+PREFLIGHT_TIMEOUT_S = 5.0
+_HEADERS = {"Content-Type": "application/json"}
+
+
+class ToolCallError(Exception):
+    """A tool endpoint that could not be used (refused, timed out, no session): the
+    rollout fails as a `tool_error`; a tool that answers an error is an output instead."""
+
+
+class Tools(Protocol):
+    """Where a rollout's tool calls go."""
+
+    name: str
+
+    async def open(self, row: dict[str, Any]) -> dict[str, str]:
+        """Starts one rollout's session with its task row; returns its state (cookies),
+        which every call of that rollout is given and may update."""
+        ...
+
+    async def call(self, state: dict[str, str], name: str, arguments: str) -> str:
+        """The output of tool `name` called with `arguments` (a JSON object's text)."""
+        ...
+
+
+class NullTools:
+    """Every call answered at once with NULL_OUTPUT, no session, no I/O."""
+
+    name = "null"
+
+    async def open(self, row: dict[str, Any]) -> dict[str, str]:
+        return {}
+
+    async def call(self, state: dict[str, str], name: str, arguments: str) -> str:
+        return NULL_OUTPUT
+
+
+class ResourcesServerTools:
+    """A NeMo Gym resources server at `url` (its root: tools are `{url}/{name}`)."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, timeout_s: float) -> None:
+        self.name = url
+        self._session = session
+        self._root = url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def open(self, row: dict[str, Any]) -> dict[str, str]:
+        status, body, cookies = await self._post("seed_session", orjson.dumps(row), {})
+        if status != 200:
+            raise ToolCallError(f"{self._root}/seed_session answered HTTP {status}: {body[:200]}")
+        return cookies
+
+    async def call(self, state: dict[str, str], name: str, arguments: str) -> str:
+        try:
+            orjson.loads(arguments)
+        except orjson.JSONDecodeError as error:  # what NeMo Gym's agent tells the model
+            return orjson.dumps({"error": f"Invalid tool call arguments: {error!r}"}).decode()
+        _, body, cookies = await self._post(name, arguments.encode(), state)
+        state.update(cookies)
+        return body
+
+    async def _post(
+        self, path: str, data: bytes, cookies: dict[str, str]
+    ) -> tuple[int, str, dict[str, str]]:
+        headers = _HEADERS
+        if cookies:
+            headers = {**_HEADERS, "Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}
+        url = f"{self._root}/{path}"
+        try:
+            async with self._session.post(
+                url, data=data, headers=headers, timeout=self._timeout
+            ) as resp:
+                body = await resp.text(errors="replace")
+                return resp.status, body, {k: m.value for k, m in resp.cookies.items()}
+        except TimeoutError:
+            raise ToolCallError(f"{url} gave no answer within {self._timeout.total:g} s") from None
+        except aiohttp.ClientError as error:
+            raise ToolCallError(f"{url} could not be called ({error})") from None
+
+
+async def load_tools(
+    spec: str | None, session: aiohttp.ClientSession, timeout_s: float
+) -> Tools | None:
+    """The tools `--tools` names (None: none), checked to answer within 5 s."""
+    if spec is None:
+        return None
+    if spec == "null":
+        return NullTools()
+    if not spec.lower().startswith(("http://", "https://")):
+        raise UsageError(
+            f"--tools {spec!r} is neither a resources server's URL (http://host:port) nor null."
+        )
+    url = spec.rstrip("/") + "/openapi.json"
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=PREFLIGHT_TIMEOUT_S)):
+            pass
+    except (aiohttp.ClientError, TimeoutError) as error:
+        reason = str(error) or "no answer within 5 s"
+        raise ServerUnreachable(
+            f"cannot reach the resources server at {spec} ({reason}); start it or fix --tools."
+        ) from None
+    return ResourcesServerTools(session, spec, timeout_s)

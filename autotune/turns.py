@@ -1,0 +1,115 @@
+"""Multi-turn rollouts: NeMo Gym's simple-agent loop, in autotune's own engine.
+
+The model may answer with tool calls; each call goes to the tools (autotune.tools), its
+output goes back into the conversation as a `tool` message, and the model is called
+again. The loop ends on an answer with no tool call, when the model stops for its output
+limit, or after `max_turns` model calls (that turn's tools still run, as NeMo Gym's
+`max_steps` has it). The engine drives the loop like any backend, one `generate` per
+rollout, and verifies once at the end; a single-turn run never enters this module.
+
+What the rollout's Generation carries: every turn's Responses output items in order
+(`function_call`, `function_call_output`, `message`), token counts summed over the
+turns, each turn's timings (`turns`: its model call, then its tool calls), and
+`tool_s`, the seconds spent in the environment (starting the session and every call).
+Its model_start is the loop's start, so that the engine's queue stage stays the wait
+for a slot and its model stage is the rollout's time outside the tools.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from autotune.backends import Generation, ModelBackend, ModelCallError
+from autotune.responses import output_items
+from autotune.tools import ToolCallError, Tools
+from autotune.workload import Task
+
+
+class MultiTurnBackend:
+    """A backend whose `generate` is a whole tool-calling rollout over `backend`."""
+
+    def __init__(self, backend: ModelBackend, tools: Tools, max_turns: int) -> None:
+        self._backend = backend
+        self._tools = tools
+        self._max_turns = max_turns
+        self.model = backend.model
+        self.counters = backend.counters
+
+    async def generate(self, task: Task) -> Generation:
+        """Model calls and tool calls until the rollout ends; raises ModelCallError (a
+        `tool_error` when a tool endpoint cannot be used)."""
+        tools = self._tools
+        started = time.time()
+        try:
+            state = await tools.open(task.row)
+        except ToolCallError as error:
+            raise ModelCallError("tool_error", str(error)) from None
+        tool_s = time.time() - started
+        messages = task.messages
+        output: list[dict[str, Any]] = []
+        turns: list[dict[str, Any]] = []
+        input_tokens = output_tokens = attempts = 0
+        first: Generation | None = None
+        for turn in range(1, self._max_turns + 1):
+            call_task = task if turn == 1 else replace(task, messages=messages)
+            answer = await self._backend.generate(call_task)
+            first = first or answer
+            input_tokens += answer.input_tokens
+            output_tokens += answer.output_tokens
+            attempts += answer.attempts
+            output += output_items(answer.response_id, answer.text, answer.tool_calls)
+            timed: list[dict[str, Any]] = []
+            turns.append(
+                {
+                    "model_start": answer.model_start,
+                    "first_token": answer.first_token,
+                    "model_end": answer.model_end,
+                    "tools": timed,
+                }
+            )
+            calls = answer.tool_calls
+            if not calls or answer.finish_reason == "length":
+                break
+            messages = [
+                *messages,
+                {"role": "assistant", "content": answer.text or None, "tool_calls": calls},
+            ]
+            for call in calls:
+                function = call.get("function") or {}
+                name, call_id = function.get("name", ""), call.get("id", "")
+                called = time.time()
+                try:
+                    result = await tools.call(state, name, function.get("arguments", ""))
+                except ToolCallError as error:
+                    raise ModelCallError("tool_error", str(error)) from None
+                ended = time.time()
+                tool_s += ended - called
+                timed.append({"name": name, "start": called, "end": ended})
+                output.append(  # as NeMo Gym writes it, its id and status unset
+                    {
+                        "type": "function_call_output",
+                        "call_id": call_id,
+                        "output": result,
+                        "id": None,
+                        "status": None,
+                    }
+                )
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+        assert first is not None  # max_turns is at least 1
+        return Generation(
+            text=answer.text,
+            tool_calls=answer.tool_calls,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            finish_reason=answer.finish_reason,
+            response_id=first.response_id,
+            model_start=started,
+            first_token=first.first_token,
+            model_end=time.time(),
+            attempts=attempts,
+            output=output,
+            turns=turns,
+            tool_s=tool_s,
+        )

@@ -1,0 +1,463 @@
+"""A collect watched while it runs (issue 17): /metrics, the stats file, the drift watch,
+the collect report. End-to-end runs go through the CLI on the accelerated simulator;
+the drift rules and the expectation's interval are tested on their own."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
+from autotune.errors import UsageError
+from autotune.knee import summarise_curve
+from autotune.live.drift import DriftWatch, WindowFigures, auto_window_s, window_rate
+from autotune.live.expect import diagnose_command, from_recommendation, load_expectation
+from autotune.live.figures import StageHistograms
+from autotune.report import collect_report
+from autotune.results import (
+    CollectResult,
+    CollectSummary,
+    CurvePoint,
+    DriftWarning,
+    Expectation,
+    LiveSample,
+    StageLatency,
+    StageSamples,
+    SweepResult,
+    TrialRecord,
+    load_result,
+    save,
+    to_json,
+)
+from autotune.stats import RateEstimate
+from autotune.sweep.recommend import recommendation
+from tests.browser import VIEWPORT, render
+from tests.helpers import REPO, autotune, free_port
+
+# -- /metrics equals the closing summary (must-show 1) ---------------------------------------
+
+FLAKY_VERIFIER = (
+    "def score(row):\n"
+    "    if row['_ng_task_index'] % 10 == 3:\n"
+    "        raise ValueError('planted failure')\n"
+    "    return float(row['_ng_task_index'] % 2)\n"
+)
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]] | None:
+    """Every sample of /metrics, parsed by prometheus_client's own text parser, as
+    {sample name: {sorted labels: value}}; None while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return None
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def by_label(samples: dict[tuple[tuple[str, str], ...], float], label: str) -> dict[str, float]:
+    return {dict(labels)[label]: value for labels, value in samples.items()}
+
+
+@pytest.mark.slow
+def test_metrics_scraped_during_a_run_end_equal_to_its_summary(tmp_path: Path) -> None:
+    verifier = tmp_path / "flaky.py"
+    verifier.write_text(FLAKY_VERIFIER)
+    port = free_port()
+    run = tmp_path / "run"
+    args = [
+        sys.executable, "-m", "autotune", "collect", "--synthetic", "1500",
+        "--parallelism", "16", "--sim-arg=--time-scale=0.05", "--output-tokens", "64,16",
+        "--verifier", f"{verifier}:score", "--verifier-workers", "2",
+        "--max-failure-rate", "0.5", "--output-dir", str(run), "--json", "-q",
+        "--metrics-port", str(port), "--metrics-linger", "60", "--stats-every", "0.25",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    scrapes = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = scrape(port)
+            if found is not None:
+                scrapes.append(found)
+                if found["autotune_collect_finished"][()] == 1:
+                    break
+            time.sleep(0.05)  # a scrape interval, not a wait for the run
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    summary = orjson.loads(stdout)
+    final = scrapes[-1]
+    assert final["autotune_collect_finished"][()] == 1
+    during = [s for s in scrapes if s["autotune_collect_finished"][()] == 0]
+    completed_during = [
+        s["autotune_rollouts_completed_total"][()]
+        for s in during
+        if s.get("autotune_rollouts_completed_total")
+    ]
+    assert any(0 < n < summary["completed"] for n in completed_during), "no scrape mid-run"
+    assert completed_during == sorted(completed_during)  # a counter never goes back
+
+    assert final["autotune_rollouts_completed_total"][()] == summary["completed"] > 0
+    failed = by_label(final["autotune_rollouts_failed_total"], "failure_class")
+    assert failed == summary["errors_by_class"] == {"verifier_error": 150}
+    assert final["autotune_rollouts_in_flight"][()] == 0
+    assert final["autotune_rollouts_planned"][()] == 1500
+    assert final["autotune_input_tokens_total"][()] == summary["input_tokens"]
+    assert final["autotune_output_tokens_total"][()] == summary["output_tokens"]
+    assert final["autotune_reward_mean"][()] == summary["mean_reward"]
+    retries = final.get("autotune_model_retries_total", {})
+    assert by_label(retries, "failure_class") == summary["retries_by_class"]
+    assert final["autotune_rate_limited_responses_total"][()] == summary["rate_limited_responses"]
+    assert final["autotune_concurrency_limit"][()] == summary["concurrency_limit_final"]
+    assert final["autotune_limiter_wait_seconds_total"][()] == 0
+    assert final["autotune_connection_pool_wait_seconds_total"][()] > 0
+    counts_ = by_label(final["autotune_stage_latency_seconds_count"], "stage")
+    sums = by_label(final["autotune_stage_latency_seconds_sum"], "stage")
+    for stage, latency in summary["latency_s"].items():
+        assert counts_[stage] == latency["count"], stage
+        if latency["count"]:
+            assert sums[stage] == pytest.approx(latency["mean"] * latency["count"], rel=1e-9)
+    infinite = by_label(
+        {k: v for k, v in final["autotune_stage_latency_seconds_bucket"].items()
+         if dict(k)["le"] == "+Inf"},
+        "stage",
+    )  # fmt: skip
+    assert infinite == counts_
+
+    # The stats file holds the same figures; its last line is the closing summary.
+    lines = [
+        orjson.loads(line) for line in (run / "rollouts_stats.jsonl").read_bytes().splitlines()
+    ]
+    assert len(lines) >= 3
+    assert all(line["summary"] is None for line in lines[:-1])
+    last = lines[-1]
+    assert last["summary"] == summary
+    for key in ("completed", "failed", "input_tokens", "output_tokens", "mean_reward"):
+        assert last[key] == summary[key], key
+    assert last["errors_by_class"] == summary["errors_by_class"]
+    assert last["in_flight"] == 0
+    assert [line["completed"] for line in lines] == sorted(line["completed"] for line in lines)
+    assert sum(line["window_latency_s"]["model"]["count"] for line in lines) == summary["completed"]
+
+
+def test_stage_histograms_catch_up_with_new_samples_at_each_scrape() -> None:
+    samples = StageSamples()
+    histograms = StageHistograms(samples, bounds=(0.005, 0.01, 0.25))
+    for seconds in (0.003, 0.01, 0.2, 700.0):
+        samples.add("model", seconds)
+    histograms.update()
+    assert histograms.cumulative("model") == ([1, 2, 3, 4], pytest.approx(700.213))
+    samples.add("model", 0.004)  # only the new sample is counted at the next scrape
+    histograms.update()
+    histograms.update()
+    assert histograms.cumulative("model")[0] == [2, 3, 4, 5]
+    assert histograms.cumulative("verify") == ([0, 0, 0, 0], 0.0)
+
+
+# -- the drift watch, on its own -------------------------------------------------------------
+
+EXPECTED = Expectation(100.0, 90.0, 110.0, 16, "a test", "given")
+STAGE_MEANS = {"queue": 0.001, "model": 0.5, "ttft": 0.05, "verify_wait": 0.0, "verify": 0.01}
+
+
+def window(index: int, rate: float, halfwidth: float, **slower: float) -> WindowFigures:
+    """The index-th 10 s window: `rate` ± `halfwidth`, stages as STAGE_MEANS plus `slower`."""
+    means = {stage: s + slower.get(stage, 0.0) for stage, s in STAGE_MEANS.items()}
+    estimate = RateEstimate(rate, rate - halfwidth, rate + halfwidth, int(rate * 10), 10.0, 8)
+    return WindowFigures(10.0 * index, 10.0 * (index + 1), estimate, means)
+
+
+def test_windows_inside_or_overlapping_the_expectation_never_warn() -> None:
+    watch = DriftWatch(EXPECTED, windows=3, window_s=10.0, hint="autotune diagnose")
+    rates = [101.0, 95.0, 85.0, 80.0, 120.0, 84.0, 86.0] * 3  # 85 ± 6 reaches 90: not below
+    assert all(watch.add(window(i, r, 6.0)) is None for i, r in enumerate(rates))
+    assert watch.warning is None and watch.counted == len(rates)
+
+
+def test_three_windows_below_in_a_row_warn_once_naming_the_stage_that_slowed() -> None:
+    watch = DriftWatch(EXPECTED, windows=3, window_s=10.0, hint="autotune diagnose --high 16")
+    assert watch.add(window(0, 100.0, 5.0)) is None
+    assert watch.add(window(1, 60.0, 5.0, model=0.3)) is None
+    assert watch.add(window(2, 101.0, 5.0)) is None  # the streak breaks
+    assert watch.add(window(3, 60.0, 5.0, model=0.3, ttft=0.01)) is None
+    assert watch.add(window(4, 55.0, 5.0, model=0.35, ttft=0.01)) is None
+    warning = watch.add(window(5, 50.0, 5.0, model=0.4, ttft=0.01, verify=0.02))
+    assert warning is not None and warning is watch.warning
+    assert warning.t_s == 60.0 and warning.windows == 3
+    assert warning.stage == "model"
+    assert warning.stage_before_s == pytest.approx(0.5)
+    assert warning.stage_now_s == pytest.approx(0.9)
+    assert warning.rollouts_per_s_ci == (45.0, 55.0)
+    assert "the model stage slowed most: 500.0 ms per rollout" in warning.message
+    assert warning.message.endswith("find out why with: autotune diagnose --high 16")
+    assert watch.add(window(6, 40.0, 5.0, model=0.5)) is None  # once
+
+
+def test_a_run_below_from_its_first_window_blames_no_stage() -> None:
+    watch = DriftWatch(EXPECTED, windows=2, window_s=10.0, hint="h")
+    assert watch.add(window(0, 50.0, 5.0)) is None
+    warning = watch.add(window(1, 50.0, 5.0))
+    assert warning is not None and warning.stage is None
+    assert "it was slow from the start" in warning.message
+
+
+def test_a_window_rate_is_the_probes_estimate_with_its_interval() -> None:
+    # 50 slots finishing every 0.5 s in waves: 100 rollouts/s.
+    done_at = [0.5 * wave + 0.001 * slot for wave in range(1, 41) for slot in range(50)]
+    estimate = window_rate(done_at, 2.0, 18.0, latency_s=0.5)
+    assert estimate.rate == pytest.approx(100.0, rel=0.03)
+    assert estimate.low <= 100.0 <= estimate.high
+    assert estimate.batches >= 8
+    assert auto_window_s(0.5) == 60.0 and auto_window_s(30.0) == 16 * 30.0
+
+
+def test_expect_rate_is_a_floor_without_an_interval() -> None:
+    expectation = load_expectation(LiveConfig(expect_rate=42.0))
+    assert expectation is not None
+    assert (expectation.low, expectation.rollouts_per_s, expectation.high) == (42.0, 42.0, 42.0)
+    assert load_expectation(LiveConfig()) is None
+
+
+def write_sweep(directory: Path, points: dict[int, float], target_halfwidth: float) -> Path:
+    """A saved sweep of one trial with these measured points, and its recommendation.json
+    (as the sweep job writes them); returns the recommendation's path."""
+    curve = summarise_curve(list(points), list(points.values()))
+    trial = TrialRecord(
+        number=0,
+        state="COMPLETE",
+        value=max(points.values()),
+        feasible=True,
+        knobs={},
+        points=[CurvePoint(n, x, x * 100, 0.0, 1.0, 5.0, "precision") for n, x in points.items()],
+        curve=curve,
+    )
+    result = SweepResult(
+        study="s", created_at=0.0, started_at=0.0, simulated=True, storage="sqlite://",
+        trials_reused=0, metric="rollouts_per_s", max_error_rate=0.05, model="m",
+        spec={"probe": {"target_halfwidth": target_halfwidth}}, trials=[trial],
+        importances={}, machine={},
+    )  # fmt: skip
+    save(result, directory / "sweep.json")
+    found = recommendation(result)
+    assert found is not None
+    return save(found, directory / "recommendation.json")
+
+
+def usl_points(miss_at_16: float) -> dict[int, float]:
+    """Points on a USL curve (λ 10, σ 0.02, κ 0.0005), parallelism 16's off by a share."""
+    return {
+        n: 10 * n / (1 + 0.02 * (n - 1) + 0.0005 * n * (n - 1)) * (1 + miss_at_16 * (n == 16))
+        for n in (4, 8, 16, 32, 64)
+    }
+
+
+def without_interval(path: Path) -> None:
+    """The recommendation as saved before it held an interval."""
+    data = orjson.loads(path.read_bytes())
+    data["recommended"].pop("throughput_interval", None)
+    path.write_bytes(orjson.dumps(data))
+
+
+def test_a_recommendations_own_interval_is_the_expectation(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, usl_points(0.1), target_halfwidth=0.04)
+    expectation = from_recommendation(tmp_path)  # the report directory will do
+    saved = orjson.loads(path.read_bytes())["recommended"]
+    assert saved["throughput_interval"] is not None
+    assert [expectation.low, expectation.high] == saved["throughput_interval"]
+    assert expectation.rollouts_per_s == saved["predicted_throughput"]
+    assert expectation.parallelism == saved["parallelism"]
+    assert "the recommendation's own 95% interval" in expectation.note
+
+
+def test_a_recommendation_without_one_gets_an_interval_from_its_sweep(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, usl_points(0.1), target_halfwidth=0.04)
+    without_interval(path)
+    expectation = from_recommendation(path)
+    share = expectation.high / expectation.rollouts_per_s - 1
+    assert 0.04 + 0.02 < share < 0.04 + 0.10  # the precision plus the fit's largest miss
+    assert expectation.low == pytest.approx(expectation.rollouts_per_s * (1 - share))
+    assert "holds a prediction without an interval" in expectation.note
+    assert "precision (±4%, 95%)" in expectation.note
+
+
+def test_a_recommendation_alone_gets_the_probes_default_precision(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, usl_points(0.0), 0.04)
+    without_interval(path)
+    (tmp_path / "sweep.json").unlink()
+    expectation = from_recommendation(path)
+    assert expectation.high == pytest.approx(expectation.rollouts_per_s * 1.05)
+    assert "no readable sweep.json beside it" in expectation.note
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "does not exist; pass the recommendation.json a sweep wrote"),
+        (b'{"kind": "sweep"}', "is not a recommendation (KeyError"),
+        (b"[1, 2]", "is not a recommendation"),
+    ],
+)
+def test_an_expect_file_that_is_no_recommendation_is_one_sentence(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    path = tmp_path / "recommendation.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UsageError) as refused:
+        from_recommendation(path)
+    assert says in str(refused.value)
+
+
+def test_the_diagnose_hint_repeats_the_runs_settings() -> None:
+    config = CollectConfig(
+        target=TargetConfig(base_url="http://h:8000/v1", stream=False, sim_args=()),
+        synthetic=SyntheticWorkload(output_tokens_mean=128, output_tokens_std=32),
+        verifier="synthetic",
+        verifier_cost_ms=2.0,
+    )
+    assert diagnose_command(config, "m", 64) == (
+        "autotune diagnose --base-url http://h:8000/v1 --model m --no-stream "
+        "--prompt-tokens 256,64 --output-tokens 128,32 --verifier synthetic "
+        "--verifier-cost-ms 2 --low 16 --high 64"
+    )
+
+
+# -- the collect report (must-show 4) --------------------------------------------------------
+
+
+def latency(mean_s: float, count: int = 100) -> StageLatency:
+    return StageLatency(count, mean_s, mean_s, mean_s * 1.5)
+
+
+def sample(t: float, completed: int, failed: dict[str, int], model_s: float) -> LiveSample:
+    stages = {"queue": 0.001, "model": model_s, "ttft": 0.05, "verify_wait": 0.0, "verify": 0.01}
+    window_latency = {stage: latency(mean) for stage, mean in stages.items()}
+    window_latency["total"] = latency(sum(stages.values()))
+    return LiveSample(
+        at=1e9 + t, t_s=t, completed=completed, failed=sum(failed.values()), in_flight=16,
+        input_tokens=completed * 256, output_tokens=completed * 128, mean_reward=0.5,
+        errors_by_class=failed, retries_by_class={}, rate_limited_responses=0,
+        limiter_wait_s=0.0, pool_wait_s=0.01, concurrency_limit=16, window_s=10.0,
+        window_rollouts_per_s=100.0 if model_s < 0.6 else 50.0,
+        window_output_tokens_per_s=12800.0, window_latency_s=window_latency,
+        steady_rollouts_per_s=(100.0, 95.0, 105.0) if model_s < 0.6 else (50.0, 46.0, 54.0),
+    )  # fmt: skip
+
+
+def planted_result() -> CollectResult:
+    """A collect whose model stage slowed at 60 s, with a drift warning at 90 s, timeouts
+    from 70 s and one user-supplied name that would run if it were not escaped."""
+    samples = [sample(10.0 * i, 1000 * i, {}, 0.5) for i in range(1, 7)] + [
+        sample(10.0 * i, 6000 + 500 * (i - 6), {"timeout": (i - 6) * 3}, 0.9) for i in range(7, 13)
+    ]
+    summary = CollectSummary(
+        completed=9000, failed=18, skipped=0, elapsed_s=120.0, rollouts_per_s=75.0,
+        output_tokens_per_s=9600.0, input_tokens=9000 * 256, output_tokens=9000 * 128,
+        mean_reward=0.5, latency_s={s: latency(0.7, 9000) for s in ("queue", "model", "ttft",
+        "verify_wait", "verify", "total")}, errors_by_class={"timeout": 18},
+        retries_by_class={}, parallelism=16, model="<script>alert(1)</script>",
+        base_url="http://127.0.0.1:8000/v1", simulated=True, output="out.jsonl",
+    )  # fmt: skip
+    warning = DriftWarning(
+        t_s=90.0, windows=3, window_s=10.0, rollouts_per_s=50.0, rollouts_per_s_ci=(46.0, 54.0),
+        expected_low=90.0, stage="model", stage_before_s=0.5, stage_now_s=0.9,
+        message="throughput drifted: 50 rollouts/s ...; the model stage slowed most",
+    )  # fmt: skip
+    samples[-1] = dataclasses.replace(samples[-1], summary=summary)
+    return CollectResult(
+        created_at=0.0,
+        summary=summary,
+        samples=samples,
+        expectation=EXPECTED,
+        drift=warning,
+        drift_windows_counted=11,
+        settings={"sample_every_s": 10.0, "drift_window_s": 10.0, "drift_windows": 3},
+        machine={"autotune": "0.1.0"},
+    )
+
+
+def test_report_series_come_from_the_samples() -> None:
+    result = planted_result()
+    rates = collect_report.throughput_series(result)["rollouts/s (each sample)"]
+    assert rates[0][:2] == [10.0, 20.0] and rates[1][0] == 100.0 and rates[1][-1] == 50.0
+    model = collect_report.latency_series(result)["model"]
+    assert model[1][0] == pytest.approx(500.0) and model[1][-1] == pytest.approx(900.0)
+    timeouts = collect_report.error_series(result)["timeout"]
+    assert timeouts[1][:6] == [0.0] * 6 and timeouts[1][6:] == pytest.approx([0.3] * 6)
+
+
+def test_collect_report_renders_offline_without_errors_or_sideways_scroll(
+    tmp_path: Path,
+) -> None:
+    result = planted_result()
+    saved = save(result, tmp_path / "collect.json")
+    loaded = load_result(saved)
+    assert isinstance(loaded, CollectResult)
+    assert to_json(loaded) == to_json(result)  # the saved file is the whole truth
+    page = collect_report.write(loaded, tmp_path)
+    shot = render(page, tmp_path / "collect-report.png")
+    assert shot.console_errors == []
+    assert shot.failed_or_external_requests == []
+    assert shot.page_width <= VIEWPORT[0]
+    for expected in (
+        "SIMULATED",
+        "Drift warning at 90 s: throughput drifted",
+        "Throughput over the run",
+        "Latency by stage over the run",
+        "Errors over time",
+        "<script>alert(1)</script>",  # shown as text: escaped
+        "a test",  # where the expectation came from
+    ):
+        assert expected in shot.text, expected
+    assert shot.screenshot.stat().st_size > 50_000  # three plots
+
+
+# -- a slowdown planted halfway warns in time; a healthy run never (must-show 2) -------------
+
+
+@pytest.mark.slow
+def test_planted_slowdown_warns_in_time_and_a_healthy_run_does_not(tmp_path: Path) -> None:
+    """One seed of benchmarks/drift.py (the benchmark runs 20): a sweep's recommendation,
+    then a collect whose simulated replica halves its speed 5 s in, and one that stays."""
+    bench = subprocess.run(
+        [sys.executable, "benchmarks/drift.py", "--seeds", "1", "--keep", str(tmp_path), "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    result = orjson.loads(bench.stdout)
+    slowed, healthy = (
+        next(r for r in result["runs"] if r["slowed"] is want) for want in (True, False)
+    )
+    assert slowed["warned"] and slowed["stage"] == "model", slowed
+    assert 0 < slowed["windows_after_change"] <= 5, slowed
+    assert not healthy["warned"] and healthy["windows_compared"] >= 3, healthy
+
+    # The slowed run's report marks the warning; `autotune report DIR` rebuilds it.
+    report = tmp_path / "slowed-0"
+    page = report / "index.html"
+    shot = render(page, tmp_path / "slowed-report.png")
+    assert shot.console_errors == [] and shot.failed_or_external_requests == []
+    assert shot.page_width <= VIEWPORT[0]
+    assert "Drift warning at " in shot.text and "the model stage slowed most" in shot.text
+    assert "find out why with: autotune diagnose " in shot.text
+    page.unlink()
+    again = autotune("report", str(report))
+    assert again.returncode == 0, again.stderr
+    assert "Drift warning at " in page.read_text()

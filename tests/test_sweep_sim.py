@@ -1,0 +1,148 @@
+"""The sweep's recommendation on the simulator, in virtual time (probe.virtual): its
+interval covers the true peak, a latency SLO binds it, and a validation run that fails
+steps it down. Every study runs through `run_sweep`, as `autotune sweep` does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from autotune.config import Study
+from autotune.probe import ProbeSettings
+from autotune.probe.virtual import VirtualProbe, VirtualSimLauncher
+from autotune.results import ProbeResult, Recommendation, SweepResult
+from autotune.sweep.job import run_sweep, write_outputs
+from autotune.sweep.recommend import recommendation
+
+ARGS = ["--gpu", "h100-80gb", "--model", "llama-3.1-8b", "--max-num-seqs", "128"]
+PROMPT, OUTPUT = (256, 64), (128, 32)
+
+
+def study(seed: int = 0, validate_rollouts: int = 400, **objective: Any) -> Study:
+    return Study.model_validate(
+        {
+            "name": "virtual",
+            "target": {"kind": "sim", "args": ARGS},
+            "search_space": {"parallelism": {"low": 4, "high": 1024}},
+            "objective": objective,
+            "budget": {"trials": 1, "validate_rollouts": validate_rollouts},
+            "seed": seed,
+        }
+    )
+
+
+async def sweep(
+    tmp_path: Path, spec: Study, launcher: Any = None
+) -> tuple[SweepResult, Recommendation]:
+    launcher = launcher or VirtualSimLauncher(ARGS, ProbeSettings(1), PROMPT, OUTPUT, spec.seed)
+    storage = f"sqlite:///{tmp_path / f'{spec.name}-{spec.seed}.db'}"
+    result = await run_sweep(spec, storage=storage, launcher=launcher)
+    found = recommendation(result)
+    assert found is not None
+    return result, found
+
+
+async def true_peak() -> float:
+    """The noiseless curve's peak: long, precise probes over a fine ladder (a quarter of
+    a doubling apart) up to twice the server's ceiling, where throughput has levelled."""
+    precise = ProbeSettings(1, min_s=60.0, max_s=2000.0, target_halfwidth=0.005)
+    launcher = VirtualSimLauncher(ARGS, precise, PROMPT, OUTPUT, seed=1000)
+    ladder = sorted({round(16 * 2 ** (k / 4)) for k in range(0, 17)})
+    async with launcher.running({}) as probe:
+        return max([(await probe.measure(n)).rollouts_per_s for n in ladder])
+
+
+async def test_the_peak_interval_covers_the_true_peak_in_nine_of_ten_runs(tmp_path: Path) -> None:
+    peak = await true_peak()
+    covered = []
+    for seed in range(10):
+        _, found = await sweep(tmp_path, study(seed))
+        interval = found.peak.throughput_interval
+        assert interval is not None
+        covered.append(interval[0] <= peak <= interval[1])
+        # An interval is a statement about the peak, not a blanket: it stays narrow.
+        assert interval[1] / interval[0] < 1.5, interval
+    assert sum(covered) >= 9, (peak, covered)
+
+
+async def test_a_tighter_p95_slo_lowers_the_parallelism_and_is_named_as_the_rule(
+    tmp_path: Path,
+) -> None:
+    free_result, free = await sweep(tmp_path, study())
+    assert free.recommended.bound_by == "80% of peak"
+    at_80 = free.recommended.p95_latency_s
+    assert at_80 is not None
+    lowest = min(p.p95_latency_s for p in free_result.trials[0].points if p.p95_latency_s)
+    slo = round((lowest + at_80) / 2, 3)  # between the lowest rung's and the 80% point's
+    spec = study(p95_latency_slo_s=slo).model_copy(update={"name": "slo"})
+    result, found = await sweep(tmp_path, spec)
+    assert found.recommended.parallelism < free.recommended.parallelism
+    assert found.recommended.bound_by == "p95 latency SLO"
+    assert found.recommended.p95_latency_s is not None and found.recommended.p95_latency_s < slo
+    assert found.validated is True and found.validations[-1].p95_latency_s is not None
+    assert found.validations[-1].p95_latency_s <= slo
+    write_outputs(result, tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "the largest parallelism within the p95 latency SLO" in page
+    assert f"p95 rollout latency stays 10% within {slo:g} s" in page
+
+
+@dataclasses.dataclass
+class FailsUnderSustainedLoad:
+    """A planted server: above `above` requests in flight it holds for `holds` rollouts
+    of a run (longer than any probe of the sweep), then fails half of them."""
+
+    inner: VirtualProbe
+    above: int
+    holds: int
+
+    async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
+        result = await self.inner.measure(parallelism, settings)
+        if parallelism <= self.above or result.completed <= self.holds:
+            return result
+        return dataclasses.replace(result, error_rate=0.5, failed=result.completed)
+
+
+@dataclasses.dataclass
+class PlantedLauncher:
+    inner: VirtualSimLauncher
+    above: int = 0
+    holds: int = 0
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[FailsUnderSustainedLoad]:
+        async with self.inner.running(knobs) as probe:
+            yield FailsUnderSustainedLoad(probe, self.above, self.holds)
+
+
+async def test_a_validation_that_fails_above_the_predicted_point_steps_down(
+    tmp_path: Path,
+) -> None:
+    spec = study(validate_rollouts=2000)
+    _, healthy = await sweep(tmp_path, spec.model_copy(update={"name": "healthy"}))
+    assert healthy.validated is True and len(healthy.validations) == 1
+    predicted = healthy.recommended.parallelism
+    planted = PlantedLauncher(
+        VirtualSimLauncher(ARGS, ProbeSettings(1), PROMPT, OUTPUT, spec.seed),
+        above=predicted - 1,
+        holds=1200,
+    )
+    result, found = await sweep(tmp_path, spec.model_copy(update={"name": "planted"}), planted)
+    assert all(p.error_rate == 0 for p in result.trials[0].points)  # the sweep saw nothing
+    first, last = found.validations[0], found.validations[-1]
+    assert first.parallelism == predicted and not first.passed
+    assert "error rate 50.0% above the 5% allowed" in first.problems
+    assert last.passed and last.parallelism < predicted
+    assert found.validated is True
+    assert found.recommended.parallelism == last.parallelism
+    assert found.recommended.bound_by == "validation"
+    assert found.snippets.nemo_gym == f"+num_samples_in_parallel={last.parallelism}"
+    write_outputs(result, tmp_path / "planted")
+    saved = json.loads((tmp_path / "planted" / "recommendation.json").read_text())
+    assert saved["validated"] is True
+    assert [v["parallelism"] for v in saved["validations"]] == [predicted, last.parallelism]
+    assert saved["validations"][0]["passed"] is False
