@@ -21,7 +21,7 @@ lies between and the next step. Every verdict says how sure it is.
 
 from __future__ import annotations
 
-from autotune.results import Evidence, ProbeResult, Thresholds, Verdict
+from autotune.results import Evidence, ProbeResult, ReplicaStats, Thresholds, Verdict
 from autotune.stats import RatioInterval, ratio_interval
 
 RATE_LIMIT_CLASSES = frozenset({"rate_limited"})  # failure classes a rate limit causes
@@ -625,4 +625,55 @@ def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
             )
     for name, reason in high.telemetry_unavailable.items():
         notes.append(f"{name}: {reason}")
+    return notes + _replica_notes(high)
+
+
+REPLICA_FAILING_SHARE = 0.05  # of a replica's calls failed, while every other's stayed under
+REPLICA_QUEUE = 1.0  # requests waiting on average: a replica with a queue the others lack
+REPLICA_SLOWER = 1.5  # mean call latency this many times the other replicas' slowest
+
+
+def _replica_notes(high: ProbeResult) -> list[str]:
+    """Names the one replica that failed or was saturated while the others were not (a
+    problem of every replica is the server's and the verdict's, not a replica's)."""
+    replicas = high.replicas
+    if len(replicas) < 2:
+        return []
+
+    def failing(replica: ReplicaStats) -> bool:
+        calls = replica.completed + replica.failed
+        share = replica.failed / calls if calls else 0.0
+        return not replica.up or replica.times_down > 0 or share > REPLICA_FAILING_SHARE
+
+    def queued(replica: ReplicaStats) -> bool:
+        return replica.server.get("waiting", 0.0) >= REPLICA_QUEUE
+
+    notes = []
+    if len(bad := [r for r in replicas if failing(r)]) == 1:
+        replica = bad[0]
+        out = f"; taken out of rotation ({replica.down_reason})" if replica.down_reason else ""
+        notes.append(
+            f"replica {replica.url} failed {replica.failed:,} of "
+            f"{replica.completed + replica.failed:,} calls at parallelism {high.parallelism}"
+            f"{out}, the others none to speak of: the run's figures are those of the "
+            "replicas left; check that server."
+        )
+    if len(full := [r for r in replicas if queued(r)]) == 1:
+        replica = full[0]
+        notes.append(
+            f"replica {replica.url} is saturated at parallelism {high.parallelism}: "
+            f"{replica.server['waiting']:.1f} requests waiting on average, the others none; "
+            "it has fewer slots or a slower GPU than its peers (compare their "
+            "--max-num-seqs and GPUs)."
+        )
+    timed = [(r.mean_latency_s, r) for r in replicas if r.mean_latency_s is not None and r.up]
+    if len(timed) >= 2 and not full:
+        slowest, replica = max(timed, key=lambda pair: pair[0])
+        others = max(latency for latency, other in timed if other is not replica)
+        if others and slowest >= REPLICA_SLOWER * others:
+            notes.append(
+                f"replica {replica.url} answers {slowest / others:.1f}× slower "
+                f"than the other replicas at parallelism {high.parallelism}, so it gets "
+                "fewer calls; it has a slower GPU, a smaller batch or other work on it."
+            )
     return notes

@@ -226,8 +226,19 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model server")
     group.add_argument(
         "--base-url",
+        action="append",
+        metavar="URL",
         help="OpenAI-compatible base URL, e.g. http://host:8000/v1 "
-        "(default: start the embedded simulated vLLM-like server)",
+        "(default: start the embedded simulated vLLM-like server); repeat it for replicas "
+        "of one model: each call goes to the one with the fewest calls in flight, and a "
+        "replica that stops answering is taken out of rotation",
+    )
+    group.add_argument(
+        "--replica-gpus",
+        action="append",
+        metavar="I,J",
+        help="the GPU indices the matching --base-url runs on (repeat it, in the same "
+        "order), so NVML readings are reported per replica, e.g. --replica-gpus 0,1",
     )
     group.add_argument(
         "--agent-url",
@@ -477,15 +488,16 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
             raise UsageError("--extra-body must be a JSON object, e.g. '{\"ignore_eos\": true}'.")
     from autotune.target import base_url_problem
 
+    base_urls: list[str] = args.base_url or []
     for flag, url, example in (
-        ("--base-url", args.base_url, "http://host:8000/v1"),
+        *(("--base-url", url, "http://host:8000/v1") for url in base_urls),
         ("--agent-url", args.agent_url, "http://host:port"),
         ("--metrics-url", args.metrics_url, "http://host:8000/metrics"),
     ):
         problem = base_url_problem(url) if url is not None else None
         if problem is not None:
             raise UsageError(f"{flag} {url} {problem}, e.g. {example}.")
-    if args.agent_url is not None and args.base_url is not None:
+    if args.agent_url is not None and base_urls:
         raise UsageError(
             "--agent-url and --base-url both say where rollouts go; pass one "
             "(the agent calls its own model server)."
@@ -493,7 +505,9 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
     return TargetConfig(
         agent_url=args.agent_url,
         metrics_url=args.metrics_url,
-        base_url=args.base_url,
+        base_url=base_urls[0] if base_urls else None,
+        replica_urls=_replica_urls(base_urls, args.metrics_url),
+        replica_gpus=_replica_gpus(args.replica_gpus or [], len(base_urls)),
         model=args.model,
         api=args.api,
         stream=args.stream,
@@ -507,6 +521,47 @@ def _target_config(args: argparse.Namespace) -> TargetConfig:
         tpm=args.tpm,
         sim_args=tuple(args.sim_arg),
     )
+
+
+def _replica_urls(base_urls: list[str], metrics_url: str | None) -> tuple[str, ...]:
+    """Every --base-url when several are given (replicas of one model), else none."""
+    if len(base_urls) < 2:
+        return ()
+    seen = {url.rstrip("/") for url in base_urls}
+    if len(seen) < len(base_urls):
+        raise UsageError(
+            "--base-url names the same server twice; give each replica once "
+            "(to send it more calls, raise --parallelism)."
+        )
+    if metrics_url is not None:
+        raise UsageError(
+            "--metrics-url names one server's /metrics, but several --base-url are given; "
+            "drop it: each replica's /metrics is read beside its base URL."
+        )
+    return tuple(base_urls)
+
+
+def _replica_gpus(values: list[str], replicas: int) -> tuple[tuple[int, ...], ...]:
+    """--replica-gpus, one per --base-url: comma-separated GPU indices."""
+    if not values:
+        return ()
+    if len(values) != replicas:
+        raise UsageError(
+            f"--replica-gpus is given {len(values)} times for {replicas} --base-url; give "
+            "it once per --base-url, in the same order (e.g. --replica-gpus 0,1)."
+        )
+    groups = []
+    for value in values:
+        try:
+            group = tuple(int(part) for part in value.split(","))
+        except ValueError:
+            group = ()
+        if not group or min(group) < 0:
+            raise UsageError(
+                f"--replica-gpus {value!r} is not a list of GPU indices; pass e.g. 0,1."
+            )
+        groups.append(group)
+    return tuple(groups)
 
 
 def collect_config(args: argparse.Namespace) -> CollectConfig:
@@ -730,6 +785,15 @@ def _rescue_json(result: DiagnoseResult) -> str:
     return f"the result is saved in {name} instead (`autotune report {name} --out DIR`)."
 
 
+def _with_repeats(study: Any, repeats: int | None) -> Any:
+    """The study with `--num-repeats`: a workload of other groups is another study, so it
+    gets its own name (its own storage and reports) rather than resuming this one's trials."""
+    if repeats is None or repeats == study.workload.num_repeats:
+        return study
+    workload = study.workload.model_copy(update={"num_repeats": repeats})
+    return study.model_copy(update={"workload": workload, "name": f"{study.name}-x{repeats}"})
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from autotune.collect import run_async
     from autotune.config import load_study
@@ -744,7 +808,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     if args.study is None:
         raise UsageError("autotune sweep needs a study file; pass e.g. studies/demo.yaml.")
-    study = load_study(args.study)
+    study = _with_repeats(load_study(args.study), args.num_repeats)
     directory, flag = args.output_dir, f"--output-dir {args.output_dir}"
     if args.reports_dir is not None:
         if directory is not None:
@@ -1295,6 +1359,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="deprecated: the folder above the report folder (use --output-dir DIR/NAME)",
+    )
+    sweep.add_argument(
+        "--num-repeats",
+        type=_positive_int,
+        metavar="N",
+        help="rollouts per task, one after another (GRPO groups sharing a prompt), instead of "
+        "the study's workload.num_repeats; the study is then NAME-xN, apart from NAME's trials",
     )
     _add_json(sweep, "the recommendation")
     sweep.add_argument("--quiet", "-q", action="store_true", help="no progress, only the result")

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
+
+import aiohttp
 
 from autotune.backends import ModelBackend
 from autotune.concurrency import AdaptiveConcurrency
@@ -24,9 +28,20 @@ from autotune.errors import CollectionError
 from autotune.live import load_expectation, open_monitor
 from autotune.live.monitor import REPORT_EVERY_S, LiveMonitor
 from autotune.pipeline import open_pipeline
-from autotune.results import CollectResult, CollectSummary, Expectation, machine_identity, save
+from autotune.replicas import ReplicaSet, replica_stats
+from autotune.results import (
+    CollectResult,
+    CollectSummary,
+    Expectation,
+    ReplicaStats,
+    machine_identity,
+    save,
+)
 from autotune.store import RolloutSink, check_run, failures_path, input_identity, save_run
 from autotune.target import Target
+from autotune.telemetry import Sample, summarise
+from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
+from autotune.telemetry.summary import COUNTER_SUFFIXES
 from autotune.workload import Workload, rollout_key, work_items
 
 log = logging.getLogger("autotune")
@@ -104,6 +119,8 @@ async def _collect(
                 adaptive_concurrency=config.adaptive_concurrency,
             )
             monitor.attach(engine, pipeline, todo, slots)
+            counters = ReplicaCounters(pipeline.session, pipeline.backend.counters.replicas)
+            await counters.start()
             try:
                 stats = await engine.run(work_items(workload, start, stop, sink.done))
             except OSError as error:  # the rollout file cannot take another row
@@ -111,9 +128,11 @@ async def _collect(
                     f"cannot write rollouts to {config.output} ({error.strerror or error}); "
                     "every row written so far is kept: free space and rerun with --resume."
                 ) from None
+            replicas = await counters.finish(stats.elapsed_s)
     finally:
         sink.close()
     summary = _summarise(stats, engine.limiter, pipeline.backend, pipeline.target, config, skipped)
+    summary = replace(summary, replicas=replicas)
     await monitor.finish(summary)
     if live.report is not None:
         _write_report(live.report, summary, monitor, config)
@@ -125,6 +144,39 @@ async def _collect(
             "restart the server and rerun with --resume."
         )
     return summary
+
+
+class ReplicaCounters:
+    """Each replica's share of a whole run, when several serve the model: the calls the
+    client made to it, and its /metrics counters (tokens, preemptions, prefix-cache hits)
+    read at the start and at the end."""
+
+    def __init__(self, session: aiohttp.ClientSession, replicas: ReplicaSet | None) -> None:
+        self._replicas = replicas if replicas is not None and len(replicas) > 1 else None
+        urls = [metrics_url(r.url) for r in self._replicas.replicas] if self._replicas else []
+        self._sampler = PrometheusSampler(session, urls, timeout_s=5.0)
+        self._samples: list[Sample] = []
+
+    async def start(self) -> None:
+        if self._replicas is not None:
+            await self._read()
+
+    async def finish(self, elapsed_s: float) -> list[ReplicaStats]:
+        if self._replicas is None:
+            return []
+        await self._read()
+        counters = {
+            key: stats
+            for key, stats in summarise(self._samples, -math.inf, math.inf).items()
+            if key.endswith(COUNTER_SUFFIXES)  # two readings make no gauge's mean
+        }
+        replicas = self._replicas.replicas
+        return replica_stats(self._replicas.snapshot(), replicas, elapsed_s, counters)
+
+    async def _read(self) -> None:
+        values = await self._sampler.sample()
+        if values is not None:
+            self._samples.append(Sample(time.time(), PrometheusSampler.name, values))
 
 
 def _stderr_line(line: str) -> None:

@@ -17,6 +17,11 @@ pydantic specs below (one clear error per mistake), whose JSON Schema
     budget: {trials: 30}
     seed: 0
 
+With `resources: {gpus: 8}` a study also searches how the GPUs split into engines
+(replicas) × tensor-parallel size, and `workload.num_repeats: 8` sends GRPO groups of 8
+rollouts sharing a prompt (where `search_space.enable_prefix_caching: {choices: [true,
+false]}` tells whether the prefix cache pays).
+
 Target kinds: `server` (a running server: only parallelism is searched), `sim` (the
 embedded simulated engine, relaunched per configuration), `vllm` (a command that
 starts vLLM, relaunched per configuration), `command` (a user's own collector, run per
@@ -107,6 +112,10 @@ class TargetConfig:
     """Where model calls go and how they are made."""
 
     base_url: str | None = None  # None: the embedded simulated server
+    # Every replica's base URL when several serve the model (base_url is the first one);
+    # calls are balanced across them (autotune/replicas.py).
+    replica_urls: tuple[str, ...] = ()
+    replica_gpus: tuple[tuple[int, ...], ...] = ()  # each replica's GPUs, when known
     model: str | None = None  # None: the server's first /v1/models entry
     api: Api = "chat"
     stream: bool = True
@@ -126,6 +135,13 @@ class TargetConfig:
     agent_url: str | None = None
     # The model server's vLLM-style /metrics (None: beside base_url; none for an agent).
     metrics_url: str | None = None
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """Every replica's base URL (one, or none for the embedded simulator)."""
+        if self.replica_urls:
+            return self.replica_urls
+        return (self.base_url,) if self.base_url is not None else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,11 +455,18 @@ SERVER_KNOBS = (
     "gpu_memory_utilization",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "enable_prefix_caching",
 )
+# A study with `resources` searches how its GPUs split into engines × tensor-parallel size
+# (sweep/fit.py `splits`): one categorical parameter of this name, each trial's knobs
+# holding the engines under ENGINES and the size under tensor_parallel_size.
+SPLIT = "split"
+ENGINES = "num_engines"
 
 
 class ChoiceSpace(SpecModel):
-    choices: list[int | float | str] = Field(min_length=1)
+    # bool first: `true` stays a flag's value instead of becoming the number 1
+    choices: list[bool | int | float | str] = Field(min_length=1)
 
 
 class IntSpace(SpecModel):
@@ -521,6 +544,8 @@ class SearchSpace(SpecModel):
     gpu_memory_utilization: FloatOrChoices | None = None
     max_num_seqs: IntOrChoices | None = None
     max_num_batched_tokens: IntOrChoices | None = None
+    # {choices: [true, false]}: whether the prefix cache pays (GRPO groups share a prompt)
+    enable_prefix_caching: ChoiceSpace | None = None
     flags: dict[str, IntSpace | FloatSpace | ChoiceSpace] = {}
 
     @model_validator(mode="after")
@@ -529,6 +554,16 @@ class SearchSpace(SpecModel):
             why = _launcher_flag(flag)
             if why is not None:
                 raise ValueError(f"flags {why}")
+            if _flag_name(flag) in ("data-parallel-size", ENGINES.replace("_", "-")):
+                raise ValueError(
+                    f"flags sets {flag}, which resources.gpus decides (engines × "
+                    "tensor_parallel_size); remove it"
+                )
+        caching = self.enable_prefix_caching
+        if caching is not None and not all(isinstance(c, bool) for c in caching.choices):
+            raise problem(
+                "[true, false] or one of them", caching.choices, "enable_prefix_caching.choices"
+            )
         return self
 
     def server_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
@@ -611,6 +646,9 @@ class WorkloadSpec(SpecModel):
     api: ApiChoice = "chat"
     stream: Flag = True
     extra_body: dict[str, Any] | None = None  # None: ignore_eos for synthetic work on the sim
+    # Rollouts per task, sent one after another (a GRPO group sharing its prompt), as
+    # `autotune collect --num-repeats` makes them.
+    num_repeats: Count = 1
 
 
 class ObjectiveSpec(SpecModel):
@@ -641,6 +679,23 @@ class BudgetSpec(SpecModel):
         return VALIDATE_ROLLOUTS_SIM if kind == "sim" else VALIDATE_ROLLOUTS
 
 
+class ResourcesSpec(SpecModel):
+    """The GPUs a study may spend: it then searches how to split them into engines
+    (replicas of the model) × tensor-parallel size, engines × TP ≤ gpus."""
+
+    what: ClassVar[str] = "resources"
+    gpus: Count
+    # servers: one server per engine on its own port and GPUs, the client balancing calls
+    # across them; data-parallel: one server with --data-parallel-size engines
+    replicas: Annotated[
+        Literal["servers", "data-parallel"], must_be("servers or data-parallel")
+    ] = "servers"
+    # The hardware and model by profile name (autotune sim --gpu / --model), for the
+    # roofline and the fit when the target is not the simulator (which names its own).
+    gpu: Text | None = None
+    model_profile: Text | None = None
+
+
 class Study(SpecModel):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
     target: TargetSpec
@@ -649,18 +704,41 @@ class Study(SpecModel):
     objective: ObjectiveSpec = ObjectiveSpec()
     budget: BudgetSpec = BudgetSpec()
     probe: ProbeSpec = ProbeSpec()
+    resources: ResourcesSpec | None = None
     seed: int = 0
 
     @model_validator(mode="after")
     def _knobs_need_a_launcher(self) -> Study:
-        if (
-            self.target.kind in ("server", "command", "nemo-gym-agent")
-            and self.search_space.server_knobs()
-        ):
+        kind, resources = self.target.kind, self.resources
+        if kind == "sim" and resources is not None and (resources.gpu or resources.model_profile):
             raise ValueError(
-                f"kind: {self.target.kind} starts no server, so no server flag can change; "
+                "resources.gpu and resources.model_profile are for a real server: the "
+                "simulator takes its own as --gpu and --model in target.args"
+            )
+        if kind not in ("sim", "vllm") and resources is not None:
+            raise ValueError(
+                f"kind: {kind} starts no server, so no GPUs can be split into engines; "
+                "remove resources, or use kind: vllm or kind: sim"
+            )
+        if kind not in ("sim", "vllm") and self.search_space.server_knobs():
+            raise ValueError(
+                f"kind: {kind} starts no server, so no server flag can change; "
                 "search only parallelism, or use kind: vllm or kind: sim"
             )
+        tp = self.search_space.tensor_parallel_size
+        if resources is not None and tp is not None:
+            gpus = resources.gpus
+            for choice in tp.choices:
+                if isinstance(choice, bool) or not isinstance(choice, int) or choice < 1:
+                    raise ValueError(
+                        "search_space.tensor_parallel_size.choices must be whole numbers of "
+                        f"GPUs, not {choice!r}"
+                    )
+                if choice > gpus:
+                    raise ValueError(
+                        f"search_space.tensor_parallel_size.choices holds {choice}, more than "
+                        f"resources.gpus ({gpus}); an engine needs that many GPUs of the budget"
+                    )
         return self
 
 

@@ -25,7 +25,7 @@ from autotune.errors import CollectionError, UsageError
 from autotune.pipeline import open_pipeline
 from autotune.probe import ProbeSettings
 from autotune.probe.command import run_command_probe
-from autotune.probe.engine import ProbeRun
+from autotune.probe.engine import ProbeRun, cycle_work
 from autotune.probe.status import ProbeStatus
 from autotune.probe.timescale import in_simulated_time
 from autotune.results import (
@@ -83,8 +83,13 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
     if config.command is not None:
         return await _diagnose_command(config, config.command, watch)
     collect = config.collect
-    workload = Workload(collect.input, collect.synthetic, collect.limit, 1, collect.shard)
+    workload = Workload(
+        collect.input, collect.synthetic, collect.limit, collect.num_repeats, collect.shard
+    )
+    # One pass through the tasks for all probes: a prompt the server has just cached for
+    # one probe is not sent again by the next (which would flatter the prefix cache).
     tasks = workload.probe_tasks()
+    work = cycle_work(tasks)
     began = time.time()
     async with open_pipeline(collect, SIM_DEFAULT_ARGS) as pipeline:
         target, target_config = pipeline.target, pipeline.target_config
@@ -100,7 +105,7 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
             numbered = None if watch is None else partial(watch, len(runs))
             run = ProbeRun(
                 settings,
-                tasks,
+                work,
                 pipeline.backend,
                 pipeline.verifier,
                 target.base_url,
@@ -130,7 +135,8 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
     )
     workload_record = DiagnoseWorkload(
         input=str(collect.input) if collect.input else None,
-        tasks=len(tasks),
+        tasks=len(tasks) // collect.num_repeats,
+        num_repeats=collect.num_repeats,
         verifier=collect.verifier,
         verifier_workers=collect.verifier_workers,
     )

@@ -191,6 +191,34 @@ class StageSamples:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaStats(Record):
+    """One replica's share of a run or a probe's window, when several serve the model:
+    what the client saw, and what its own /metrics and GPUs said over the same time."""
+
+    index: int
+    url: str
+    completed: int  # model calls answered
+    failed: int  # model calls that failed (each retry counted)
+    calls_per_s: float
+    output_tokens_per_s: float
+    mean_latency_s: float | None  # of a model call
+    up: bool  # in rotation at the end
+    times_down: int  # taken out of rotation this many times
+    down_reason: str | None = None
+    server: dict[str, float] = field(default_factory=dict)  # its /metrics, means and deltas
+    gpus: list[int] = field(default_factory=list)  # the GPUs it runs on, when known
+    gpu: dict[str, float] = field(default_factory=dict)  # NVML over those GPUs, means
+
+    @property
+    def prefix_cache_hit_share(self) -> float | None:
+        """Prompt tokens served from the prefix cache ÷ prompt tokens looked up."""
+        queries = self.server.get("prefix_cache_queries")
+        if not queries:
+            return None
+        return self.server.get("prefix_cache_hits", 0.0) / queries
+
+
+@dataclass(frozen=True, slots=True)
 class CollectSummary(Record):
     """What a collection run did; `--json` prints exactly this."""
 
@@ -217,6 +245,7 @@ class CollectSummary(Record):
     concurrency_decreases: int = 0
     concurrency_limit_min: int | None = None
     concurrency_limit_final: int | None = None
+    replicas: list[ReplicaStats] = field(default_factory=list)  # several --base-url only
     schema_version: int = SCHEMA_VERSION
 
 
@@ -339,6 +368,7 @@ class ProbeResult(Record):
     # phases ("warm-up", "measured", "drain"); an extended probe's runs follow each other.
     timeline: list[tuple[float, float]] = field(default_factory=list)
     phases: list[tuple[str, float, float]] = field(default_factory=list)
+    replicas: list[ReplicaStats] = field(default_factory=list)  # several replicas only
 
     @property
     def probe_s(self) -> float:
@@ -372,12 +402,18 @@ class CurvePoint(Record):
     rollouts_per_s_ci: tuple[float, float] | None = None
     completed: int | None = None  # rollouts counted in the window
     batches: int | None = None  # of the interval: its degrees of freedom + 1
+    # Prompt tokens the server found in its prefix cache ÷ those it looked up, over the
+    # window (vLLM's prefix_cache_hits/queries counters); None where it exposes none.
+    prefix_cache_hit_share: float | None = None
 
     @classmethod
     def of(cls, result: ProbeResult) -> CurvePoint:
         low, high = result.rollouts_per_s_ci
         total = result.latency_s["total"]
         ttft = result.latency_s.get("ttft")
+        queries = result.telemetry.get("server/vllm:prefix_cache_queries_total", {})
+        hits = result.telemetry.get("server/vllm:prefix_cache_hits_total", {})
+        looked_up = queries.get("delta")
         return cls(
             parallelism=result.parallelism,
             rollouts_per_s=result.rollouts_per_s,
@@ -391,6 +427,7 @@ class CurvePoint(Record):
             rollouts_per_s_ci=(low, high) if math.isfinite(high) and high > 0 else None,
             completed=result.completed,
             batches=result.batches,
+            prefix_cache_hit_share=hits.get("delta", 0.0) / looked_up if looked_up else None,
         )
 
     def metric(self, name: str) -> float:
@@ -527,6 +564,7 @@ class DiagnoseTarget(Record):
 class DiagnoseWorkload(Record):
     input: str | None
     tasks: int
+    num_repeats: int = 1  # rollouts of each task in a row (GRPO groups)
     verifier: str | None = None
     verifier_workers: int | None = None
 
@@ -598,10 +636,22 @@ class TrialRecord(Record):
     error_rate: float | None = None
     infeasible_reason: str | None = None
     pruned_reason: str | None = None
+    # The hardware's ceiling for this configuration in output tokens/s (servers.sim's
+    # roofline: every engine's batch at its fastest step) and the share of it the
+    # trial's best point reached; None where the GPU, the model or the lengths are unknown.
+    roofline_output_tokens_per_s: float | None = None
+    roofline_share: float | None = None
 
     @property
     def complete(self) -> bool:
         return self.state == "COMPLETE"
+
+    @property
+    def split(self) -> str | None:
+        """`4x2`: engines × tensor-parallel size, in a study that split a GPU budget."""
+        if "num_engines" not in self.knobs:  # config.ENGINES
+            return None
+        return f"{self.knobs['num_engines']}x{self.knobs.get('tensor_parallel_size', 1)}"
 
     @property
     def usable(self) -> bool:
@@ -715,6 +765,21 @@ class Snippets(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixCachingGain(Record):
+    """The best throughput measured with prefix caching on and off at one GPU split
+    (engines × TP): what the cache bought."""
+
+    split: str  # `4x2`: engines × tensor-parallel size
+    on: float  # in the study's metric
+    off: float
+
+    @property
+    def gain(self) -> float:
+        """on ÷ off: 1.3 is 30% more with caching on."""
+        return self.on / self.off if self.off > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
 class Recommendation(Record):
     """The best configuration at 80% of its peak (or lower, where a latency budget or a
     failed validation says so), with lines to paste into each tool."""
@@ -735,6 +800,14 @@ class Recommendation(Record):
     # else whether the last validation run passed. `validations` holds every run.
     validated: bool | None = None
     validations: list[Validation] = field(default_factory=list)
+    # How the GPUs are spent: engines (replicas) × tensor-parallel size, whether prefix
+    # caching is on (None: not searched), and the in-flight requests each engine gets.
+    engines: int = 1
+    tensor_parallel_size: int | None = None
+    enable_prefix_caching: bool | None = None
+    parallelism_per_engine: int | None = None
+    prefix_caching: PrefixCachingGain | None = None  # both measured at the best split
+    roofline_share: float | None = None  # the best trial's, of its hardware's roofline
 
 
 # -- the reader ------------------------------------------------------------------------------

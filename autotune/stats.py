@@ -95,8 +95,14 @@ def completion_batches_rate(
             previous = times[index]
     batches = len(gaps)
     total = sum(gaps) * k
-    if batches == 0 or total <= 0:
-        return RateEstimate(0.0, 0.0, math.inf, batches * k, total, batches)
+    if batches == 0 or total <= 0:  # too few events for one batch: a rate, no interval
+        events = sum(
+            bisect_right(event_times, end) - bisect_right(event_times, start)
+            for start, end in windows
+        )
+        span = sum(end - start for start, end in windows)
+        rate = events / span if span > 0 else 0.0
+        return RateEstimate(rate, 0.0, math.inf, events, span, 0)
     rate = batches * k / total
     if batches < 2:
         return RateEstimate(rate, 0.0, math.inf, batches * k, total, batches)

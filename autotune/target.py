@@ -191,4 +191,7 @@ async def connect(
         open_session(target, metered) as session,
     ):
         key, env = api_key(target), target.api_key_env
-        yield session, await resolve_target(session, base_url, target.model, key, env)
+        resolved = await resolve_target(session, base_url, target.model, key, env)
+        for replica in target.replica_urls[1:]:  # each must answer before the run starts
+            await resolve_target(session, replica, resolved.model, key, env)
+        yield session, resolved

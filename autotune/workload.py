@@ -304,13 +304,14 @@ class Workload:
         return synthetic_tasks(self.synthetic, start, stop)
 
     def probe_tasks(self, most: int = 5000) -> list[Task]:
-        """The first `most` tasks of this run's slice, held in memory: a probe cycles
-        through them for as long as it measures."""
+        """The first `most` tasks of this run's slice, held in memory, each `num_repeats`
+        times in a row (a GRPO group sharing its prompt, as collect sends them): a probe
+        cycles through them for as long as it measures."""
         start, stop = self.task_range()
         tasks = list(self.tasks(start, min(stop, start + most)))
         if not tasks:
             raise UsageError("the workload holds no task; pass a task file with at least one line.")
-        return tasks
+        return [task for task in tasks for _ in range(self.num_repeats)]
 
     def validate(self) -> None:
         """Parse every task once before any request is sent, so a bad line fails fast."""

@@ -9,11 +9,20 @@ each probe it prints autotune's NVML readings (utilisation, memory, power) besid
 independent `nvidia-smi` reading of the same window and the server's own count of
 the memory PyTorch holds, then the verdict and whether GPU evidence was cited.
 
+`--replicas N` starts N servers instead, the i-th alone on GPU i, and runs one
+`autotune diagnose --base-url ... --replica-gpus i ...` across them, with each probe's
+parallelism N times the single server's (each replica then sees the same batches and
+queue). Each probe then also reports every replica's calls/s and its GPU's NVML
+readings (grouped by autotune, and per GPU) beside nvidia-smi's reading of that GPU.
+
     python benchmarks/gpu_check.py                   # on a GPU machine (H100/H200)
-    python benchmarks/gpu_check.py --device cpu --tiny  # the same flow, no GPU
+    python benchmarks/gpu_check.py --replicas 2      # one server per GPU, two GPUs
+    python benchmarks/gpu_check.py --device cpu --tiny [--replicas 2]  # no GPU
 
 Needs torch and transformers (and autotune's own dependencies); nothing is downloaded.
-Writes gpu_check.json to --out (default $OUT, else reports/gpu_check).
+`--server-python` serves the model from another environment's Python, one that has
+torch and transformers where autotune's own has not. Writes gpu_check.json to --out
+(default $OUT, else reports/gpu_check).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ GATHER_S = 0.02  # how long a batch waits for more requests after its first
 # sets the pace, and NVML's utilisation means something.
 FULL = {"hidden": 8192, "intermediate": 28672, "layers": 24, "heads": 64}
 TINY = {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 2}
-PROBES = ["--low", "4", "--high", "16", "--min-s", "4", "--max-s", "15", "--no-stream"]
+PROBES = ["--low", "4", "--high", "16", "--min-s", "4", "--no-stream"]
 WORKLOAD = ["--synthetic", "400", "--prompt-tokens", "256,0", "--output-tokens", "64,0"]
 CASES = (("gpu-bound", 4), ("batching", 64))  # (name, the server's max batch)
 
@@ -154,9 +163,10 @@ class Generator:
             f"vllm:prompt_tokens_total {self.prompt_tokens}",
             f"vllm:generation_tokens_total {self.generation_tokens}",
         ]
-        if self.device == "cuda":
-            reserved = self.torch.cuda.max_memory_reserved()
-            lines.append(f"gpu_check:torch_reserved_bytes {reserved}")
+        if self.device == "cuda":  # NVML's memory used is this plus the CUDA context
+            cuda = self.torch.cuda
+            lines.append(f"gpu_check:torch_reserved_bytes {cuda.max_memory_reserved()}")
+            lines.append(f"gpu_check:torch_reserved_now_bytes {cuda.memory_reserved()}")
         return "\n".join(lines) + "\n"
 
 
@@ -256,7 +266,9 @@ async def serve(args: argparse.Namespace) -> None:
 
 # -- the check ---------------------------------------------------------------------------
 
-Reading = tuple[float, float, float, float]  # epoch s, util %, memory GiB, power W
+Reading = tuple[float, int, float, float, float]  # epoch s, GPU index, util %, GiB, W
+SMI_FIELDS = ("util_pct", "memory_gib", "power_w")
+NVML_SUFFIXES = {"util_pct": "util_pct", "memory_gib": "mem_used_gib", "power_w": "power_w"}
 
 
 def smi_readings(text: str) -> list[Reading]:
@@ -268,10 +280,66 @@ def smi_readings(text: str) -> list[Reading]:
             stamp, _, fraction = parts[0].partition(".")
             when = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S"))
             when += float(f"0.{fraction or 0}")
-            readings.append((when, float(parts[1]), float(parts[2]) / 1024, float(parts[3])))
+            util, memory, power = float(parts[2]), float(parts[3]) / 1024, float(parts[4])
+            readings.append((when, int(parts[1]), util, memory, power))
         except (ValueError, IndexError):
             continue
     return readings
+
+
+def smi_window(smi: list[Reading], start: float, end: float) -> dict[int, dict[str, float]]:
+    """nvidia-smi's means per GPU index over [start, end], with their sample counts."""
+    by_gpu: dict[int, list[Reading]] = {}
+    for reading in smi:
+        if start <= reading[0] <= end:
+            by_gpu.setdefault(reading[1], []).append(reading)
+    return {
+        index: {
+            **{name: sum(r[i] for r in rows) / len(rows) for i, name in enumerate(SMI_FIELDS, 2)},
+            "samples": len(rows),
+        }
+        for index, rows in sorted(by_gpu.items())
+    }
+
+
+def smi_over_all(per_gpu: dict[int, dict[str, float]]) -> dict[str, float] | None:
+    """Every GPU together, as NVML's probe-wide keys read: utilisation the mean over the
+    GPUs, memory and power their sum."""
+    if not per_gpu:
+        return None
+    gpus = list(per_gpu.values())
+    return {
+        "util_pct": sum(g["util_pct"] for g in gpus) / len(gpus),
+        "memory_gib": sum(g["memory_gib"] for g in gpus),
+        "power_w": sum(g["power_w"] for g in gpus),
+        "samples": min(g["samples"] for g in gpus),
+    }
+
+
+def replica_summary(
+    replica: dict[str, Any], telemetry: dict[str, Any], smi: dict[int, dict[str, float]]
+) -> dict[str, Any]:
+    """One replica's share of a probe: its calls, autotune's NVML readings of its GPUs
+    (grouped by --replica-gpus, and per GPU) beside nvidia-smi's of the same GPUs."""
+    per_gpu = {
+        index: {
+            name: telemetry.get(f"gpu/gpu{index}_{suffix}")
+            for name, suffix in NVML_SUFFIXES.items()
+        }
+        for index in replica["gpus"]
+    }
+    return {
+        "index": replica["index"],
+        "url": replica["url"],
+        "completed": replica["completed"],
+        "calls_per_s": replica["calls_per_s"],
+        "mean_latency_s": replica["mean_latency_s"],
+        "server": replica["server"],
+        "gpus": replica["gpus"],
+        "nvml": replica["gpu"],
+        "nvml_per_gpu": per_gpu,
+        "nvidia_smi_per_gpu": {index: smi[index] for index in replica["gpus"] if index in smi},
+    }
 
 
 def probe_summary(probe: dict[str, Any], smi: list[Reading]) -> dict[str, Any]:
@@ -287,15 +355,7 @@ def probe_summary(probe: dict[str, Any], smi: list[Reading]) -> dict[str, Any]:
             return None
         return {"mean": sum(values) / len(values), "max": max(values)}
 
-    inside = [r for r in smi if start <= r[0] <= end]
-    smi_means = (
-        {
-            name: sum(r[i] for r in inside) / len(inside)
-            for i, name in enumerate(("util_pct", "memory_gib", "power_w"), start=1)
-        }
-        if inside
-        else None
-    )
+    per_gpu = smi_window(smi, start, end)
     return {
         "parallelism": probe["parallelism"],
         "rollouts_per_s": probe["rollouts_per_s"],
@@ -304,8 +364,11 @@ def probe_summary(probe: dict[str, Any], smi: list[Reading]) -> dict[str, Any]:
         "util_pct": stat("gpu_util_pct_mean"),
         "memory_gib": stat("gpu_mem_used_gib_total"),
         "power_w": stat("gpu_power_w_total"),
-        "nvidia_smi": smi_means,
-        "nvidia_smi_samples": len(inside),
+        "nvidia_smi": smi_over_all(per_gpu),
+        "nvidia_smi_per_gpu": per_gpu,
+        "replicas": [
+            replica_summary(r, probe["telemetry"], per_gpu) for r in probe.get("replicas", [])
+        ],
         "telemetry_unavailable": probe["telemetry_unavailable"],
     }
 
@@ -314,16 +377,39 @@ def fmt(stat: dict[str, float] | None, unit: str) -> str:
     return "-" if stat is None else f"{stat['mean']:.1f} {unit} (max {stat['max']:.1f})"
 
 
-def run_diagnose(base_url: str, out: Path) -> dict[str, Any]:
-    """`autotune diagnose --base-url`, as a user runs it."""
+def fmt_smi(means: dict[str, float]) -> str:
+    return (
+        f"util {means['util_pct']:.1f} %, memory {means['memory_gib']:.1f} GiB, "
+        f"power {means['power_w']:.0f} W ({means['samples']:.0f} samples)"
+    )
+
+
+def probes_for(replicas: int, max_s: float) -> list[str]:
+    """The probes, scaled so each replica sees what the one server sees alone: the same
+    batches, the same queue; each capped at `max_s` seconds."""
+    low, high = (str(int(PROBES[i]) * replicas) for i in (1, 3))
+    return ["--low", low, "--high", high, *PROBES[4:], "--max-s", f"{max_s:g}"]
+
+
+def run_diagnose(base_urls: list[str], out: Path, max_s: float) -> dict[str, Any]:
+    """`autotune diagnose --base-url ...`, as a user runs it; the i-th replica on GPU i
+    (named on a CPU dry run too, where NVML then has nothing to group)."""
     path = out / "diagnose.json"
+    replicas = len(base_urls)
+    urls = [word for url in base_urls for word in ("--base-url", url)]
+    placement = (
+        [word for i in range(replicas) for word in ("--replica-gpus", str(i))]
+        if replicas > 1
+        else []
+    )
+    synthetic = ["--synthetic", str(int(WORKLOAD[1]) * replicas), *WORKLOAD[2:]]
     command = [
-        *(sys.executable, "-m", "autotune", "diagnose", "--base-url", base_url),
-        *PROBES,
-        *WORKLOAD,
+        *(sys.executable, "-m", "autotune", "diagnose", *urls, *placement),
+        *probes_for(replicas, max_s),
+        *synthetic,
         *("--output-dir", str(out)),
     ]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"autotune diagnose failed:\n{done.stderr}")
     print(done.stdout, flush=True)
@@ -339,46 +425,78 @@ async def server_call(url: str, payload: dict[str, Any] | None = None) -> str:
             return await response.text()
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports (two calls of free_port may hand back the same one)."""
+    from autotune.servers.launcher import free_port
+
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    return ports
+
+
 async def check(args: argparse.Namespace) -> int:
-    from autotune.servers.launcher import ServerSpec, free_port
+    from autotune.servers.launcher import ServerSpec
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    root = f"http://127.0.0.1:{port}"
-    command = [sys.executable, __file__, "serve", "--port", str(port), "--device", args.device]
+    ports = free_ports(args.replicas)
+    roots = [f"http://127.0.0.1:{port}" for port in ports]
     smi = None
     smi_log = out / "nvidia_smi.csv"
-    if shutil.which("nvidia-smi"):  # an independent reading of the same counters
+    if shutil.which("nvidia-smi"):  # an independent reading of the same counters, per GPU
         with smi_log.open("w") as log:
             smi = subprocess.Popen(
                 [
                     *("nvidia-smi", "--format=csv,noheader,nounits", "-lms", "250"),
-                    "--query-gpu=timestamp,utilization.gpu,memory.used,power.draw",
+                    "--query-gpu=timestamp,index,utilization.gpu,memory.used,power.draw",
                 ],
                 stdout=log,
             )
-    results: dict[str, Any] = {"device": args.device, "cases": {}}
+    results: dict[str, Any] = {"device": args.device, "replicas": args.replicas, "cases": {}}
+    processes = []
+    for i, port in enumerate(ports):
+        command = [args.server_python, __file__, "serve", "--port", str(port)]
+        command += ["--device", args.device, *(["--tiny"] if args.tiny else [])]
+        # The i-th replica alone on GPU i, numbered as NVML and nvidia-smi number them
+        # (CUDA's own default order puts the fastest first).
+        env = (
+            {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(i)}
+            if args.replicas > 1 and args.device == "cuda"
+            else {}
+        )
+        log_path = out / ("server.log" if args.replicas == 1 else f"server{i}.log")
+        spec = ServerSpec.local(command, port, env=env, log_path=log_path, startup_timeout_s=600)
+        processes.append(spec.process())
     started = time.perf_counter()
-    spec = ServerSpec.local(
-        [*command, "--tiny"] if args.tiny else command,
-        port,
-        log_path=out / "server.log",
-        startup_timeout_s=600,
-    )
-    async with spec.process() as server:
+    try:
+        # Together: each builds its model on its own GPU.
+        starts = await asyncio.gather(*(p.start() for p in processes), return_exceptions=True)
+        for error in starts:
+            if isinstance(error, BaseException):
+                raise error
         results["server_start_s"] = time.perf_counter() - started
-        print(server.log_tail(2), flush=True)
+        for process in processes:
+            print(process.log_tail(2), flush=True)
         for name, max_batch in CASES:
-            await server_call(f"{root}/config", {"max_batch": max_batch})
-            print(f"== {name}: the server batches at most {max_batch} requests", flush=True)
-            result = await asyncio.to_thread(run_diagnose, f"{root}/v1", out)
-            metrics = await server_call(f"{root}/metrics")
+            for root in roots:
+                await server_call(f"{root}/config", {"max_batch": max_batch})
+            print(
+                f"== {name}: each of {args.replicas} server(s) batches at most {max_batch} "
+                "requests",
+                flush=True,
+            )
+            urls = [f"{root}/v1" for root in roots]
+            result = await asyncio.to_thread(run_diagnose, urls, out, args.max_s)
             results["cases"][name] = {
                 "max_batch": max_batch,
                 "diagnose": result,
-                "server_metrics": metrics,
+                "server_metrics": [await server_call(f"{root}/metrics") for root in roots],
             }
+    finally:
+        for process in processes:
+            await process.stop()
     readings: list[Reading] = []
     if smi is not None:
         smi.terminate()
@@ -387,12 +505,52 @@ async def check(args: argparse.Namespace) -> int:
     return report(results, readings, out)
 
 
+def server_memory(metrics: str) -> dict[str, float]:
+    """What the server's PyTorch holds on its GPU, from its /metrics, in GiB."""
+    found = {}
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("gpu_check:torch_"):
+            found[name.removeprefix("gpu_check:torch_").removesuffix("_bytes")] = (
+                float(value) / 2**30
+            )
+    return found
+
+
+def print_replicas(probe: dict[str, Any]) -> None:
+    """Each replica's calls and its GPUs: NVML through autotune beside nvidia-smi."""
+    for r in probe["replicas"]:
+        latency = r["mean_latency_s"]
+        print(
+            f"      replica {r['index']} ({r['url']}, GPUs {r['gpus'] or '-'}): "
+            f"{r['completed']} calls, {r['calls_per_s']:.2f} calls/s, mean latency "
+            + ("-" if latency is None else f"{latency:.2f} s")
+            + f", server waiting {r['server'].get('waiting', float('nan')):.1f}"
+        )
+        if r["nvml"]:
+            nvml = r["nvml"]
+            print(
+                "        NVML over its GPUs (means): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in nvml.items())
+            )
+        for index, readings in r["nvml_per_gpu"].items():
+            print(
+                f"        GPU {index} NVML: util {fmt(readings['util_pct'], '%')}, "
+                f"memory {fmt(readings['memory_gib'], 'GiB')}, "
+                f"power {fmt(readings['power_w'], 'W')}"
+            )
+            if index in r["nvidia_smi_per_gpu"]:
+                print(f"        GPU {index} nvidia-smi: {fmt_smi(r['nvidia_smi_per_gpu'][index])}")
+
+
 def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
-    """Print the figures; PASS when each verdict is as expected and, on a GPU, the
-    GPU-bound case cites GPU utilisation over its threshold."""
+    """Print the figures; PASS when each verdict is as expected, on a GPU the GPU-bound
+    case cites GPU utilisation over its threshold, and with replicas every replica
+    served calls in every probe and (on a GPU) had its own GPU's readings."""
     from autotune.results import Evidence
 
     ok = True
+    on_gpu = results["device"] == "cuda"
     for name, case in results["cases"].items():
         result = case["diagnose"]
         verdict = result["verdict"]  # diagnose.json nests the verdict (schema version 2)
@@ -409,24 +567,21 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
                 f"power {fmt(s['power_w'], 'W')}"
             )
             if s["nvidia_smi"]:
-                m = s["nvidia_smi"]
-                print(
-                    f"      nvidia-smi, same window ({s['nvidia_smi_samples']} samples): "
-                    f"util {m['util_pct']:.1f} %, memory {m['memory_gib']:.1f} GiB, "
-                    f"power {m['power_w']:.0f} W"
-                )
+                print(f"      nvidia-smi, same window, all GPUs: {fmt_smi(s['nvidia_smi'])}")
             for source, reason in s["telemetry_unavailable"].items():
                 print(f"      {source}: {reason}")
-        reserved = [
-            line.split()[-1]
-            for line in case["server_metrics"].splitlines()
-            if line.startswith("gpu_check:torch_reserved_bytes")
-        ]
-        if reserved:
-            print(
-                f"  PyTorch's peak reserved memory in the server: "
-                f"{float(reserved[0]) / 2**30:.1f} GiB"
-            )
+            print_replicas(s)
+            if results["replicas"] > 1:
+                ok &= len(s["replicas"]) == results["replicas"]
+                ok &= all(r["completed"] > 0 for r in s["replicas"])
+                ok &= not on_gpu or all("util_pct" in r["nvml"] for r in s["replicas"])
+        case["server_memory_gib"] = [server_memory(m) for m in case["server_metrics"]]
+        for i, memory in enumerate(case["server_memory_gib"]):
+            if memory:
+                print(
+                    f"  server {i}: PyTorch reserves {memory.get('reserved_now', 0):.1f} GiB "
+                    f"on its GPU now, {memory.get('reserved', 0):.1f} GiB at its peak"
+                )
         case["gpu_evidence"] = [e for e in verdict["evidence"] if e["name"].startswith("GPU")]
         cited = "; ".join(Evidence.from_dict(e).text() for e in case["gpu_evidence"]) or "none"
         print(f"  GPU evidence cited: {cited}")
@@ -436,7 +591,7 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
     ok &= any(e["met"] for e in results["cases"][CASES[0][0]]["gpu_evidence"])
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     # Without a GPU this is a dry run of the flow: a CPU is not a GPU-bound server.
-    outcome = ("PASS" if ok else "FAIL") if results["device"] == "cuda" else "dry run"
+    outcome = ("PASS" if ok else "FAIL") if on_gpu else "dry run"
     print(
         f"\nserver start {results['server_start_s']:.1f} s; {outcome}; "
         f"details in {out / 'gpu_check.json'}"
@@ -449,10 +604,27 @@ def main() -> int:
     parser.add_argument("mode", nargs="?", choices=("check", "serve"), default="check")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model (a CPU dry run)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="servers, one per GPU (the i-th on GPU i), behind one diagnose (default: 1)",
+    )
+    parser.add_argument(
+        "--server-python",
+        default=sys.executable,
+        help="the Python that serves the model: one with torch and transformers "
+        "(default: this one)",
+    )
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--max-s", type=float, default=15.0, help="each probe's cap, seconds (diagnose --max-s)"
+    )
     parser.add_argument("--max-batch", type=int, default=4)
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu_check")
     args = parser.parse_args()
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
     if args.mode == "serve":
         asyncio.run(serve(args))
         return 0

@@ -23,11 +23,22 @@ whose 28 attention heads cannot be split 8 ways, so its best TP is not the large
 offered (in the simulator's model a server's throughput grows with its TP, so only a TP
 the model cannot use keeps the optimum below the largest).
 
-Target, every scenario: median study ≥ 99% and worst seed ≥ 95% of the grid optimum,
+Target, those scenarios: median study ≥ 99% and worst seed ≥ 95% of the grid optimum,
 within 30 trials, with median probe-seconds at most a third of the auto_tune-style grid
 at the best TP.
 
+GPU-budget scenarios (issue 13): Llama-3.1-8B and Llama-3.1-70B on 8 simulated H100s
+(`resources: {gpus: 8}`), GRPO groups of 8 rollouts sharing a prompt, searching the
+split of the GPUs into engines × TP, max_num_seqs, prefix caching and parallelism. The
+engines share one virtual clock and calls are routed as the HTTP backend routes them
+(probe.virtual). The grid is every split × max_num_seqs × caching × parallelism; the
+table shows each split's best and what caching bought there. There is no auto_tune row:
+it never changes the number of engines. Target: median study ≥ 95% of the grid optimum
+within 30 trials.
+
     python benchmarks/sweep_efficiency.py [--seeds 5] [--trials 30] [--scenario NAME] [--check]
+
+All four scenarios take about 5 minutes on two cores (the budget ones about 1 each).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from autotune.probe.virtual import VirtualSimLauncher
 from autotune.servers.sim.scheduler import SimEngine
 from autotune.servers.sim.server import SimConfigError, load_config
 from autotune.sweep.curve import TrialOutcome
+from autotune.sweep.fit import knobs_of, parameters
 from autotune.sweep.search import grid_values, open_study, optimise
 
 PROMPT, OUTPUT = (512, 128), (256, 64)
@@ -57,11 +69,23 @@ SETTINGS = ProbeSettings(parallelism=1, warmup_s=1.0, min_s=3.0, max_s=30.0)
 GRID_LATENCIES = 8.0  # a grid rung's window, in rollout latencies (four batches)
 AUTO_TUNE_GMU, AUTO_TUNE_PROMPTS = 0.9, 1000
 MEDIAN_TARGET, WORST_TARGET, COST_TARGET = 0.99, 0.95, 1 / 3
+BUDGET_MEDIAN_TARGET = 0.95  # the GPU-budget scenarios' target
 SHORT = {
+    "num_engines": "engines",
     "tensor_parallel_size": "tp",
     "gpu_memory_utilization": "gmu",
     "max_num_seqs": "seqs",
     "max_num_batched_tokens": "tokens",
+    "enable_prefix_caching": "caching",
+}
+CLASSIC_SPACE = {
+    "gpu_memory_utilization": {"low": 0.80, "high": 0.95, "step": 0.05},
+    "max_num_seqs": {"choices": [16, 32, 64, 128, 256, 512]},
+    "max_num_batched_tokens": {"choices": [256, 512, 1024, 2048, 8192]},
+}
+BUDGET_SPACE = {
+    "max_num_seqs": {"choices": [64, 128, 256, 512]},
+    "enable_prefix_caching": {"choices": [True, False]},
 }
 
 
@@ -69,21 +93,27 @@ SHORT = {
 class Scenario:
     name: str
     args: list[str]
-    tensor_parallel_sizes: list[int]
+    tensor_parallel_sizes: list[int]  # searched as a knob; empty: split from `gpus`
+    space: dict[str, Any]
+    gpus: int | None = None  # a GPU budget: engines × TP searched within it
+    num_repeats: int = 1  # rollouts per task (GRPO group size)
+    low: int = 4
+    high: int = 1024
 
     def study(self, trials: int, seed: int = 0) -> Study:
+        space = dict(self.space)
+        if self.tensor_parallel_sizes:
+            space["tensor_parallel_size"] = {"choices": self.tensor_parallel_sizes}
         return Study.model_validate(
             {
                 "name": "efficiency",
                 "target": {"kind": "sim", "args": self.args},
-                "workload": {"synthetic": {"prompt_tokens": PROMPT, "output_tokens": OUTPUT}},
-                "search_space": {
-                    "parallelism": {"low": 4, "high": 1024},
-                    "tensor_parallel_size": {"choices": self.tensor_parallel_sizes},
-                    "gpu_memory_utilization": {"low": 0.80, "high": 0.95, "step": 0.05},
-                    "max_num_seqs": {"choices": [16, 32, 64, 128, 256, 512]},
-                    "max_num_batched_tokens": {"choices": [256, 512, 1024, 2048, 8192]},
+                "workload": {
+                    "synthetic": {"prompt_tokens": PROMPT, "output_tokens": OUTPUT},
+                    "num_repeats": self.num_repeats,
                 },
+                "search_space": {"parallelism": {"low": self.low, "high": self.high}, **space},
+                "resources": {"gpus": self.gpus} if self.gpus else None,
                 "objective": {"metric": "rollouts_per_s"},
                 "budget": {"trials": trials, "patience": 6},
                 "probe": {"warmup_s": SETTINGS.warmup_s, "min_s": 3.0, "max_s": 30.0},
@@ -95,8 +125,35 @@ class Scenario:
 SCENARIOS = {
     scenario.name: scenario
     for scenario in (
-        Scenario("70b-h100", ["--gpu", "h100-80gb", "--model", "llama-3.1-70b"], [2, 4, 8]),
-        Scenario("7b-l40s", ["--gpu", "l40s", "--model", "qwen2.5-7b"], [1, 2, 4, 8]),
+        Scenario(
+            "70b-h100",
+            ["--gpu", "h100-80gb", "--model", "llama-3.1-70b"],
+            [2, 4, 8],
+            CLASSIC_SPACE,
+        ),
+        Scenario(
+            "7b-l40s", ["--gpu", "l40s", "--model", "qwen2.5-7b"], [1, 2, 4, 8], CLASSIC_SPACE
+        ),
+        Scenario(
+            "8b-budget",
+            ["--gpu", "h100-80gb", "--model", "llama-3.1-8b"],
+            [],
+            BUDGET_SPACE,
+            gpus=8,
+            num_repeats=8,
+            low=16,
+            high=4096,
+        ),
+        Scenario(
+            "70b-budget",
+            ["--gpu", "h100-80gb", "--model", "llama-3.1-70b"],
+            [],
+            BUDGET_SPACE,
+            gpus=8,
+            num_repeats=8,
+            low=16,
+            high=4096,
+        ),
     )
 }
 
@@ -107,19 +164,22 @@ def key(knobs: dict[str, Any]) -> tuple[tuple[str, float], ...]:
 
 
 def launcher(scenario: Scenario, seed: int = 0) -> VirtualSimLauncher:
-    return VirtualSimLauncher(scenario.args, SETTINGS, PROMPT, OUTPUT, seed)
+    return VirtualSimLauncher(scenario.args, SETTINGS, PROMPT, OUTPUT, seed, scenario.num_repeats)
 
 
-async def grid(scenario: Scenario, study: Study) -> tuple[dict[Any, float], dict[str, Any], float]:
+async def grid(
+    scenario: Scenario, study: Study
+) -> tuple[dict[Any, float], dict[str, Any], float, list[dict[str, Any]]]:
     """Every configuration at every parallelism: (each configuration's best value, where
-    the optimum is, probe-seconds)."""
+    the optimum is, probe-seconds, every configuration that started)."""
     space = study.search_space
-    knobs = space.server_knobs()
+    params = parameters(study)
     values: dict[Any, float] = {}
-    best, where, probe_s = 0.0, {}, 0.0
-    for combination in itertools.product(*(grid_values(s) for s in knobs.values())):
-        config = dict(zip(knobs, combination, strict=True))
-        top = min(space.parallelism.high, 2 * int(config["max_num_seqs"]))
+    best, where, probe_s, started = 0.0, {}, 0.0, []
+    for combination in itertools.product(*(grid_values(s) for s in params.values())):
+        config = knobs_of(dict(zip(params, combination, strict=True)))
+        engines = int(config.get("num_engines", 1))
+        top = min(space.parallelism.high, 2 * engines * int(config["max_num_seqs"]))
         try:
             async with launcher(scenario).running(config) as probe:
                 n, latency, found = space.parallelism.low, None, 0.0
@@ -137,7 +197,8 @@ async def grid(scenario: Scenario, study: Study) -> tuple[dict[Any, float], dict
         except ServerStartupError:
             continue
         values[key(config)] = found
-    return values, where, probe_s
+        started.append(config)
+    return values, where, probe_s, started
 
 
 async def auto_tune_style(scenario: Scenario, study: Study, tp: int) -> tuple[float, float, int]:
@@ -186,21 +247,75 @@ async def one_study(scenario: Scenario, study: Study, seed: int) -> dict[str, An
         "pruned": sum(o.pruned_reason is not None and o.probe_s > 0 for o in outcomes),
         "rejected": sum(o.infeasible_reason is not None and o.probe_s == 0 for o in outcomes),
         "chosen": chosen.knobs,
+        "first": outcomes[0].knobs,
         "measured": chosen.value,
         "probe_s": sum(o.probe_s for o in outcomes),
     }
 
 
+def split_table(
+    truth: dict[Any, float], configs: list[dict[str, Any]], optimum: float
+) -> tuple[str, dict[str, float]]:
+    """Each split's best (the grid's), against the optimum and against the one-engine
+    split, with caching on and off there; and each split's best by name."""
+    by_split: dict[str, dict[bool, float]] = {}
+    for config in configs:
+        name = f"{config['num_engines']}x{config['tensor_parallel_size']}"
+        caching = bool(config.get("enable_prefix_caching", True))
+        seen = by_split.setdefault(name, {})
+        seen[caching] = max(seen.get(caching, 0.0), truth[key(config)])
+    best = {name: max(seen.values()) for name, seen in by_split.items()}
+    one_engine = next((best[name] for name in best if name.startswith("1x")), None)
+    lines = [
+        f"{'engines x TP':>12} {'best':>8} {'of opt':>7} {'vs 1 engine':>11} "
+        f"{'caching on':>10} {'off':>8} {'gain':>6}"
+    ]
+    for name, value in sorted(best.items(), key=lambda item: -item[1]):
+        seen = by_split[name]
+        on, off = seen.get(True, 0.0), seen.get(False, 0.0)
+        ratio = f"x{value / one_engine:.2f}" if one_engine else "-"
+        gain = f"x{on / off:.2f}" if off > 0 else "-"
+        lines.append(
+            f"{name:>12} {value:>8.2f} {value / optimum:>7.1%} {ratio:>11} "
+            f"{on:>10.2f} {off:>8.2f} {gain:>6}"
+        )
+    return "\n".join(lines), best
+
+
+def split_verdict(best: dict[str, float]) -> str:
+    """Which split won, and by how much over each other one."""
+    winner = max(best, key=lambda name: best[name])
+    engines, tp = winner.split("x")
+    others = ", ".join(
+        f"x{best[winner] / value:.2f} of {name}"
+        for name, value in sorted(best.items(), key=lambda item: -item[1])
+        if name != winner and value > 0
+    )
+    sizes = [int(name.split("x")[1]) for name in best]
+    which = (
+        "the most engines (the smallest TP that fits)"
+        if int(tp) == min(sizes)
+        else "the biggest TP"
+        if int(tp) == max(sizes)
+        else "neither the most engines nor the biggest TP"
+    )
+    return f"optimum split: {engines} engines x TP {tp}, {which}: {others}"
+
+
 async def run_scenario(scenario: Scenario, args: argparse.Namespace) -> bool:
     study = scenario.study(args.trials)
-    print(f"\n== {scenario.name}: {' '.join(scenario.args)}, TP {scenario.tensor_parallel_sizes}")
+    sizes = f"TP {scenario.tensor_parallel_sizes}" if scenario.tensor_parallel_sizes else ""
+    budget = f"{scenario.gpus} GPUs, groups of {scenario.num_repeats}" if scenario.gpus else ""
+    print(f"\n== {scenario.name}: {' '.join(scenario.args)}, {sizes or budget}")
     started = time.perf_counter()
-    truth, where, grid_s = await grid(scenario, study)
+    truth, where, grid_s, configs = await grid(scenario, study)
     optimum = max(truth.values())
     print(
         f"grid: {len(truth)} configurations that start, optimum {optimum:.2f} rollouts/s at "
         f"{where}, {grid_s:,.0f} probe-s ({time.perf_counter() - started:.0f} s wall)"
     )
+    if scenario.gpus:
+        return await run_budget(scenario, study, args, truth, configs, optimum, grid_s)
     print(f"\n{'auto_tune-style at TP':>22} {'runs':>5} {'best':>8} {'of opt':>7} {'probe-s':>9}")
     per_tp = {}
     for tp in scenario.tensor_parallel_sizes:
@@ -217,7 +332,7 @@ async def run_scenario(scenario: Scenario, args: argparse.Namespace) -> bool:
         f"({per_tp[best_tp][0] / optimum:.1%}, {per_tp[best_tp][1]:,.0f} probe-s)"
     )
     auto_s = per_tp[best_tp][1]
-    rows = [await one_study(scenario, study, seed) for seed in range(args.seeds)]
+    rows = await studies(scenario, study, args)
     print(
         f"\n{'seed':>4} {'trials':>6} {'launched':>8} {'pruned':>6} {'rejected':>8} "
         f"{'true value':>10} {'of opt':>7} {'probe-s':>8} {'of auto_tune':>12}  chosen"
@@ -253,9 +368,60 @@ async def run_scenario(scenario: Scenario, args: argparse.Namespace) -> bool:
     return ok
 
 
+async def studies(
+    scenario: Scenario, study: Study, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    return [await one_study(scenario, study, seed) for seed in range(args.seeds)]
+
+
+async def run_budget(
+    scenario: Scenario,
+    study: Study,
+    args: argparse.Namespace,
+    truth: dict[Any, float],
+    configs: list[dict[str, Any]],
+    optimum: float,
+    grid_s: float,
+) -> bool:
+    """A GPU-budget scenario: the splits' table, then the studies against the grid."""
+    table, best = split_table(truth, configs, optimum)
+    print(f"\n{table}\n{split_verdict(best)}")
+    rows = await studies(scenario, study, args)
+    print(
+        f"\n{'seed':>4} {'trials':>6} {'launched':>8} {'pruned':>6} {'rejected':>8} "
+        f"{'first trial':>11} {'true value':>10} {'of opt':>7} {'probe-s':>8}  chosen"
+    )
+    fractions = []
+    for row in rows:
+        true = truth.get(key(row["chosen"]), 0.0)
+        first = truth.get(key(row["first"]), 0.0) / optimum  # the seeded configuration
+        fractions.append(true / optimum)
+        chosen = " ".join(f"{SHORT.get(k, k)}={v}" for k, v in row["chosen"].items())
+        print(
+            f"{row['seed']:>4} {row['trials']:>6} {row['launched']:>8} {row['pruned']:>6} "
+            f"{row['rejected']:>8} {first:>11.1%} {true:>10.2f} {true / optimum:>7.1%} "
+            f"{row['probe_s']:>8,.0f}  {chosen}"
+        )
+    median, worst = statistics.median(fractions), min(fractions)
+    median_s = statistics.median(r["probe_s"] for r in rows)
+    most_trials = max(r["trials"] for r in rows)
+    ok = median >= BUDGET_MEDIAN_TARGET and most_trials <= args.trials
+    print(
+        f"\nmedian {median:.1%}, worst {worst:.1%} of the optimum; at most {most_trials} "
+        f"trials; median {median_s:,.0f} probe-s ({median_s / grid_s:.2%} of the full grid)"
+    )
+    print(
+        f"target (median ≥ {BUDGET_MEDIAN_TARGET:.0%}, ≤ {args.trials} trials): "
+        f"{'PASS' if ok else 'FAIL'}"
+    )
+    return ok
+
+
 async def main_async(args: argparse.Namespace) -> int:
     names = [args.scenario] if args.scenario else list(SCENARIOS)
+    started = time.perf_counter()
     results = [await run_scenario(SCENARIOS[name], args) for name in names]
+    print(f"\n{len(names)} scenarios in {time.perf_counter() - started:.0f} s")
     return 0 if all(results) or not args.check else 1
 
 

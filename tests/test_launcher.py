@@ -15,13 +15,15 @@ import pytest
 
 from autotune.errors import ServerStartupError
 from autotune.servers.launcher import (
+    ServerGroup,
     ServerProcess,
     ServerSpec,
     free_port,
+    free_ports,
     last_error_line,
     sim_command,
 )
-from autotune.servers.vllm import VllmServer
+from autotune.servers.vllm import VllmServer, vllm_replicas
 
 FAST = ["--time-scale", "0.01"]
 
@@ -253,3 +255,69 @@ def test_vllm_is_told_its_host() -> None:
     assert everywhere.base_url == "http://127.0.0.1:8127/v1"
     ipv6 = VllmServer("m", command=base, port=8127, host="::1")
     assert ipv6.health_url == "http://[::1]:8127/health"
+
+
+# -- several replicas of one model (a GPU budget split into engines) -----------------------
+
+
+async def _healthy(url: str) -> bool:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        return resp.status == 200
+
+
+async def test_a_group_starts_every_replica_and_stops_them_all() -> None:
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+    group = ServerGroup([ServerSpec.sim(FAST, port=port).process() for port in ports])
+    async with group:
+        assert [url.split(":")[-1] for url in group.base_urls] == [f"{p}/v1" for p in ports]
+        assert all([await _healthy(p.health_url) for p in group.processes])
+        pgids = [os.getpgid(p.pid or 0) for p in group.processes]
+    assert not any(p.is_alive() for p in group.processes)
+    assert not any(_group_exists(pgid) for pgid in pgids)
+
+
+async def test_a_replica_that_cannot_start_stops_the_others_and_names_its_error() -> None:
+    good = [ServerSpec.sim(FAST).process() for _ in range(2)]
+    refused = ServerSpec.sim([*FAST, "--gpu-memory-utilization", "0.1"]).process()
+    group = ServerGroup([*good, refused])
+    with pytest.raises(ServerStartupError) as info:
+        async with group:
+            pytest.fail("a group with a refused replica yielded")
+    assert info.value.reason.startswith("ValueError: No available memory for the cache blocks")
+    assert not any(p.is_alive() for p in group.processes)
+    assert {c.pid for c in psutil.Process().children(recursive=True)}.isdisjoint(
+        {p.pid for p in group.processes}
+    )
+
+
+async def test_a_cancelled_group_start_leaves_nothing_behind() -> None:
+    group = ServerGroup([ServerSpec.sim(FAST).process() for _ in range(2)])
+    task = asyncio.create_task(group.start())
+    await asyncio.sleep(0.3)  # spawned, not yet healthy
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not any(p.is_alive() for p in group.processes)
+
+
+def test_vllm_replicas_get_disjoint_gpus_and_ports() -> None:
+    base = ("python", "-m", "vllm.entrypoints.openai.api_server")
+    flags = {"tensor_parallel_size": 2, "max_num_seqs": 64}
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7,0,1"}
+    group = vllm_replicas("m", flags, 3, command=base, env=env)
+    servers = group.processes
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in servers] == ["4,5", "6,7", "0,1"]
+    assert group.gpus == ((4, 5), (6, 7), (0, 1))
+    assert len({s.base_url for s in servers}) == 3
+    assert all("--data-parallel-size" not in s.cmd for s in servers)
+    with pytest.raises(ServerStartupError, match="need 8 GPUs, but CUDA_VISIBLE_DEVICES names 6"):
+        vllm_replicas("m", flags, 4, command=base, env=env)
+
+
+def test_data_parallel_vllm_is_one_server_running_every_engine() -> None:
+    base = ("python", "-m", "vllm.entrypoints.openai.api_server")
+    flags = {"tensor_parallel_size": 2}
+    (server,) = vllm_replicas("m", flags, 4, data_parallel=True, command=base).processes
+    assert server.cmd[server.cmd.index("--data-parallel-size") + 1] == "4"
+    assert server.cmd[server.cmd.index("--tensor-parallel-size") + 1] == "2"

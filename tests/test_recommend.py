@@ -180,3 +180,70 @@ def test_a_ttft_slo_binds_like_the_latency_one() -> None:
     # The largest parallelism whose expected TTFT (0.01 s a request) stays 10% inside 0.2 s.
     assert bound.recommended.parallelism == 18 < headroom
     assert bound.recommended.p95_ttft_s is not None and bound.recommended.p95_ttft_s * 1.1 <= 0.2
+
+
+# -- a GPU budget split into engines × TP (issue 13) ----------------------------------------
+
+SPLIT: dict[str, Any] = {
+    "num_engines": 4,
+    "tensor_parallel_size": 2,
+    "enable_prefix_caching": True,
+    "max_num_seqs": 256,
+}
+
+
+def test_a_split_budget_is_recommended_as_engines_tp_and_parallelism_per_engine() -> None:
+    off = {**SPLIT, "enable_prefix_caching": False}
+    one_engine = {**SPLIT, "num_engines": 1, "tensor_parallel_size": 8}
+    rec = recommendation(
+        sweep(
+            trial(0, 30.0, SPLIT, curve=usl_curve(1.0)),
+            trial(1, 20.0, off, curve=usl_curve(0.7)),
+            trial(2, 25.0, one_engine, curve=usl_curve(0.8)),
+            trial(3, 5.0, {**one_engine, "enable_prefix_caching": False}, curve=usl_curve(0.2)),
+        )
+    )
+    assert rec is not None
+    parallelism = rec.recommended.parallelism
+    assert (rec.engines, rec.tensor_parallel_size, rec.enable_prefix_caching) == (4, 2, True)
+    assert rec.parallelism_per_engine == math.ceil(parallelism / 4)
+    assert rec.snippets.openrlhf == (
+        "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --vllm.enable_prefix_caching"
+    )
+    assert rec.snippets.vllm == (
+        f"vllm serve {MODEL} --data-parallel-size 4 --tensor-parallel-size 2 "
+        "--enable-prefix-caching --max-num-seqs 256"
+    )
+    assert rec.snippets.nemo_gym == f"+num_samples_in_parallel={parallelism}"  # the total
+    assert f"near {rec.parallelism_per_engine} requests in flight per engine" in (
+        rec.snippets.openrlhf_note
+    )
+    # What caching bought is compared at the recommended split only (4x2, not 1x8).
+    assert rec.prefix_caching is not None
+    assert (rec.prefix_caching.split, rec.prefix_caching.on, rec.prefix_caching.off) == (
+        "4x2",
+        30.0,
+        20.0,
+    )
+    assert rec.prefix_caching.gain == pytest.approx(1.5)
+
+
+def test_caching_off_is_no_openrlhf_switch_and_an_explicit_vllm_flag() -> None:
+    off = {**SPLIT, "enable_prefix_caching": False}
+    rec = recommendation(sweep(trial(0, 30.0, off, curve=usl_curve(1.0))))
+    assert rec is not None
+    assert rec.snippets.openrlhf == "--vllm.num_engines 4 --vllm.tensor_parallel_size 2"
+    assert "--no-enable-prefix-caching" in rec.snippets.vllm
+    assert rec.enable_prefix_caching is False
+    assert rec.prefix_caching is None  # caching on was never measured at 4x2
+
+
+def test_a_recommendation_round_trips_its_gpu_plan() -> None:
+    rec = recommendation(
+        sweep(
+            trial(0, 30.0, SPLIT, curve=usl_curve(1.0)),
+            trial(1, 20.0, {**SPLIT, "enable_prefix_caching": False}, curve=usl_curve(0.7)),
+        )
+    )
+    assert rec is not None
+    assert type(rec).from_dict(rec.to_dict()) == rec

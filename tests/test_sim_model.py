@@ -242,3 +242,140 @@ async def test_planted_slowdown_makes_every_later_step_slower() -> None:
     assert slowed.steps == steady.steps == not_yet.steps
     assert slowed.sim_time_s == pytest.approx(2 * steady.sim_time_s)
     assert not_yet.sim_time_s == pytest.approx(steady.sim_time_s)
+
+
+# -- prefix caching --------------------------------------------------------------------------
+#
+# A GRPO group: 8 rollouts of one task share a 2,000-token prompt; block 16. What a hit can
+# reuse is the prompt's whole blocks short of its last token (vLLM recomputes at least the
+# last one for its logits): ⌊(2,000 − 1) ÷ 16⌋ × 16 = 124 × 16 = 1,984 tokens, so a hit
+# computes 2,000 − 1,984 = 16. The first of the group computes all 2,000, the other 7
+# compute 16 each: 2,000 + 7 × 16 = 2,112 prefill tokens instead of 8 × 2,000 = 16,000, and
+# 7 × 1,984 = 13,888 tokens are hits.
+
+GROUP = 8
+PROMPT = 2000
+SHARED = 1984
+
+
+async def test_a_group_prefilled_in_turn_computes_its_prompt_once() -> None:
+    async with _engine() as engine:
+        first = engine.submit(PROMPT, 10, prefix_key="task")
+        await first.first_token  # its prefill has completed before the others arrive
+        rest = [engine.submit(PROMPT, 10, prefix_key="task") for _ in range(GROUP - 1)]
+        await asyncio.gather(first.finished, *(r.finished for r in rest))
+        stats = engine.stats()
+    assert stats.prefill_tokens_computed_total == 2000 + 7 * 16 == 2112
+    assert stats.prefix_cache_hits_total == 7 * 1984 == 13_888
+    assert stats.prefix_cache_queries_total == 8 * 2000  # every prompt token is looked up
+
+
+async def test_a_group_arriving_at_once_shares_from_its_first_step() -> None:
+    # vLLM caches a prompt's blocks when it schedules them, so the 7 requests scheduled
+    # after the first in the same step already hit (the forward pass writes each layer's
+    # KV before attention reads it). All 8 fit one step: 2,112 ≤ 8,192 batched tokens.
+    async with _engine() as engine:
+        group = [engine.submit(PROMPT, 10, prefix_key="task") for _ in range(GROUP)]
+        await group[-1].first_token
+        assert engine.steps == 1
+        await asyncio.gather(*(r.finished for r in group))
+        stats = engine.stats()
+    assert stats.prefill_tokens_computed_total == 2112
+    assert stats.prefix_cache_hits_total == 13_888
+
+
+async def test_without_prefix_caching_every_prompt_is_computed() -> None:
+    async with _engine(enable_prefix_caching=False) as engine:
+        group = [engine.submit(PROMPT, 10, prefix_key="task") for _ in range(GROUP)]
+        await asyncio.gather(*(r.finished for r in group))
+        stats = engine.stats()
+    assert stats.prefill_tokens_computed_total == 8 * 2000 == 16_000
+    assert stats.prefix_cache_hits_total == 0
+    assert stats.prefix_cache_queries_total == 0  # vLLM looks nothing up when it is off
+
+
+@pytest.mark.parametrize(
+    ("caching", "used"),
+    [
+        # 1,984 shared tokens once + each request's own 16 uncached prompt tokens and its
+        # first output token's slot, 17 × 8 + half a block (8) per sequence × 8:
+        (True, 1984 + 17 * 8 + 8 * 8),  # = 2,184
+        # Uncached, 16,000 tokens take two steps of 8,192 (4 prompts and 192 tokens of the
+        # 5th, then the rest), so the first 4 have also decoded once: (2,000 + 1) × 8 + 4
+        # + 8 × 8:
+        (False, 2001 * 8 + 4 + 8 * 8),  # = 16,076
+    ],
+)
+async def test_kv_usage_counts_a_shared_prefix_once(caching: bool, used: int) -> None:
+    async with _engine(kv_capacity_tokens=100_000, enable_prefix_caching=caching) as engine:
+        group = [engine.submit(PROMPT, 100, prefix_key="task") for _ in range(GROUP)]
+        await group[-1].first_token
+        assert engine.steps == (1 if caching else 2)
+        assert engine.stats().kv_usage == pytest.approx(used / 100_000)
+        await asyncio.gather(*(r.finished for r in group))
+        # Nobody holds the prefix now: it stays cached but counts as free, as in vLLM.
+        assert engine.stats().kv_usage == 0
+        await engine.submit(PROMPT, 1, prefix_key="task").finished
+        assert engine.stats().prefix_cache_hits_total == (8 * 1984 if caching else 0)
+
+
+async def test_decode_attention_still_reads_the_shared_prefix() -> None:
+    # Sharing saves prefill only. Step 1 runs 2,112 prefill tokens whose attention reads
+    # all 8 × 2,000 prompt tokens; steps 2 and 3 decode 8 sequences of 2,001 and 2,002
+    # tokens (8 × 2,001 = 16,008 and 16,016 context tokens); all finish after 3 tokens.
+    async with _engine() as engine:
+        group = [engine.submit(PROMPT, 3, prefix_key="task") for _ in range(GROUP)]
+        await asyncio.gather(*(r.finished for r in group))
+    assert engine.steps == 3
+    expected = (
+        step_time_s(H100, L8B, 1, decode_seqs=0, prefill_tokens=2112, context_tokens=16_000)
+        + step_time_s(H100, L8B, 1, decode_seqs=8, prefill_tokens=0, context_tokens=16_008)
+        + step_time_s(H100, L8B, 1, decode_seqs=8, prefill_tokens=0, context_tokens=16_016)
+    )
+    assert engine.sim_time_s == pytest.approx(expected)
+
+
+async def test_free_cached_prefixes_are_evicted_least_recently_released_first() -> None:
+    # 5,000 KV tokens. "a" then "b" run alone and leave 1,984 cached tokens each (3,968
+    # free-cached). "c" needs 2,001 + 8: 2,009 + 3,968 > 5,000, so the older "a" goes and
+    # "b" stays (2,009 + 1,984 ≤ 5,000). Then "b" hits and "a" misses.
+    async with _engine(kv_capacity_tokens=5000) as engine:
+        for key in ("a", "b", "c"):
+            await engine.submit(PROMPT, 10, prefix_key=key).finished
+        assert engine.stats().prefix_cache_hits_total == 0
+        await engine.submit(PROMPT, 10, prefix_key="b").finished
+        assert engine.stats().prefix_cache_hits_total == 1984
+        await engine.submit(PROMPT, 10, prefix_key="a").finished
+        stats = engine.stats()
+    assert stats.prefix_cache_hits_total == 1984
+    assert stats.prefill_tokens_computed_total == 4 * 2000 + 16
+
+
+async def test_a_preempted_request_hits_again_when_readmitted() -> None:
+    # 400 KV tokens, two requests of a 160-token prompt (shared: ⌊159 ÷ 16⌋ × 16 = 144),
+    # 200 output tokens each, admitted together: 144 + 2 × 17 + 2 × 8 = 194 tokens after
+    # step 1, then 2 more a step: 192 + 2s after step s. Planning step s + 1 needs
+    # 192 + 2s + 2 ≤ 400, false from s = 104: the later one is preempted with 104 tokens
+    # out and released. It comes back once the first finishes (step 200; the first alone
+    # needs 144 + 16 + 200 + 8 = 368), hits the 144 cached tokens again and recomputes
+    # 160 + 104 − 144 = 120. Prefill: 160 + 16 + 120 = 296 (not 160 + 16 + 264 = 440).
+    async with _engine(kv_capacity_tokens=400) as engine:
+        first = engine.submit(160, 200, prefix_key="task")
+        second = engine.submit(160, 200, prefix_key="task")
+        await asyncio.gather(first.finished, second.finished)
+        stats = engine.stats()
+    assert stats.preemptions_total == 1
+    assert second.tokens_done() == 200
+    assert stats.prefill_tokens_computed_total == 296
+    assert stats.prefix_cache_hits_total == 144  # a re-lookup is not counted, as in vLLM
+
+
+async def test_abort_releases_the_shared_prefix() -> None:
+    async with _engine() as engine:
+        group = [engine.submit(PROMPT, 10_000, prefix_key="task") for _ in range(2)]
+        await group[-1].first_token
+        for req in group:
+            req.abort()
+        assert engine.stats().kv_usage == 0
+        await engine.submit(PROMPT, 1, prefix_key="task").finished
+        assert engine.stats().prefix_cache_hits_total == 2 * 1984

@@ -17,6 +17,7 @@ from autotune.servers.sim.server import load_config, serve_in_process
 
 FAST = ["--port", "0", "--time-scale", "0.01"]
 MODEL = "sim/llama-3.1-8b"
+LABEL = f'{{engine="0",model_name="{MODEL}"}}'  # vLLM's labels, sorted as prometheus_client does
 
 
 @pytest.fixture
@@ -62,6 +63,7 @@ async def test_health_models_and_simulated_marking(
         assert resp.headers["x-autotune-simulated"] == "true"
     assert [m["id"] for m in body["data"]] == [MODEL]
     assert body["data"][0]["max_model_len"] == 8192
+    assert body["data"][0]["data_parallel_size"] == 1
     async with session.get(_root(base_url) + "/nowhere") as resp:
         assert resp.status == 404
         assert resp.headers["x-autotune-simulated"] == "true"
@@ -202,7 +204,7 @@ async def test_metrics_match_tokens_served(base_url: str, session: aiohttp.Clien
         assert resp.headers["x-autotune-simulated"] == "true"
         text = await resp.text()
     m = _metrics(text)
-    label = f'{{model_name="{MODEL}"}}'
+    label = LABEL
     assert m["vllm:prompt_tokens_total" + label] == served_prompt
     assert m["vllm:generation_tokens_total" + label] == served_output
     assert m["vllm:num_requests_running" + label] == 0
@@ -213,7 +215,7 @@ async def test_metrics_match_tokens_served(base_url: str, session: aiohttp.Clien
     for hist in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
         name = f"vllm:{hist}_seconds"
         assert m[f"{name}_count{label}"] == 3
-        assert m[f'{name}_bucket{{le="+Inf",model_name="{MODEL}"}}'] == 3
+        assert m[f'{name}_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}}'] == 3
         assert m[f"{name}_sum{label}"] >= 0
     assert "# TYPE vllm:num_preemptions counter" in text
     assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
@@ -227,7 +229,7 @@ async def test_many_concurrent_streams_complete() -> None:
         serve_in_process(["--port", "0", "--time-scale", "0.2"]) as url,
     ):
         payload = {"prompt": "p" * 400, "max_tokens": 64, "ignore_eos": True, "stream": True}
-        label = f'{{model_name="{MODEL}"}}'
+        label = LABEL
 
         async def one() -> str:
             async with session.post(url + "/completions", json=payload) as resp:
@@ -255,7 +257,7 @@ async def test_client_disconnect_aborts_the_request(session: aiohttp.ClientSessi
         payload = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True, "stream": True}
         async with session.post(url + "/completions", json=payload) as resp:
             await resp.content.readline()  # the first token's chunk
-        running = f'vllm:num_requests_running{{model_name="{MODEL}"}}'
+        running = "vllm:num_requests_running" + LABEL
         deadline = asyncio.get_running_loop().time() + 5
         while asyncio.get_running_loop().time() < deadline:
             async with session.get(_root(url) + "/metrics") as resp:
@@ -290,8 +292,8 @@ async def test_die_after_requests_is_refused_in_process() -> None:
 
 
 def test_unknown_vllm_flags_are_kept_for_a_warning() -> None:
-    config = load_config(["--dtype", "bfloat16", "--enable-prefix-caching", "--max-num-seqs", "8"])
-    assert config.ignored_flags == ("--dtype", "bfloat16", "--enable-prefix-caching")
+    config = load_config(["--dtype", "bfloat16", "--swap-space", "4", "--max-num-seqs", "8"])
+    assert config.ignored_flags == ("--dtype", "bfloat16", "--swap-space", "4")
     assert config.max_num_seqs == 8
     assert config.served_model_name == MODEL
     assert load_config(["--served-model-name", "mine"]).served_model_name == "sim/mine"

@@ -94,3 +94,11 @@ def test_ratio_interval_covers_the_true_ratio() -> None:
 def test_a_ratio_with_an_unmeasured_side_is_unbounded() -> None:
     assert ratio_interval((10.0, math.inf, 10), (5.0, 0.5, 10)).high == math.inf
     assert ratio_interval((10.0, 1.0, 10), (0.0, 0.0, 10)).ratio == math.inf
+
+
+def test_too_few_events_for_one_batch_still_give_their_rate_without_an_interval() -> None:
+    # 4 completions in a 10 s window, batches of 8: no batch, but 0 rollouts/s would be
+    # wrong; the rate is 4 / 10 s, and nothing narrower than 0–inf can be said of it.
+    estimate = completion_batches_rate([2.0, 4.0, 6.0, 8.0], [(0.0, 10.0)], 8)
+    assert estimate.rate == 0.4 and (estimate.low, estimate.high) == (0.0, math.inf)
+    assert estimate.batches == 0 and estimate.events == 4

@@ -209,7 +209,7 @@ def test_a_study_launches_its_servers_on_loopback_unless_it_says(
     study = Study.model_validate({"name": "host", "target": target})
     launcher = http_launcher(study, NoneVerifier())
     assert launcher.server is not None
-    server = launcher.server({"max_num_seqs": 8})
+    (server,) = launcher.server({"max_num_seqs": 8}).processes
     assert server.cmd[server.cmd.index("--host") + 1] == listens
     assert server.base_url is not None and server.base_url.startswith(answers)
 

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from autotune.replicas import ReplicaSet
 from autotune.workload import Task
 
 
@@ -27,6 +28,7 @@ class Generation:
     first_token: float | None
     model_end: float
     attempts: int = 1
+    replica: int = 0  # which of the run's replicas answered (autotune/replicas.py)
     # A whole rollout made elsewhere (a NeMo Gym agent's /run answer): the row as it came.
     row: dict[str, Any] | None = None
     # A multi-turn rollout (autotune.turns): every turn's Responses output items, tool
@@ -61,6 +63,8 @@ class CallCounters:
     unavailable_responses: int = 0  # HTTP 503: a server shedding load
     retry_after_seen: int = 0
     limiter_wait_s: float = 0.0
+    # Where a model server's calls went when several replicas serve it (None: an agent).
+    replicas: ReplicaSet | None = None
     # Set by an engine with an adaptive concurrency limit, which every retry must pass.
     retry_gate: Callable[[], Awaitable[None]] | None = None
 

@@ -29,6 +29,7 @@ from aiolimiter import AsyncLimiter
 
 from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.config import TargetConfig
+from autotune.replicas import Replica, ReplicaSet
 from autotune.workload import CHARS_PER_TOKEN, Task
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -118,10 +119,11 @@ class OpenAIBackend:
         self._target = target
         self.model = model
         self.counters = CallCounters()
-        base = target.base_url or ""
-        self._url = base.rstrip("/") + (
-            "/chat/completions" if target.api == "chat" else "/completions"
-        )
+        path = "/chat/completions" if target.api == "chat" else "/completions"
+        urls = target.base_urls or ("",)
+        self.replicas = ReplicaSet(urls, gpus=target.replica_gpus)
+        self.counters.replicas = self.replicas
+        self._urls = [url.rstrip("/") + path for url in urls]
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -170,26 +172,49 @@ class OpenAIBackend:
         data = orjson.dumps(self._body(task))
         target = self._target
         attempt = 0
+        failed_on: Replica | None = None
         while True:
             attempt += 1
+            replica = self.replicas.acquire(task.index, avoid=failed_on)
             model_start = time.time()
             try:
-                generation = await self._attempt(data, model_start)
-                generation.attempts = attempt
-                return generation
+                generation = await self._attempt(self._urls[replica.index], data, model_start)
             except _Retry as failure:
+                self.replicas.failed(replica, failure.failure_class, str(failure))
                 if attempt > target.max_retries:
                     raise ModelCallError(failure.failure_class, str(failure), attempt) from None
                 self.counters.count_retry(failure.failure_class)
-                backoff = min(target.retry_max_s, target.retry_base_s * 2 ** (attempt - 1))
-                wait = failure.wait_s if failure.wait_s is not None else random.uniform(0, backoff)
-                await asyncio.sleep(wait)
+                failed_on = replica
+                await asyncio.sleep(self._backoff_s(failure, attempt, replica))
                 await self.counters.before_retry()  # the adaptive limit may hold it
+                continue
+            except ModelCallError as error:
+                self.replicas.failed(replica, error.failure_class, str(error))
+                raise
+            except BaseException:  # cancelled: the call did not finish, for better or worse
+                self.replicas.abandoned(replica)
+                raise
+            generation.attempts = attempt
+            generation.replica = replica.index
+            self.replicas.succeeded(
+                replica, generation.model_end - model_start, generation.output_tokens
+            )
+            return generation
 
-    async def _attempt(self, data: bytes, model_start: float) -> Generation:
+    def _backoff_s(self, failure: _Retry, attempt: int, replica: Replica) -> float:
+        """Seconds before the next attempt: what Retry-After asks, else full jitter; none
+        when a connection failed and another replica can take the call at once."""
+        if failure.wait_s is not None:
+            return failure.wait_s
+        if failure.failure_class == "connection" and self.replicas.up_besides(replica):
+            return 0.0
+        target = self._target
+        return random.uniform(0, min(target.retry_max_s, target.retry_base_s * 2 ** (attempt - 1)))
+
+    async def _attempt(self, url: str, data: bytes, model_start: float) -> Generation:
         try:
             async with self._session.post(
-                self._url, data=data, headers=self._headers, timeout=self._timeout
+                url, data=data, headers=self._headers, timeout=self._timeout
             ) as resp:
                 if resp.status != 200:
                     await self._raise_for_status(resp)

@@ -125,8 +125,8 @@ def diagnose_command(config: CollectConfig, model: str, parallelism: int) -> str
     against a quarter of it: the next step when throughput drifts."""
     target = config.target
     words = ["autotune", "diagnose"]
-    if target.base_url is not None:
-        words += ["--base-url", target.base_url]
+    for url in target.base_urls:
+        words += ["--base-url", url]
     words += ["--model", model]
     if target.api != "chat":
         words += ["--api", target.api]

@@ -15,7 +15,7 @@ import math
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -30,13 +30,14 @@ from autotune.probe.window import (
     steady_window,
     warm_until,
 )
+from autotune.replicas import ReplicaCounts, ReplicaSet, replica_stats
 from autotune.results import STAGES, ProbeResult, StageLatency, stage_durations
 from autotune.stats import RateEstimate, mean
 from autotune.store import RolloutSink
 from autotune.telemetry import Sample, Sampler, summarise
 from autotune.telemetry.client import ClientSampler
 from autotune.telemetry.gpu import GpuSampler
-from autotune.telemetry.prometheus import PrometheusSampler
+from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
 from autotune.telemetry.recorder import TelemetryRecorder
 from autotune.verifiers import Verifier
 from autotune.workload import Task, WorkItem
@@ -70,19 +71,13 @@ class _Meter:
         self.failed_at.append((time.time(), failure_class))
 
 
-def _cycle(tasks: Sequence[Task]) -> Iterator[WorkItem]:
-    """The probe's tasks over and over; each pass is a new rollout index."""
+def cycle_work(tasks: Sequence[Task]) -> Iterator[WorkItem]:
+    """The probe's tasks over and over; each pass is a new rollout index. Probes that
+    share one such iterator go on where the last stopped instead of resending prompts
+    the server has just cached."""
     for rollout_index in itertools.count():
         for task in tasks:
             yield WorkItem(task, rollout_index)
-
-
-def metrics_url(base_url: str) -> str:
-    """vLLM serves /metrics at the root, beside /v1."""
-    root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
-    return root + "/metrics"
 
 
 async def run_probe(
@@ -97,7 +92,8 @@ async def run_probe(
 ) -> ProbeResult:
     """Measure one parallelism in steady state; the model server's queue comes from
     `metrics` (its /metrics URL; default: beside `base_url`, where vLLM serves it)."""
-    return await ProbeRun(settings, tasks, backend, verifier, base_url, metrics=metrics).measure()
+    run = ProbeRun(settings, cycle_work(tasks), backend, verifier, base_url, metrics=metrics)
+    return await run.measure()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +118,7 @@ class ProbeRun:
     def __init__(
         self,
         settings: ProbeSettings,
-        tasks: Sequence[Task],
+        work: Iterator[WorkItem],
         backend: ModelBackend,
         verifier: Verifier,
         base_url: str,
@@ -130,17 +126,26 @@ class ProbeRun:
         metrics: str | None = None,
     ) -> None:
         self.settings = settings
-        self.tasks = tasks
+        self.work = work  # the rollouts to send, from where the last probe stopped
         self.backend = backend
         self.verifier = verifier
         self.base_url = base_url
-        self.metrics = metrics or metrics_url(base_url)  # the model server's /metrics
+        self.replicas = _several(backend.counters.replicas)
+        # The model server's /metrics: every replica's when several serve it.
+        self.metrics: list[str] = (
+            [metrics]
+            if metrics
+            else [metrics_url(replica.url) for replica in self.replicas.replicas]
+            if self.replicas is not None
+            else [metrics_url(base_url)]
+        )
         self.watch = watch  # told the phase and the interval so far, for a progress display
         self.meter = _Meter()
         self.runs: list[_Run] = []
         self.samples: list[Sample] = []
         self.unavailable: dict[str, str] = {}
         self.counted = (0.0,) * len(_snapshot(backend.counters))  # over the windows
+        self.replica_counted: list[ReplicaCounts] | None = None  # over the windows
         self.estimate: RateEstimate | None = None
 
     @property
@@ -165,6 +170,12 @@ class ProbeRun:
             observer=meter,
         )
         snapshots = [_snapshot(counters)]  # at the start, then at the end of warm-up and at stop
+        replica_snapshots = [self._replica_snapshot()]
+
+        def take_snapshots() -> None:
+            snapshots.append(_snapshot(counters))
+            replica_snapshots.append(self._replica_snapshot())
+
         # Scrapes get their own connection: at a parallelism near the pool's limit they would
         # otherwise queue behind model calls and time out exactly when the server is busiest.
         async with aiohttp.ClientSession() as metrics_session:
@@ -175,7 +186,7 @@ class ProbeRun:
             ]
             async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
                 started = time.time()
-                run = asyncio.create_task(engine.run(_cycle(self.tasks)))
+                run = asyncio.create_task(engine.run(self.work))
                 window, reason = await _watch(
                     settings,
                     meter,
@@ -183,11 +194,11 @@ class ProbeRun:
                     engine,
                     started,
                     self.windows,
-                    lambda: snapshots.append(_snapshot(counters)),
+                    take_snapshots,
                     self.watch,
                     enough,
                 )
-                snapshots.append(_snapshot(counters))
+                take_snapshots()
                 engine.stop()
                 if self.watch is not None:
                     measured = [*self.windows, (window.start, window.end)]
@@ -201,9 +212,25 @@ class ProbeRun:
         self.counted = tuple(
             total + b - a for total, a, b in zip(self.counted, warm, stop, strict=True)
         )
+        self._count_replicas(replica_snapshots)
         self.runs.append(_Run(started, window.start, window.end, drained, reason))
         self.estimate = window.estimate
         return self._result()
+
+    def _replica_snapshot(self) -> list[ReplicaCounts]:
+        return self.replicas.snapshot() if self.replicas is not None else []
+
+    def _count_replicas(self, snapshots: list[list[ReplicaCounts]]) -> None:
+        """Adds each replica's calls between the end of warm-up and the stop."""
+        if self.replicas is None:
+            return
+        warm, stop = snapshots[1] if len(snapshots) > 2 else snapshots[0], snapshots[-1]
+        window = [after.since(before) for before, after in zip(warm, stop, strict=True)]
+        if self.replica_counted is not None:
+            window = [
+                now.plus(earlier) for now, earlier in zip(window, self.replica_counted, strict=True)
+            ]
+        self.replica_counted = window
 
     def _result(self) -> ProbeResult:
         settings, meter, windows = self.settings, self.meter, self.windows
@@ -230,6 +257,7 @@ class ProbeRun:
         capacity = self.verifier.capacity
         mean_verify = mean(stage_values["verify"])
         client_tps = tokens / measured
+        telemetry = _summarise_windows(self.samples, windows)
         return ProbeResult(
             parallelism=settings.parallelism,
             rollouts_per_s=estimate.rate,
@@ -249,7 +277,7 @@ class ProbeRun:
             verifier_capacity=capacity,
             verifier_busy_fraction=verify_busy / (measured * (capacity or 1)),
             verifier_capacity_rps=(capacity or 1) / mean_verify if mean_verify else None,
-            telemetry=_summarise_windows(self.samples, windows),
+            telemetry=telemetry,
             telemetry_unavailable=dict(self.unavailable),
             token_check=_token_check(self.samples, windows, client_tps),
             series=[{"t": s.t, "source": s.source, **s.values} for s in self.samples],
@@ -258,12 +286,18 @@ class ProbeRun:
             timeouts=int(self.counted[3]) + errors.get("timeout", 0),
             timeline=_timeline(meter.done_at, self.runs, meter.mean_latency_s),
             phases=_phases(self.runs),
+            replicas=replica_stats(
+                self.replica_counted, self.replicas.replicas, measured, telemetry
+            )
+            if self.replicas is not None and self.replica_counted is not None
+            else [],
         )
 
 
 @dataclass(slots=True)
 class EngineProbe:
-    """Measures one running server at any parallelism, with the same tasks each time."""
+    """Measures one running server at any parallelism, each probe going on through the
+    tasks where the last one stopped."""
 
     session: aiohttp.ClientSession
     backend: ModelBackend
@@ -272,17 +306,22 @@ class EngineProbe:
     base_url: str
     settings: ProbeSettings
     metrics: str | None = None  # the model server's /metrics, if not beside base_url
+    work: Iterator[WorkItem] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.work = cycle_work(self.tasks)
 
     async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
-        return await run_probe(
-            replace(settings or self.settings, parallelism=parallelism),
-            self.tasks,
-            self.backend,
-            self.verifier,
-            self.session,
-            self.base_url,
-            metrics=self.metrics,
+        settings = replace(settings or self.settings, parallelism=parallelism)
+        run = ProbeRun(
+            settings, self.work, self.backend, self.verifier, self.base_url, metrics=self.metrics
         )
+        return await run.measure()
+
+
+def _several(replicas: ReplicaSet | None) -> ReplicaSet | None:
+    """The backend's replicas when there are several to tell apart."""
+    return replicas if replicas is not None and len(replicas) > 1 else None
 
 
 def _snapshot(counters: Any) -> tuple[float, ...]:

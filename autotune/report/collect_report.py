@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.report import html, plots
+from autotune.report.columns import REPLICA_COLUMNS, html_table
 from autotune.results import STAGES, CollectResult, LiveSample
 
 SERIES_STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify")
@@ -189,8 +190,22 @@ def render(result: CollectResult) -> str:
     else:
         failures = html.paragraph("No rollout failed.")
     sections.append(html.section("Errors over time", failures))
+    if summary.replicas:
+        sections.append(
+            html.section(
+                "Replicas",
+                html_table(REPLICA_COLUMNS, summary.replicas),
+                html.paragraph(
+                    "Each call went to the replica with the fewest calls in flight; its "
+                    "/metrics counters cover the whole run."
+                ),
+            )
+        )
     settings = [
-        ("server", f"{summary.base_url} ({summary.model})"),
+        (
+            "server",
+            f"{', '.join(r.url for r in summary.replicas) or summary.base_url} ({summary.model})",
+        ),
         ("parallelism", str(summary.parallelism or "unlimited")),
         ("output", summary.output or "not kept"),
         ("samples", f"{len(result.samples)}, every {result.settings.get('sample_every_s')} s"),

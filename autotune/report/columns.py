@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from autotune.report import html
+from autotune.results import ReplicaStats
 
 T = TypeVar("T")
 
@@ -71,3 +72,36 @@ def terminal_table(columns: Sequence[Column[T]], records: Iterable[T]) -> list[s
             "  ".join(_terminal_cell(v).rjust(w) for v, w in zip(row, widths, strict=True))
         )
     return lines
+
+
+def _state(replica: ReplicaStats) -> str:
+    if not replica.up:
+        return "out of rotation"
+    return f"back after {replica.times_down} outage(s)" if replica.times_down else "up"
+
+
+def _share(value: float | None) -> float | None:
+    return None if value is None else 100 * value
+
+
+REPLICA_COLUMNS: tuple[Column[ReplicaStats], ...] = (
+    Column("replica", lambda r: r.url),
+    Column("calls/s", lambda r: r.calls_per_s, digits=3),
+    Column("done", lambda r: r.completed),
+    Column("failed", lambda r: r.failed),
+    Column(
+        "mean call ms",
+        lambda r: None if r.mean_latency_s is None else 1000 * r.mean_latency_s,
+        digits=3,
+    ),
+    Column("output tok/s", lambda r: r.output_tokens_per_s, digits=3),
+    Column("waiting", lambda r: r.server.get("waiting"), digits=3),
+    Column("KV use %", lambda r: _share(r.server.get("kv_cache_usage")), digits=3),
+    Column("prefix hits %", lambda r: _share(r.prefix_cache_hit_share), digits=3),
+    Column("GPUs", lambda r: ",".join(map(str, r.gpus)) or None, terminal=False),
+    Column("GPU util %", lambda r: r.gpu.get("util_pct"), digits=3),
+    Column("GPU W", lambda r: r.gpu.get("power_w"), digits=3, terminal=False),
+    Column("state", _state),
+)
+"""Each replica of a run or a probe (several --base-url): the client's view, then its
+/metrics, then NVML over its GPUs."""

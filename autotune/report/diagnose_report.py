@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.report import html, plots
-from autotune.report.columns import Column, html_table
+from autotune.report.columns import REPLICA_COLUMNS, Column, html_table
 from autotune.results import DiagnoseResult, Evidence, ProbeResult, quantity
 
 STAGE_ORDER = ("queue", "model", "verify_wait", "verify")
@@ -212,6 +212,16 @@ def verdict_line(result: DiagnoseResult) -> str:
     )
 
 
+def replica_section(result: DiagnoseResult) -> list[str]:
+    """Each replica at each probe, when several served the model."""
+    tables = [
+        html_table(REPLICA_COLUMNS, probe.replicas, caption=f"parallelism {probe.parallelism}")
+        for probe in result.probes
+        if probe.replicas
+    ]
+    return [html.section("Replicas", *tables)] if tables else []
+
+
 def render(result: DiagnoseResult) -> str:
     """The whole report page."""
     verdict = result.verdict
@@ -302,6 +312,7 @@ def render(result: DiagnoseResult) -> str:
             html_table(LATENCY_COLUMNS, result.probes, caption="latency"),
         ),
         html.section("Evidence", html_table(EVIDENCE_COLUMNS, verdict.evidence)),
+        *replica_section(result),
         html.section(
             "Where the time goes",
             html.image(

@@ -6,6 +6,7 @@ Numbers first (pure functions below), then drawing through report.plots.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ def trial_columns(result: SweepResult) -> tuple[Column[TrialRecord], ...]:
         Column("state", lambda t: t.state),
         *(_knob(name) for name in knobs),
         Column("value", lambda t: t.value, digits=3),
+        Column("roofline_pct", lambda t: _percent(t.roofline_share), digits=3),
         Column("feasible", lambda t: t.feasible),
         Column(
             "peak_parallelism",
@@ -54,6 +56,103 @@ def trial_columns(result: SweepResult) -> tuple[Column[TrialRecord], ...]:
         Column("infeasible_reason", lambda t: t.infeasible_reason),
         Column("pruned_reason", lambda t: t.pruned_reason),
     )
+
+
+def _percent(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
+@dataclass(frozen=True, slots=True)
+class SplitRow:
+    """One way the GPU budget was split (engines × TP): its best trial, and its best
+    with prefix caching on and off where both were tried. A split whose every trial was
+    pruned shows the most it measured before being stopped (`whole`: False)."""
+
+    split: str
+    value: float
+    trial: int
+    whole: bool
+    roofline_share: float | None
+    caching_on: float | None
+    caching_off: float | None
+
+
+def split_rows(result: SweepResult) -> list[SplitRow]:
+    """Each split a feasible trial ran, best first (empty unless a budget was split);
+    a whole curve outranks one stopped early within a split."""
+    best: dict[str, TrialRecord] = {}
+    caching: dict[tuple[str, bool], float] = {}
+
+    def rank(trial: TrialRecord) -> tuple[bool, float]:
+        return trial.complete, trial.value or 0.0
+
+    for trial in result.completed + result.pruned:
+        split = trial.split
+        if split is None or not trial.feasible:
+            continue
+        if split not in best or rank(trial) > rank(best[split]):
+            best[split] = trial
+        if "enable_prefix_caching" in trial.knobs and trial.complete:
+            on, value = bool(trial.knobs["enable_prefix_caching"]), trial.value or 0.0
+            caching[split, on] = max(caching.get((split, on), 0.0), value)
+    rows = [
+        SplitRow(
+            split,
+            trial.value or 0.0,
+            trial.number,
+            trial.complete,
+            trial.roofline_share,
+            caching.get((split, True)),
+            caching.get((split, False)),
+        )
+        for split, trial in best.items()
+    ]
+    return sorted(rows, key=lambda row: (row.whole, row.value), reverse=True)
+
+
+SPLIT_COLUMNS: tuple[Column[SplitRow], ...] = (
+    Column("engines × TP", lambda r: r.split),
+    Column("best", lambda r: r.value, digits=3),
+    Column("trial", lambda r: r.trial),
+    Column("curve", lambda r: "whole" if r.whole else "stopped early"),
+    Column("roofline %", lambda r: _percent(r.roofline_share), digits=3),
+    Column("caching on", lambda r: r.caching_on, digits=3),
+    Column("caching off", lambda r: r.caching_off, digits=3),
+)
+
+
+def roofline_text(share: float | None) -> str | None:
+    """`62% of the hardware's roofline`, or None when it is unknown."""
+    return None if share is None else f"{share:.0%} of the hardware's roofline"
+
+
+def gpu_rows(recommended: Recommendation) -> list[tuple[str, str]]:
+    """The recommendation's GPU plan as definition rows: engines × TP with each engine's
+    share of the parallelism, prefix caching and what it bought, the roofline share."""
+    rows = []
+    rec = recommended.recommended
+    if recommended.engines > 1 or recommended.tensor_parallel_size is not None:
+        rows.append(
+            (
+                "engines × TP",
+                f"{recommended.engines} × TP {recommended.tensor_parallel_size or 1}: "
+                f"parallelism {rec.parallelism} in all, {recommended.parallelism_per_engine} "
+                "per engine",
+            )
+        )
+    if recommended.enable_prefix_caching is not None:
+        text = "on" if recommended.enable_prefix_caching else "off"
+        gain = recommended.prefix_caching
+        if gain is not None:
+            text += (
+                f" (measured at {gain.split}: {quantity(gain.on)} with it, "
+                f"{quantity(gain.off)} without, ×{gain.gain:.2f})"
+            )
+        rows.append(("prefix caching", text))
+    roofline = roofline_text(recommended.roofline_share)
+    if roofline is not None:
+        rows.append(("roofline", roofline))
+    return rows
 
 
 FAILURE_COLUMNS: tuple[Column[TrialRecord], ...] = (
@@ -220,6 +319,21 @@ def render(result: SweepResult, recommended: Recommendation | None) -> str:
                 html.paragraph(recommended.note),
             )
         )
+    splits = split_rows(result)
+    if splits:
+        sections.append(
+            html.section(
+                "GPU splits",
+                html.paragraph(
+                    "How the GPU budget was split into engines × tensor-parallel size: each "
+                    "split's best trial, its share of the hardware's roofline (every engine's "
+                    "batch at its fastest step), and its best with prefix caching on and off "
+                    "(whole curves only). A split stopped early could not reach the best "
+                    "one: its figure is the most it measured before it was stopped."
+                ),
+                html_table(SPLIT_COLUMNS, splits),
+            )
+        )
     sections += _latency_sections(result, recommended, metric)
     if result.completed:
         sections.append(
@@ -355,10 +469,12 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
         )
     rec, peak, snippets = recommended.recommended, recommended.peak, recommended.snippets
     unit = recommended.metric.replace("_per_s", "/s").replace("_", " ")
+    roofline = roofline_text(recommended.roofline_share)
     text = (
         f"Recommended: parallelism {rec.parallelism} ({_bound(rec)}) with "
         f"{_knobs(recommended.server)} — predicted {quantity(rec.predicted_throughput)} {unit} "
-        f"(peak {quantity(peak.throughput)} {unit} at parallelism {peak.parallelism:.0f})."
+        f"(peak {quantity(peak.throughput)} {unit} at parallelism {peak.parallelism:.0f}"
+        f"{f'; {roofline}' if roofline else ''})."
     )
     return html.section(
         "Recommendation",
@@ -366,6 +482,7 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
         *([] if peak.inside_searched_range else [html.callout(recommended.note, "warning")]),
         html.definition_list(
             [
+                *gpu_rows(recommended),
                 ("NeMo Gym", snippets.nemo_gym),
                 ("vLLM", snippets.vllm),
                 ("OpenRLHF", f"{snippets.openrlhf} ({snippets.openrlhf_note})"),

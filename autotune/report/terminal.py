@@ -12,13 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from autotune.report.columns import terminal_table
+from autotune.report.columns import REPLICA_COLUMNS, terminal_table
 from autotune.report.diagnose_report import (
     LATENCY_COLUMNS,
     PROBE_COLUMNS,
     time_scale_note,
     verdict_line,
 )
+from autotune.report.sweep_report import SPLIT_COLUMNS, gpu_rows, split_rows
 from autotune.results import (
     STAGES,
     CollectSummary,
@@ -244,7 +245,8 @@ def collect_summary_text(summary: CollectSummary) -> str:
         lines.append("SIMULATED: these figures come from autotune's simulated vLLM-like server.")
     reward = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     lines += [
-        f"model {summary.model} at {summary.base_url}",
+        f"model {summary.model} at {summary.base_url}"
+        + (f" and {len(summary.replicas) - 1} more replica(s)" if summary.replicas else ""),
         f"rollouts      {summary.completed:,} done, {summary.failed:,} failed"
         + (f", {summary.skipped:,} already on disk" if summary.skipped else ""),
         f"throughput    {summary.rollouts_per_s:,.2f} rollouts/s, "
@@ -273,6 +275,8 @@ def collect_summary_text(summary: CollectSummary) -> str:
             f"(adaptive): {summary.concurrency_limit_min} at the lowest, "
             f"{summary.concurrency_limit_final} at the end"
         )
+    if summary.replicas:
+        lines += ["", *terminal_table(REPLICA_COLUMNS, summary.replicas)]
     if summary.output:
         lines.append(f"output        {summary.output}")
     return "\n".join(lines)
@@ -295,6 +299,10 @@ def diagnose_text(result: DiagnoseResult) -> str:
     lines += terminal_table(PROBE_COLUMNS, result.probes)
     lines.append("")
     lines += terminal_table(LATENCY_COLUMNS, result.probes)
+    high = max(result.probes, key=lambda probe: probe.parallelism, default=None)
+    if high is not None and high.replicas:
+        lines += ["", f"replicas at parallelism {high.parallelism}:"]
+        lines += terminal_table(REPLICA_COLUMNS, high.replicas)
     lines.append("\nevidence:")
     lines += [f"  - {e.text()}" for e in verdict.evidence]
     lines.append(f"\nnext step: {verdict.next_step}")
@@ -339,10 +347,16 @@ def sweep_text(result: SweepResult, recommended: Recommendation | None, director
             f"recommended          parallelism {rec.recommended.parallelism} "
             f"({rec.recommended.bound_by}) → {rec.recommended.predicted_throughput:.3g} "
             "predicted",
+            *(f"{name:<21}{text}" for name, text in gpu_rows(rec)),
             f"validated            {_validated(rec)}",
             f"knee                 parallelism {rec.knee_parallelism:.0f}; 80% of peak "
             f"throughput from parallelism {smallest}",
             f"note                 {rec.note}",
+        ]
+        splits = split_rows(result)
+        if splits:
+            lines += ["", *terminal_table(SPLIT_COLUMNS, splits)]
+        lines += [
             "",
             f"NeMo Gym   {rec.snippets.nemo_gym}",
             f"vLLM       {rec.snippets.vllm}",

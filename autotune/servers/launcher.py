@@ -17,6 +17,10 @@ clean stop and kept whenever something went wrong (the error message names it).
         ...server.base_url...
     with ServerSpec.null(core=1).process() as server:   # no event loop running: sync
         ...
+
+Several replicas of one model (a GPU budget split into engines) are a `ServerGroup`: they
+start side by side, and stop together; if one cannot start, the others are stopped and
+its error is raised.
 """
 
 from __future__ import annotations
@@ -92,9 +96,19 @@ def _group_members(pgid: int) -> list[int]:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOCALHOST, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports free on 127.0.0.1 right now (each held until all are
+    found, so two replicas never get the same one)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind((LOCALHOST, 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def sim_command(args: Sequence[str], port: int, host: str = LOCALHOST) -> list[str]:
@@ -463,3 +477,60 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop_sync()
+
+
+class ServerGroup:
+    """Replicas of one model, started side by side (a vLLM start takes minutes) and
+    stopped together: `async with ServerGroup([...]) as group:` → `group.base_urls`.
+
+    When one replica cannot start, the others (started or still starting) are stopped
+    and its ServerStartupError, with the server's own error line, is raised.
+    """
+
+    def __init__(
+        self, processes: Sequence[ServerProcess], gpus: Sequence[Sequence[int]] = ()
+    ) -> None:
+        if not processes:
+            raise ValueError("a server group needs at least one server")
+        self.processes = list(processes)
+        self.gpus = tuple(tuple(devices) for devices in gpus)  # each replica's, if known
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        return tuple(process.base_url or "" for process in self.processes)
+
+    async def start(self) -> None:
+        starts = [asyncio.create_task(process.start()) for process in self.processes]
+        try:
+            await asyncio.wait(starts, return_when=asyncio.FIRST_EXCEPTION)
+        finally:  # on a failed start, and when cancelled, nothing may stay up
+            failed = [t for t in starts if t.done() and not t.cancelled() and t.exception()]
+            if failed or not all(task.done() for task in starts):
+                for task in starts:
+                    task.cancel()
+                await asyncio.gather(*starts, return_exceptions=True)
+                await self.stop()
+        error = failed[0].exception() if failed else None
+        if error is not None:
+            raise error
+
+    async def stop(self) -> None:
+        """Stops every replica (each stop is idempotent), then raises the first error."""
+        stopped = await asyncio.gather(
+            *(process.stop() for process in self.processes), return_exceptions=True
+        )
+        for outcome in stopped:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

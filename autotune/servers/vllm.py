@@ -12,6 +12,10 @@ it keeps its own.
 The default command is `python -m vllm.entrypoints.openai.api_server`, which works
 for every build (the `vllm` console script of the CPU build does not); a user points
 `command` at the Python of the environment vLLM is installed in.
+
+`vllm_replicas` starts a GPU budget split into engines: one server per engine on its own
+port and its own GPUs (CUDA_VISIBLE_DEVICES, disjoint), or one server that runs them
+all (`--data-parallel-size`).
 """
 
 from __future__ import annotations
@@ -28,8 +32,16 @@ from pathlib import Path
 
 import psutil
 
+from autotune.errors import ServerStartupError
 from autotune.servers.flags import server_flags
-from autotune.servers.launcher import LOCALHOST, ServerProcess, ServerSpec, free_port
+from autotune.servers.launcher import (
+    LOCALHOST,
+    ServerGroup,
+    ServerProcess,
+    ServerSpec,
+    free_port,
+    free_ports,
+)
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULT_COMMAND = (sys.executable, "-m", API_SERVER_MODULE)
@@ -201,3 +213,65 @@ class VllmServer(ServerProcess):
         super().stop_sync()
         if self.rpc_dir is not None:  # started: what appeared since then may be its own
             cleanup_vllm_leftovers(self._shm_before, self.rpc_dir)
+
+
+def replica_devices(engines: int, tp: int, visible: str | None) -> list[list[str]]:
+    """Each engine's GPUs: the i-th run of `tp` among `visible` (CUDA_VISIBLE_DEVICES:
+    indices or UUIDs), or among 0, 1, ... when it names none. Raises ServerStartupError
+    when it names too few (the configuration cannot start here)."""
+    names = [name.strip() for name in (visible or "").split(",") if name.strip()]
+    if not names:
+        names = [str(index) for index in range(engines * tp)]
+    if len(names) < engines * tp:
+        reason = (
+            f"{engines} engines of tensor-parallel size {tp} need {engines * tp} GPUs, but "
+            f"CUDA_VISIBLE_DEVICES names {len(names)}"
+        )
+        raise ServerStartupError(f"{reason}; name more GPUs or lower resources.gpus.", reason)
+    return [names[i * tp : (i + 1) * tp] for i in range(engines)]
+
+
+def vllm_replicas(
+    model: str,
+    flags: Mapping[str, object],
+    engines: int,
+    *,
+    data_parallel: bool = False,
+    command: Sequence[str] = DEFAULT_COMMAND,
+    env: Mapping[str, str] | None = None,
+    host: str = LOCALHOST,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+) -> ServerGroup:
+    """`engines` replicas of `model` with `flags` (tensor_parallel_size among them):
+    one server each on disjoint GPUs and ports, or with `data_parallel` one server with
+    `--data-parallel-size engines`."""
+    env = dict(env or {})
+    if data_parallel or engines == 1:
+        dp = {"data_parallel_size": engines} if engines > 1 else {}
+        server = VllmServer(
+            model,
+            {**flags, **dp},
+            command=command,
+            env=env,
+            host=host,
+            startup_timeout_s=startup_timeout_s,
+        )
+        return ServerGroup([server])
+    tp = int(str(flags.get("tensor_parallel_size") or 1))
+    devices = replica_devices(
+        engines, tp, env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    )
+    servers = [
+        VllmServer(
+            model,
+            flags,
+            command=command,
+            env={**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)},
+            port=port,
+            host=host,
+            startup_timeout_s=startup_timeout_s,
+        )
+        for gpus, port in zip(devices, free_ports(engines), strict=True)
+    ]
+    numbered = all(name.isdigit() for gpus in devices for name in gpus)
+    return ServerGroup(servers, [[int(n) for n in gpus] for gpus in devices] if numbered else ())

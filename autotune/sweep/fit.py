@@ -11,13 +11,22 @@ The simulator's own start-up checks answer for `kind: sim`. For `kind: vllm` the
 the GPUs' memory; whatever cannot be read is not checked (vLLM's own refusal then
 decides).
 
+A study with `resources: {gpus: N}` also searches how the N GPUs are split into engines
+(replicas) × tensor-parallel size: `splits` lists the ones worth a trial, `parameters`
+puts them to the sampler as one categorical, and `knobs_of` turns a draw back into a
+trial's knobs (`num_engines`, `tensor_parallel_size`).
+
 The same figures say how many requests a configuration can run at once, its `ceiling`:
 `max_num_seqs`, or fewer when the KV cache holds fewer of the study's rollouts (prompt
 and half the output, on average, while they decode). Parallelism past the ceiling only
 queues, so a curve's ladder ends there. They also seed a study: its first trial is the
 configuration that can run the most requests at once (ties: the larger knob values),
 since a batching server's throughput grows with the batch it can hold, and a strong
-first trial lets every later one be pruned against it.
+first trial lets every later one be pruned against it. Several engines hold their sum.
+
+Where the GPU and the model are known (the simulator's `--gpu`/`--model`, or
+`resources.gpu`/`model_profile`), `roofline_share` says how much of the hardware's
+ceiling (servers.sim.roofline) a trial's best output tokens/s reached.
 """
 
 from __future__ import annotations
@@ -25,15 +34,18 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.config import ENGINES, SPLIT, ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.errors import UsageError
+from autotune.results import CurvePoint
 from autotune.servers.flags import server_flags
 from autotune.servers.sim.perf_model import InsufficientMemory, kv_capacity_tokens
-from autotune.servers.sim.profiles import GpuProfile, ModelProfile
+from autotune.servers.sim.profiles import GPUS, GpuProfile, ModelProfile, find_model
+from autotune.servers.sim.roofline import roofline
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 GpuMemory = Callable[[], int | None]  # bytes of one GPU, None when no GPU can be read
@@ -50,6 +62,165 @@ class Prelaunch:
     cache_to_spare: bool = False
 
 
+Space = IntSpace | FloatSpace | ChoiceSpace
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A GPU budget spent as `engines` replicas of the model, each over `tp` GPUs."""
+
+    engines: int
+    tp: int
+
+    @property
+    def name(self) -> str:
+        """`4x2`: the sampler's categorical value and the report's label."""
+        return f"{self.engines}x{self.tp}"
+
+    @classmethod
+    def parse(cls, name: str) -> Split:
+        engines, tp = name.split("x")
+        return cls(int(engines), int(tp))
+
+
+def hardware(study: Study) -> tuple[GpuProfile | None, ModelProfile | None]:
+    """The GPU and model profiles the study runs on, where known: the simulator's
+    `--gpu`/`--model` (its defaults when unsaid); else `resources.gpu`/`model_profile`;
+    else, for vLLM, the local model directory's config.json."""
+    from autotune.servers.sim.server import build_parser
+
+    target, resources = study.target, study.resources
+    gpu_name = resources.gpu if resources else None
+    model_name = resources.model_profile if resources else None
+    if target.kind == "sim":
+        values, defaults = _flag_values(target.args), build_parser()
+        gpu_name = values.get("gpu", defaults.get_default("gpu"))
+        model_name = values.get("model", defaults.get_default("model"))
+    gpu = GPUS.get(gpu_name) if gpu_name else None
+    model = find_model(model_name) if model_name else None
+    if model is None and target.kind == "vllm" and target.model:
+        model = model_profile(Path(target.model))
+    return gpu, model
+
+
+def tp_problem(model: ModelProfile, tp: int) -> str | None:
+    """Why vLLM cannot shard `model` over `tp` GPUs (its attention heads, or its KV
+    heads, which are split or replicated evenly), else None."""
+    if tp < 1 or model.attention_heads % tp:
+        return (
+            f"Total number of attention heads ({model.attention_heads}) must be divisible by "
+            f"tensor parallel size ({tp})."
+        )
+    kv = model.kv_heads
+    if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
+        return (
+            f"The {kv} KV heads of {model.name} cannot be split evenly over tensor parallel "
+            f"size {tp}: one must divide the other."
+        )
+    return None
+
+
+def splits(study: Study, gpu_memory: GpuMemory | None = None) -> list[Split]:
+    """The engines × TP splits of `resources.gpus` worth a trial, smallest TP first.
+
+    TP: the study's tensor_parallel_size choices, else every size up to the budget
+    (powers of two when the model is unknown), less those the model cannot be sharded
+    over or whose weights do not fit a GPU at the largest memory utilisation searched.
+    For each TP only the most engines that fit (gpus // TP): one more engine is more
+    hardware and never fewer rollouts, since the client's parallelism is searched too.
+    Raises UsageError for a TP choice the model cannot be sharded over, or when none fits.
+    """
+    assert study.resources is not None
+    gpus = study.resources.gpus
+    gpu, model = hardware(study)
+    space = study.search_space.tensor_parallel_size
+    chosen = space is not None
+    if space is not None:
+        sizes = [int(choice) for choice in space.choices]
+    elif model is not None:
+        sizes = list(range(1, gpus + 1))
+    else:
+        sizes = [2**k for k in range(gpus.bit_length()) if 2**k <= gpus]
+    memory = gpu.memory_bytes if gpu else None
+    if memory is None and study.target.kind == "vllm":
+        memory = (gpu_memory or gpu_bytes)()
+    found, too_big = [], []
+    for tp in sorted(set(sizes)):
+        why = tp_problem(model, tp) if model else None
+        if why is not None and chosen and model is not None:
+            usable = [str(t) for t in range(1, gpus + 1) if tp_problem(model, t) is None]
+            raise UsageError(
+                f"search_space.tensor_parallel_size.choices holds {tp}, which cannot shard "
+                f"{model.name} ({why.rstrip('.')}); choose from {', '.join(usable)}."
+            )
+        if why is not None:
+            continue
+        if model is not None and memory is not None and not _weights_fit(study, model, memory, tp):
+            too_big.append(tp)
+            continue
+        found.append(Split(gpus // tp, tp))
+    if not found:
+        raise UsageError(
+            f"no tensor-parallel size of resources.gpus ({gpus}) fits "
+            f"{model.name if model else 'the model'} (tried {', '.join(map(str, too_big))}); "
+            "give the study more GPUs or a larger gpu_memory_utilization."
+        )
+    return found
+
+
+def _weights_fit(study: Study, model: ModelProfile, memory: int, tp: int) -> bool:
+    """The weights, runtime and one block of KV fit a GPU at the largest memory
+    utilisation the study allows."""
+    gpu = GpuProfile("this GPU", memory, 0.0, 0.0, 0.0, "NVML")
+    try:
+        kv_capacity_tokens(gpu, model, tp, _largest_utilisation(study), 16)
+    except InsufficientMemory:
+        return False
+    return True
+
+
+def _largest_utilisation(study: Study) -> float:
+    space = study.search_space.gpu_memory_utilization
+    if isinstance(space, FloatSpace):
+        return space.high
+    if isinstance(space, ChoiceSpace):
+        return max(float(choice) for choice in space.choices)
+    return float(_flag_values(study.target.args).get("gpu_memory_utilization", 0.9))
+
+
+def parameters(study: Study, gpu_count: int = 0) -> dict[str, Space]:
+    """What the sampler draws: the server knobs, tensor-parallel choices limited to the
+    GPUs NVML sees; with `resources`, one categorical SPLIT in place of TP.
+
+    Why one categorical for the split: engines and TP are tied by the budget
+    (engines × TP ≤ gpus) and only a handful of splits exist (four for 8 GPUs). As two
+    parameters TPE would draw pairs that break the budget (trials wasted on refusals)
+    and model them as independent, which they are not: a split's throughput belongs to
+    the pair. One categorical over the valid splits makes every draw feasible, and TPE
+    learns each split's value directly from the trials that ran it.
+    """
+    knobs = study.search_space.server_knobs()
+    if study.resources is not None:
+        split = ChoiceSpace(choices=[s.name for s in splits(study)])
+        others = {name: space for name, space in knobs.items() if name != "tensor_parallel_size"}
+        return {SPLIT: split, **others}
+    tp = knobs.get("tensor_parallel_size")
+    if isinstance(tp, ChoiceSpace) and gpu_count > 0:
+        usable = [choice for choice in tp.choices if int(choice) <= gpu_count] or [1]
+        knobs["tensor_parallel_size"] = ChoiceSpace(choices=usable)
+    return knobs
+
+
+def knobs_of(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's knobs from the sampler's draw: a SPLIT becomes num_engines and
+    tensor_parallel_size (what the launcher starts and the report shows)."""
+    knobs = dict(params)
+    if SPLIT in knobs:
+        split = Split.parse(str(knobs.pop(SPLIT)))
+        knobs = {ENGINES: split.engines, "tensor_parallel_size": split.tp, **knobs}
+    return knobs
+
+
 def effective_knobs(knobs: Mapping[str, Any], known: Prelaunch) -> dict[str, Any]:
     """The knobs that decide what a configuration runs: without gpu_memory_utilization
     when its KV cache has room to spare (two such configurations are measured once)."""
@@ -61,7 +232,16 @@ def effective_knobs(knobs: Mapping[str, Any], known: Prelaunch) -> dict[str, Any
 def prelaunch(
     study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None = None
 ) -> Prelaunch:
-    """Whether the configuration can start and how many requests it can run at once."""
+    """Whether the configuration can start and how many requests it can run at once
+    (every engine's together)."""
+    engines = int(knobs.get(ENGINES, 1))
+    one = _one_engine(study, {k: v for k, v in knobs.items() if k != ENGINES}, gpu_memory)
+    if one.ceiling is None or engines == 1:
+        return one
+    return replace(one, ceiling=one.ceiling * engines)
+
+
+def _one_engine(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None) -> Prelaunch:
     settings = {**_flag_values(study.target.args), **knobs}
     seqs = int(settings["max_num_seqs"]) if "max_num_seqs" in settings else None
     if study.target.kind == "sim":
@@ -72,10 +252,10 @@ def prelaunch(
         except SimConfigError as error:
             return Prelaunch(str(error), None)
         return _known(study, config.max_num_seqs, config.kv_capacity_tokens)
-    if study.target.kind == "vllm" and study.target.model:
-        model = model_profile(Path(study.target.model))
+    if study.target.kind == "vllm":
+        gpu, model = hardware(study)
         if model is not None:
-            memory = (gpu_memory or gpu_bytes)()
+            memory = gpu.memory_bytes if gpu else (gpu_memory or gpu_bytes)()
             problem, capacity = vllm_fit(model, settings, memory)
             if problem is not None:
                 return Prelaunch(problem, None)
@@ -84,25 +264,21 @@ def prelaunch(
 
 
 def seed_configuration(study: Study, gpu_count: int = 0) -> dict[str, Any] | None:
-    """The first trial's knobs: among every choice and range end of the server knobs
-    (tensor-parallel sizes limited to the visible GPUs), the configuration with the
-    highest known ceiling, then the larger values in the knobs' order; None when no
-    knob is searched or nothing is known to fit."""
-    spaces = study.search_space.server_knobs()
+    """The first trial's parameters: among every choice and range end of `parameters`,
+    the configuration with the highest known ceiling, then the larger values in the
+    knobs' order; None when no knob is searched or nothing is known to fit."""
+    spaces = parameters(study, gpu_count)
     if not spaces:
         return None
     memory = gpu_bytes() if study.target.kind == "vllm" else None
     values = {name: _ends(space) for name, space in spaces.items()}
-    if gpu_count and "tensor_parallel_size" in values:
-        usable = [tp for tp in values["tensor_parallel_size"] if int(tp) <= gpu_count]
-        values["tensor_parallel_size"] = usable or [1]
     ranked = []
     for combination in itertools.product(*values.values()):
-        knobs = dict(zip(values, combination, strict=True))
-        known = prelaunch(study, knobs, lambda: memory)
+        params = dict(zip(values, combination, strict=True))
+        known = prelaunch(study, knobs_of(params), lambda: memory)
         if known.problem is None and known.ceiling is not None:
             order = [v if isinstance(v, int | float) else 0 for v in combination]
-            ranked.append(((known.ceiling, *order), knobs))
+            ranked.append(((known.ceiling, *order), params))
     return max(ranked, key=lambda item: item[0])[1] if ranked else None
 
 
@@ -163,11 +339,9 @@ def vllm_fit(
     """vLLM's start-up refusals that the model's shape and the GPU's memory predict, and
     the KV cache's tokens (None without a GPU to read)."""
     tp = int(settings.get("tensor_parallel_size", 1))
-    if tp < 1 or model.attention_heads % tp:
-        return (
-            f"Total number of attention heads ({model.attention_heads}) must be divisible by "
-            f"tensor parallel size ({tp})."
-        ), None
+    refused = tp_problem(model, tp)
+    if refused is not None:
+        return refused, None
     if gpu_memory is None or model.params == 0:
         return None, None
     gpu = GpuProfile("this GPU", gpu_memory, 0.0, 0.0, 0.0, "NVML")
@@ -208,3 +382,62 @@ def gpu_bytes() -> int | None:
 
     sizes = [gpu["memory_total_gib"] for gpu in gpu_inventory()]
     return math.floor(min(sizes) * (1 << 30)) if sizes else None
+
+
+def caching_on(study: Study, knobs: Mapping[str, Any]) -> bool:
+    """Whether the configuration runs with prefix caching: the knob, else the fixed
+    args, else on (vLLM V1's default, and the simulator's)."""
+    if "enable_prefix_caching" in knobs:
+        return bool(knobs["enable_prefix_caching"])
+    return "--no-enable-prefix-caching" not in study.target.args
+
+
+def roofline_share(
+    study: Study, knobs: Mapping[str, Any], points: Sequence[CurvePoint]
+) -> tuple[float | None, float | None]:
+    """(the roofline's output tokens/s, the share of it the best point reached) for a
+    trial, on the trial's clock; (None, None) where the GPU, the model or the workload's
+    lengths are unknown.
+
+    The share of prompt tokens read from the prefix cache is the best point's measured
+    one (the server's counters) where there is one; else, with caching on and GRPO
+    groups of n, (n − 1)/n of each prompt's whole blocks: every rollout of a group but
+    the first finds its prompt cached.
+    """
+    gpu, model = hardware(study)
+    workload = study.workload
+    if gpu is None or model is None or workload.input is not None or not points:
+        return None, None
+    best = max(points, key=lambda point: point.output_tokens_per_s)
+    settings = {**_flag_values(study.target.args), **knobs}
+    prompt, output = workload.synthetic.prompt_tokens[0], workload.synthetic.output_tokens[0]
+    block = int(settings.get("block_size", 16))
+    cached = best.prefix_cache_hit_share
+    if cached is None:
+        repeats = workload.num_repeats
+        whole_blocks = prompt // block * block / prompt
+        cached = (repeats - 1) / repeats * whole_blocks if caching_on(study, knobs) else 0.0
+    try:
+        ceiling = roofline(
+            gpu,
+            model,
+            int(settings.get("tensor_parallel_size", 1)),
+            int(knobs.get(ENGINES, 1)),
+            prompt,
+            output,
+            max_num_seqs=int(settings.get("max_num_seqs", 256)),
+            gpu_memory_utilization=float(settings.get("gpu_memory_utilization", 0.9)),
+            block_size=block,
+            cached_prompt_share=cached,
+        )
+    except InsufficientMemory:
+        return None, None
+    tokens = ceiling.output_tokens_per_s / _time_scale(study)
+    return tokens, best.output_tokens_per_s / tokens if tokens > 0 else None
+
+
+def _time_scale(study: Study) -> float:
+    """Real seconds per simulated second of an accelerated simulator (its probes are
+    timed by the wall clock, so its ceiling is too); 1 for anything else."""
+    scale = float(_flag_values(study.target.args).get("time_scale", 1.0))
+    return scale if study.target.kind == "sim" and scale > 0 else 1.0

@@ -29,6 +29,7 @@ from autotune.sweep.search import (
     check_space,
     finished_trials,
     importances,
+    measure_caching_twin,
     open_study,
     optimise,
     storage_url,
@@ -95,6 +96,7 @@ async def _search(
 ) -> SweepResult:
     """The trials, then the validation runs of what they recommend."""
     await optimise(study, optuna_study, launcher, gpus, on_trial)
+    await measure_caching_twin(study, optuna_study, launcher, gpus, on_trial)
     result = SweepResult(
         study=study.name,
         created_at=time.time(),

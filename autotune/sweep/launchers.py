@@ -16,12 +16,12 @@ from typing import Any
 
 from autotune.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, check_agent
 from autotune.backends.openai import OpenAIBackend
-from autotune.config import Study, SyntheticWorkload, TargetConfig
+from autotune.config import ENGINES, Study, SyntheticWorkload, TargetConfig
 from autotune.probe import ProbeSettings
 from autotune.probe.command import CommandProbe
 from autotune.probe.engine import EngineProbe
 from autotune.servers.flags import server_flags
-from autotune.servers.launcher import LOCALHOST, ServerProcess, ServerSpec
+from autotune.servers.launcher import LOCALHOST, ServerGroup, ServerSpec, free_ports
 from autotune.target import api_key, open_session, resolve_target
 from autotune.verifiers import Verifier
 from autotune.workload import Task, Workload
@@ -31,38 +31,44 @@ COMMAND_ROLLOUTS = 200  # rollouts per run of a user's collector, unless workloa
 
 @dataclass(slots=True)
 class HttpLauncher:
-    """Launches a server process per configuration (the sim or vLLM), or uses a running one.
+    """Launches the servers of each configuration (the sim or vLLM: one, or one per engine
+    of a GPU budget), or uses a running one.
 
-    `server(knobs)` makes the (unstarted) server process for a configuration; None means
-    the server at `target.base_url` is used as it is (no knobs can change).
+    `server(knobs)` makes the (unstarted) servers for a configuration; None means the
+    server at `target.base_url` is used as it is (no knobs can change). With several, the
+    probe's backend spreads its calls over them (autotune.replicas).
     """
 
     target: TargetConfig
     verifier: Verifier
     tasks: Sequence[Task]
     settings: ProbeSettings
-    server: Callable[[Mapping[str, Any]], ServerProcess] | None = None
+    server: Callable[[Mapping[str, Any]], ServerGroup] | None = None
 
     @asynccontextmanager
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[EngineProbe]:
         if self.server is None:
-            async with self._probe(self.target.base_url or "") as probe:
+            async with self._probe(self.target.base_urls or ("",)) as probe:
                 yield probe
             return
-        process = self.server(knobs)
-        async with process, self._probe(process.base_url or "") as probe:
+        group = self.server(knobs)
+        async with group, self._probe(group.base_urls, group.gpus) as probe:
             yield probe
 
     @asynccontextmanager
-    async def _probe(self, base_url: str) -> AsyncIterator[EngineProbe]:
+    async def _probe(
+        self, urls: Sequence[str], gpus: tuple[tuple[int, ...], ...] = ()
+    ) -> AsyncIterator[EngineProbe]:
         async with open_session(self.target) as session:
             key = api_key(self.target)
             target = await resolve_target(
-                session, base_url, self.target.model, key, self.target.api_key_env
+                session, urls[0], self.target.model, key, self.target.api_key_env
             )
-            backend = OpenAIBackend(
-                session, replace(self.target, base_url=target.base_url), target.model, key
+            several = tuple(urls) if len(urls) > 1 else ()
+            config = replace(
+                self.target, base_url=target.base_url, replica_urls=several, replica_gpus=gpus
             )
+            backend = OpenAIBackend(session, config, target.model, key)
             yield EngineProbe(
                 session, backend, self.verifier, self.tasks, target.base_url, self.settings
             )
@@ -143,6 +149,8 @@ def _target_config(study: Study) -> TargetConfig:
 
 
 def _tasks(study: Study) -> list[Task]:
+    """The probes' tasks in the order they are sent: with `num_repeats`, each task's
+    rollouts one after another (a GRPO group sharing its prompt), as collect makes them."""
     workload = study.workload
     synthetic = SyntheticWorkload(
         num_tasks=workload.synthetic.num_tasks,
@@ -152,28 +160,54 @@ def _tasks(study: Study) -> list[Task]:
         output_tokens_std=workload.synthetic.output_tokens[1],
         seed=workload.synthetic.seed,
     )
-    return Workload(workload.input, synthetic, workload.limit).probe_tasks()
+    run = Workload(workload.input, synthetic, workload.limit, num_repeats=workload.num_repeats)
+    return run.probe_tasks()
 
 
-def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerProcess] | None:
-    """What starts one configuration: the simulator, real vLLM, or nothing (kind: server)."""
+def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerGroup] | None:
+    """What starts one configuration: the simulator, real vLLM (one server per engine, or
+    one with --data-parallel-size), or nothing (kind: server)."""
     target = study.target
     host = target.host or LOCALHOST
+    data_parallel = study.resources is not None and study.resources.replicas == "data-parallel"
     if target.kind == "sim":
-        return lambda knobs: ServerSpec.sim(
-            [*target.args, *server_flags(knobs)],
-            host=host,
-            startup_timeout_s=target.startup_timeout_s,
-        ).process()
-    if target.kind == "vllm":
-        from autotune.servers.vllm import VllmServer
 
-        return lambda knobs: VllmServer(
-            target.model or "",  # validated: kind vllm always names its model
-            knobs,
-            command=[*target.command, *target.args],
-            env=target.env,
-            host=host,
-            startup_timeout_s=target.startup_timeout_s,
-        )
+        def sim(knobs: Mapping[str, Any]) -> ServerGroup:
+            engines, flags = _engines(knobs)
+            servers = 1 if data_parallel else engines
+            if data_parallel and engines > 1:
+                flags["data_parallel_size"] = engines
+            args = [*target.args, *server_flags(flags)]
+            timeout = target.startup_timeout_s
+            return ServerGroup(
+                [
+                    ServerSpec.sim(args, port=port, host=host, startup_timeout_s=timeout).process()
+                    for port in free_ports(servers)
+                ]
+            )
+
+        return sim
+    if target.kind == "vllm":
+        from autotune.servers.vllm import vllm_replicas
+
+        def vllm(knobs: Mapping[str, Any]) -> ServerGroup:
+            engines, flags = _engines(knobs)
+            return vllm_replicas(
+                target.model or "",  # validated: kind vllm always names its model
+                flags,
+                engines,
+                data_parallel=data_parallel,
+                command=[*target.command, *target.args],
+                env=target.env,
+                host=host,
+                startup_timeout_s=target.startup_timeout_s,
+            )
+
+        return vllm
     return None
+
+
+def _engines(knobs: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(the engines a configuration runs, its server flags)."""
+    flags = {name: value for name, value in knobs.items() if name != ENGINES}
+    return int(knobs.get(ENGINES, 1)), flags

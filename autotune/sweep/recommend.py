@@ -8,6 +8,12 @@ guide's headroom); take the largest parallelism at or under it whose expected p9
 rollout latency (and p95 TTFT) meets the study's SLOs; then, if validation runs were
 made, the last one's parallelism (each failed run stepped down). `bound_by` names the
 rule that set the number.
+
+A study that split a GPU budget recommends engines × tensor-parallel size too: the
+parallelism is the client's total (NeMo Gym's semaphore), spread over the engines, so
+each engine's share is given for OpenRLHF, whose batches are per engine; `vllm serve`
+runs them all with --data-parallel-size. Where prefix caching was searched, the best
+throughput with it on and off at the best split says what it bought.
 """
 
 from __future__ import annotations
@@ -16,11 +22,14 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from autotune.config import ENGINES
 from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
 from autotune.results import (
     CurvePoint,
     Peak,
+    PrefixCachingGain,
     Recommendation,
     Recommended,
     Snippets,
@@ -29,11 +38,14 @@ from autotune.results import (
 )
 from autotune.servers.flags import server_flags
 
-# OpenRLHF's dotted flags for the vLLM knobs it exposes.
+# OpenRLHF's dotted flags for the vLLM knobs it exposes (a switch: given when true).
 OPENRLHF_FLAGS = {
+    ENGINES: "--vllm.num_engines",
     "tensor_parallel_size": "--vllm.tensor_parallel_size",
     "gpu_memory_utilization": "--vllm.gpu_memory_utilization",
+    "enable_prefix_caching": "--vllm.enable_prefix_caching",
 }
+CACHING = "enable_prefix_caching"
 RULE = "80% of the peak parallelism (the NeMo Gym guide's headroom for stability)"
 HEADROOM_RULE = "80% of peak"
 LATENCY_RULE = "p95 latency SLO"
@@ -46,8 +58,46 @@ LATENCY_MARGIN = 0.10
 
 
 def vllm_serve_line(model: str | None, knobs: dict[str, object]) -> str:
-    """The `vllm serve` line for a configuration, its flags spelled as they were launched."""
-    return " ".join(["vllm serve", model or "MODEL", *server_flags(knobs)])
+    """The `vllm serve` line for a configuration, its flags spelled as they were launched;
+    several engines run as one server's data-parallel ranks."""
+    flags = {name: value for name, value in knobs.items() if name != ENGINES}
+    engines = int(str(knobs.get(ENGINES, 1)))
+    if engines > 1:
+        flags = {"data_parallel_size": engines, **flags}
+    return " ".join(["vllm serve", model or "MODEL", *server_flags(flags)])
+
+
+def openrlhf_flags(knobs: dict[str, object]) -> str:
+    """OpenRLHF's dotted flags for the knobs it has: a switch only when on."""
+    flags = []
+    for name, flag in OPENRLHF_FLAGS.items():
+        value = knobs.get(name)
+        if value is True:
+            flags.append(flag)
+        elif value is not None and value is not False:
+            flags.append(f"{flag} {value}")
+    return " ".join(flags)
+
+
+def prefix_caching_gain(result: SweepResult, best: TrialRecord) -> PrefixCachingGain | None:
+    """The best value with prefix caching on and off at the best trial's split (engines
+    × TP); None unless both were measured there."""
+    if CACHING not in best.knobs:
+        return None
+    split = _split(best.knobs)
+    values: dict[bool, float] = {}
+    for trial in result.completed:
+        if trial.feasible and CACHING in trial.knobs and _split(trial.knobs) == split:
+            on = bool(trial.knobs[CACHING])
+            values[on] = max(values.get(on, 0.0), trial.value or 0.0)
+    if True not in values or False not in values:
+        return None
+    return PrefixCachingGain(f"{split[0]}x{split[1]}", values[True], values[False])
+
+
+def _split(knobs: dict[str, Any]) -> tuple[int, int]:
+    """(engines, tensor-parallel size) of a configuration."""
+    return int(knobs.get(ENGINES, 1)), int(knobs.get("tensor_parallel_size", 1))
 
 
 def usable_points(result: SweepResult, trial: TrialRecord) -> list[CurvePoint]:
@@ -211,7 +261,8 @@ def recommendation(result: SweepResult) -> Recommendation | None:
         )
     predicted, predicted_interval = predicted_at(result, best, boot, parallelism)
     points = usable_points(result, best)
-    openrlhf = [f"{flag} {knobs[name]}" for name, flag in OPENRLHF_FLAGS.items() if name in knobs]
+    engines, tp = _split(knobs)
+    per_engine = math.ceil(parallelism / engines)
     return Recommendation(
         simulated=result.simulated,
         metric=result.metric,
@@ -241,10 +292,10 @@ def recommendation(result: SweepResult) -> Recommendation | None:
         snippets=Snippets(
             nemo_gym=f"+num_samples_in_parallel={parallelism}",
             vllm=vllm_serve_line(result.model, knobs),
-            openrlhf=" ".join(openrlhf),
+            openrlhf=openrlhf_flags(knobs),
             openrlhf_note=(
                 f"keep rollout.batch_size × rollout.n_samples_per_prompt ÷ vllm.num_engines "
-                f"near {parallelism} requests in flight per engine"
+                f"near {per_engine} requests in flight per engine"
             ),
             autotune=f"autotune collect --parallelism {parallelism}",
         ),
@@ -253,4 +304,10 @@ def recommendation(result: SweepResult) -> Recommendation | None:
         p95_ttft_slo_s=result.p95_ttft_slo_s,
         validated=validations[-1].passed if validations else None,
         validations=validations,
+        engines=engines,
+        tensor_parallel_size=tp if "tensor_parallel_size" in knobs else None,
+        enable_prefix_caching=bool(knobs[CACHING]) if CACHING in knobs else None,
+        parallelism_per_engine=per_engine,
+        prefix_caching=prefix_caching_gain(result, best),
+        roofline_share=best.roofline_share,
     )

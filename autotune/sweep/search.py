@@ -14,6 +14,12 @@ configuration measured (or pruned) before, or one that runs the same batches
 configuration known to hold the most requests at once (fit.py), and later trials start
 their doubling at an eighth of the best trial's best parallelism, which saves the low,
 uninformative end of every curve.
+
+A study with a GPU budget (`resources`) draws its engines × TP split as one categorical
+(fit.parameters says why). Where prefix caching is searched, the best configuration
+with caching flipped is measured in full after the budget (`measure_caching_twin`), so
+the recommendation's gain compares two whole curves. Each trial also stores its best
+output tokens/s as a share of its hardware's roofline (fit.roofline_share).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Literal
 from autotune.config import ChoiceSpace, FloatSpace, IntSpace, Study
 from autotune.errors import UsageError
 from autotune.results import CurvePoint, CurveSummary, TrialRecord
+from autotune.servers.sim.profiles import GPUS, MODELS, find_model
 from autotune.sweep.curve import (
     Incumbent,
     Launcher,
@@ -36,7 +43,16 @@ from autotune.sweep.curve import (
     run_trial,
     start_parallelism,
 )
-from autotune.sweep.fit import Prelaunch, effective_knobs, prelaunch, seed_configuration
+from autotune.sweep.fit import (
+    Prelaunch,
+    effective_knobs,
+    knobs_of,
+    parameters,
+    prelaunch,
+    roofline_share,
+    seed_configuration,
+    splits,
+)
 
 log = logging.getLogger("autotune")
 
@@ -54,21 +70,19 @@ def storage_url(study: Study, storage: str | None, studies_dir: Path) -> str:
 
 
 def suggest_knobs(trial: Any, study: Study, gpu_count: int) -> dict[str, Any]:
-    """The trial's server knobs; tensor-parallel choices are limited to visible GPUs."""
-    knobs: dict[str, Any] = {}
-    for name, space in study.search_space.server_knobs().items():
+    """The trial's server knobs, drawn over fit.parameters (tensor-parallel choices
+    limited to the visible GPUs; a GPU budget's engines × TP as one categorical)."""
+    params: dict[str, Any] = {}
+    for name, space in parameters(study, gpu_count).items():
         if isinstance(space, ChoiceSpace):
-            choices = list(space.choices)
-            if name == "tensor_parallel_size" and gpu_count > 0:
-                choices = [c for c in choices if int(c) <= gpu_count] or [1]
-            knobs[name] = trial.suggest_categorical(name, choices)
+            params[name] = trial.suggest_categorical(name, list(space.choices))
         elif isinstance(space, IntSpace):
-            knobs[name] = trial.suggest_int(name, space.low, space.high, log=space.log)
+            params[name] = trial.suggest_int(name, space.low, space.high, log=space.log)
         else:
             step = None if space.log else space.step
             value = trial.suggest_float(name, space.low, space.high, step=step, log=space.log)
-            knobs[name] = round(value, 6)
-    return knobs
+            params[name] = round(value, 6)
+    return knobs_of(params)
 
 
 def grid_values(space: IntSpace | FloatSpace | ChoiceSpace) -> list[Any]:
@@ -105,6 +119,11 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
         trial.set_user_attr("infeasible_reason", outcome.infeasible_reason)
     if outcome.pruned_reason is not None:
         trial.set_user_attr("pruned_reason", outcome.pruned_reason)
+    usable = [p for p in outcome.points if p.error_rate <= objective.max_error_rate]
+    ceiling, share = roofline_share(study, outcome.knobs, usable)
+    if ceiling is not None:
+        trial.set_user_attr("roofline_output_tokens_per_s", ceiling)
+        trial.set_user_attr("roofline_share", share)
     trial.set_constraint("feasible", 0.0 if outcome.infeasible_reason is None else 1.0)
     trial.set_constraint("error_rate", outcome.error_rate - objective.max_error_rate)
     # An SLO is met when some usable point meets it (the value is the best such point's).
@@ -270,6 +289,47 @@ async def optimise(
             on_trial(trial.number, outcome)
 
 
+CACHING = "enable_prefix_caching"
+
+
+async def measure_caching_twin(
+    study: Study,
+    optuna_study: Any,
+    launcher: Launcher,
+    gpu_count: int = 0,
+    on_trial: Callable[[int, TrialOutcome], None] | None = None,
+) -> None:
+    """Where prefix caching is searched, the best trial's configuration with caching
+    flipped is measured in full (never pruned), one trial past the budget, unless a
+    complete trial already has it: what the cache buys is then two whole curves apart,
+    not a curve against one stopped early. A resumed study finds it done."""
+    from optuna.trial import TrialState
+
+    done = finished_trials(optuna_study)
+    feasible = [t for t in done if t.state == TrialState.COMPLETE and is_feasible(t)]
+    best = max(feasible, key=_value, default=None)
+    if best is None or CACHING not in best.params:
+        return
+    twin = {**best.params, CACHING: not best.params[CACHING]}
+    if any(t.params == twin for t in done if t.state == TrialState.COMPLETE):
+        return
+    optuna_study.enqueue_trial(twin)
+    trial = optuna_study.ask()
+    try:
+        with _heartbeat(optuna_study, trial):
+            knobs = suggest_knobs(trial, study, gpu_count)
+            known = prelaunch(study, knobs)
+            outcome = await _measure(study, launcher, trial, knobs, known, None)
+    except BaseException:
+        optuna_study.tell(trial, state=TrialState.FAIL)
+        raise
+    trial.set_user_attr(EFFECTIVE, effective_knobs(knobs, known))
+    _record(trial, outcome, study)
+    optuna_study.tell(trial, _values(outcome, study))
+    if on_trial is not None:
+        on_trial(trial.number, outcome)
+
+
 async def _measure(
     study: Study,
     launcher: Launcher,
@@ -416,6 +476,8 @@ def trial_records(optuna_study: Any) -> list[TrialRecord]:
                 error_rate=attrs.get("error_rate"),
                 infeasible_reason=attrs.get("infeasible_reason"),
                 pruned_reason=attrs.get("pruned_reason"),
+                roofline_output_tokens_per_s=attrs.get("roofline_output_tokens_per_s"),
+                roofline_share=attrs.get("roofline_share"),
             )
         )
     return records
@@ -447,9 +509,11 @@ def check_space(study: Study, gpu_count: int) -> None:
     """Refuse a search space the machine cannot run before anything starts."""
     space: Mapping[str, Any] = study.search_space.server_knobs()
     tp = space.get("tensor_parallel_size")
+    vllm = study.target.kind == "vllm"
     if (
-        study.target.kind == "vllm"
+        vllm
         and gpu_count
+        and study.resources is None
         and isinstance(tp, ChoiceSpace)
         and min(int(c) for c in tp.choices) > gpu_count
     ):
@@ -457,3 +521,21 @@ def check_space(study: Study, gpu_count: int) -> None:
             f"every tensor_parallel_size choice exceeds the {gpu_count} GPU(s) NVML sees; "
             "lower the choices."
         )
+    resources = study.resources
+    if resources is None:
+        return
+    if vllm and gpu_count and resources.gpus > gpu_count:
+        raise UsageError(
+            f"resources.gpus is {resources.gpus} but NVML sees {gpu_count} GPU(s) here; "
+            "lower resources.gpus or run the sweep where the GPUs are."
+        )
+    for field, name, found, names in (
+        ("gpu", resources.gpu, GPUS.get, GPUS),
+        ("model_profile", resources.model_profile, find_model, MODELS),
+    ):
+        if name is not None and found(name) is None:
+            raise UsageError(
+                f"resources.{field} {name!r} is not a known profile; name one of "
+                f"{', '.join(names)}, or leave it out."
+            )
+    splits(study)  # raises for a TP the model cannot be sharded over, or none that fits

@@ -8,9 +8,10 @@ scrape with a reason, never retries in a loop, never raises.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 
 import aiohttp
 
@@ -27,6 +28,8 @@ REPORTED = (
     "vllm:e2e_request_latency_seconds_count",
     "vllm:request_queue_time_seconds_sum",
     "vllm:request_queue_time_seconds_count",
+    "vllm:prefix_cache_queries_total",  # prompt tokens looked up in the prefix cache
+    "vllm:prefix_cache_hits_total",  # ... and found there
     "autotune_simulated",  # 1 from autotune's simulated server: nothing here is a real GPU
 )
 """What the sampler reports, under these names."""
@@ -83,18 +86,101 @@ def parse_prometheus(
     return sums
 
 
+def metrics_url(base_url: str) -> str:
+    """vLLM serves /metrics at the root, beside /v1."""
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[: -len("/v1")]
+    return root + "/metrics"
+
+
+def replica_key(index: int, metric: str) -> str:
+    """A metric of one replica among several, as samples and summaries key it."""
+    return f"replica{index}:{metric}"
+
+
 class PrometheusSampler:
-    """Scrapes `metrics_url` (e.g. `http://host:8000/metrics`) through the caller's session."""
+    """Scrapes each of `metrics_urls` (e.g. `http://host:8000/metrics`) through the
+    caller's session. With several (replicas of one model), every metric is reported per
+    replica (`replica_key`) and over all of them: summed, KV usage averaged. A replica
+    that stops answering is given up alone; the sampler gives up when all have."""
 
     name = "server"
 
     def __init__(
-        self, session: aiohttp.ClientSession, metrics_url: str, *, timeout_s: float = 2.0
+        self,
+        session: aiohttp.ClientSession,
+        metrics_urls: str | Sequence[str],
+        *,
+        timeout_s: float = 2.0,
     ) -> None:
+        urls = [metrics_urls] if isinstance(metrics_urls, str) else list(metrics_urls)
+        self._scrapers = [_Scraper(session, url, timeout_s, i) for i, url in enumerate(urls)]
+        self.available = True
+        self.reason: str | None = None
+
+    async def sample(self) -> dict[str, float] | None:
+        live = [scraper for scraper in self._scrapers if scraper.available]
+        if not live:
+            return None
+        if len(self._scrapers) == 1:
+            values = await live[0].sample()
+        else:
+            readings = await asyncio.gather(*(scraper.sample() for scraper in live))
+            values = _combined(zip(live, readings, strict=True))
+        if not any(scraper.available for scraper in self._scrapers):
+            self.available = False
+            self.reason = (
+                self._scrapers[0].reason
+                if len(self._scrapers) == 1
+                else (
+                    "no server telemetry from any replica: "
+                    + "; ".join(
+                        (scraper.reason or "").removeprefix("no server telemetry: ").rstrip(".")
+                        for scraper in self._scrapers
+                    )
+                    + "."
+                )
+            )
+        return values
+
+    async def aclose(self) -> None:
+        """Nothing to release: the session belongs to the caller."""
+
+
+def _combined(
+    readings: Iterable[tuple[_Scraper, dict[str, float] | None]],
+) -> dict[str, float] | None:
+    """Every replica's values under its own key, and all of them summed (KV averaged)."""
+    combined: dict[str, float] = {}
+    answered = 0
+    for scraper, values in readings:
+        if values is None:
+            continue
+        answered += 1
+        for name, value in values.items():
+            combined[replica_key(scraper.index, name)] = value
+            combined[name] = combined.get(name, 0.0) + value
+    if not answered:
+        return None
+    for name in _AVERAGED:
+        if name in combined:
+            combined[name] /= answered
+    return combined
+
+
+class _Scraper:
+    """One /metrics URL: gives up on a server that never answered at once, on one that
+    did after a few failures in a row, and then never retries in a loop."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, timeout_s: float, index: int
+    ) -> None:
+        self.index = index
         self.available = True
         self.reason: str | None = None
         self._session = session
-        self._url = metrics_url
+        self._url = url
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._answered = False
         self._failures = 0
@@ -130,11 +216,7 @@ class PrometheusSampler:
             return f"{self._url} serves no vLLM metrics{not_text}"
         return values
 
-    async def aclose(self) -> None:
-        """Nothing to release: the session belongs to the caller."""
-
     def _fail(self, why: str) -> None:
-        """A server that never answered is given up at once; one that did, after a few."""
         self._failures += 1
         if not self._answered:
             self._give_up(why)

@@ -1,5 +1,6 @@
 """The simulated vLLM-like server: a roofline performance model, a continuous-batching
-engine in scaled real time, and an OpenAI-compatible HTTP front end (all marked SIMULATED).
+engine in scaled real time with prefix caching, an OpenAI-compatible HTTP front end over
+one or more engines (all marked SIMULATED), and the datasheet ceiling of a layout of GPUs.
 
 The HTTP layer (aiohttp) is imported only when one of its names is first used.
 """
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.servers.sim.perf_model import InsufficientMemory
 from autotune.servers.sim.profiles import GPUS, MODELS, GpuProfile, ModelProfile
+from autotune.servers.sim.roofline import Roofline, roofline
 from autotune.servers.sim.scheduler import EngineConfig, EngineStats, Request, SimEngine
 
 if TYPE_CHECKING:
@@ -24,9 +26,11 @@ __all__ = [
     "InsufficientMemory",
     "ModelProfile",
     "Request",
+    "Roofline",
     "SimEngine",
     "build_parser",
     "main",
+    "roofline",
     "serve_in_process",
 ]
 

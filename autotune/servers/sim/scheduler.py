@@ -19,6 +19,31 @@ with r tokens to go finishes at step k + r − 1, so finishes sit in a heap; KV 
 decoding sequences is Σ(base_i) + n·step, kept as two numbers. KV is counted in tokens,
 plus half a block per running sequence (the average empty tail of its last block).
 
+Prefix caching (on by default, as in vLLM V1), kept to what a GRPO group needs: requests
+submitted with the same `prefix_key` have the same prompt (n rollouts of one task).
+
+- The shared part is the prompt's whole blocks short of its last token, T = ⌊(P − 1) ÷
+  block⌋ × block: vLLM recomputes at least the last prompt token to get logits
+  (`max_cache_hit_length = num_tokens − 1`), so that is all a same-prompt request can
+  reuse. A hit reuses all T tokens and computes the rest (8 rollouts of a 2,000-token
+  prompt, block 16: the first computes 2,000, the others 16 each, reusing 1,984).
+- The entry appears when the prefill that computes it has been scheduled in full, not
+  when that step ends: vLLM caches a request's blocks as it allocates them, so a request
+  scheduled later in the same step reads them (the forward pass writes each layer's KV
+  before attention reads it). A group that arrives at once therefore shares from its
+  first step; a request admitted while the prompt is still being chunked misses.
+- Shared tokens occupy KV once while any running request holds them; each request's own
+  KV is its prompt minus the hit plus its output. An entry nobody holds stays cached in
+  free space and counts as free in `kv_usage` (as vLLM's `kv_cache_usage_perc` counts
+  free cached blocks), and is evicted least recently released first when steps or
+  admissions need the room. A whole entry is evicted at once.
+- Preemption and abort release the request's hold; a preempted request may hit again
+  when readmitted. A request without a key never shares.
+- Attention still reads the shared prefix for every sequence: only prefill is saved.
+- `prefix_cache_queries_total` / `prefix_cache_hits_total` count tokens at a request's
+  first admission (vLLM counts re-lookups after preemption apart and does not export
+  them); with caching off nothing is looked up, so both stay 0.
+
 Histograms (TTFT, end-to-end latency, queue time) are in real seconds, measured on the
 event loop clock: that is what a client sees, whatever the time scale.
 """
@@ -28,7 +53,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 from bisect import bisect_left
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -95,6 +121,7 @@ class EngineConfig:
     block_size: int = 16
     time_scale: float = 1.0  # real seconds per simulated second; 0: as fast as possible
     kv_capacity_tokens: int | None = None
+    enable_prefix_caching: bool = True  # vLLM V1's default (CacheConfig.enable_prefix_caching)
     # A replica that slows mid-run (throttling, a noisy neighbour), planted for drift tests:
     # this many real seconds after the first step, every step takes `slow_down_factor` x.
     slow_down_after_s: float | None = None
@@ -114,6 +141,20 @@ class EngineStats:
     requests_finished_total: int
     steps: int
     sim_time_s: float
+    prefix_cache_queries_total: int  # prompt tokens looked up, at first admission
+    prefix_cache_hits_total: int  # of those, tokens reused from the cache
+    prefill_tokens_computed_total: int  # prompt tokens actually run, recomputation included
+
+
+class _Prefix:
+    """A cached shared prompt prefix: `tokens` of KV, held by `refs` running requests."""
+
+    __slots__ = ("key", "refs", "tokens")
+
+    def __init__(self, key: Hashable, tokens: int) -> None:
+        self.key = key
+        self.tokens = tokens
+        self.refs = 0
 
 
 class Request:
@@ -131,18 +172,31 @@ class Request:
         "output_tokens",
         "prefill_done",
         "prefill_len",
+        "prefix",
+        "prefix_key",
         "prompt_tokens",
         "rid",
+        "shared",
         "state",
         "tokens_before",
     )
 
-    def __init__(self, engine: SimEngine, rid: int, prompt_tokens: int, output_tokens: int) -> None:
+    def __init__(
+        self,
+        engine: SimEngine,
+        rid: int,
+        prompt_tokens: int,
+        output_tokens: int,
+        prefix_key: Hashable | None = None,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._engine = engine
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
+        self.prefix_key = prefix_key
+        self.prefix: _Prefix | None = None  # the cached prefix this admission holds
+        self.shared = 0  # its tokens: this much of the request's KV is shared
         self.first_token: asyncio.Future[None] = loop.create_future()
         self.finished: asyncio.Future[None] = loop.create_future()
         self.arrival = loop.time()
@@ -153,7 +207,7 @@ class Request:
         self.prefill_len = 0
         self.prefill_done = 0
         self.decode_start = 0  # step whose end emitted the first token of this admission
-        self.base = 0  # KV tokens after step s while decoding = base + s
+        self.base = 0  # own KV tokens after step s while decoding = base + s
 
     def tokens_done(self) -> int:
         """Output tokens generated so far (what a stream may have sent)."""
@@ -187,9 +241,15 @@ class SimEngine:
         self._running: dict[int, Request] = {}  # insertion order = admission order
         self._prefilling: deque[tuple[int, Request]] = deque()
         self._finish_heap: list[tuple[int, int, int, Request]] = []
-        self._kv_prefill = 0  # KV reserved by sequences not yet decoding
+        self._kv_prefill = 0  # own KV reserved by sequences not yet decoding
         self._decode_base = 0  # Σ base over decoding sequences
+        self._decode_shared = 0  # Σ shared prefix tokens over decoding sequences
         self._n_decode = 0
+        self._caching = config.enable_prefix_caching
+        self._prefixes: dict[Hashable, _Prefix] = {}
+        self._released: OrderedDict[Hashable, _Prefix] = OrderedDict()  # held by nobody, LRU
+        self._shared_used = 0  # Σ tokens of held prefixes (counted once)
+        self._cached_free = 0  # Σ tokens of prefixes held by nobody (free, evictable)
         self._next_rid = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -201,6 +261,9 @@ class SimEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
+        self.prefix_cache_queries_total = 0
+        self.prefix_cache_hits_total = 0
+        self.prefill_tokens_computed_total = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e_latency = Histogram(LATENCY_BUCKETS)
         self.queue_time = Histogram(LATENCY_BUCKETS)
@@ -244,8 +307,13 @@ class SimEngine:
         """The largest prompt + output one request may have and still fit the KV cache."""
         return self.kv_capacity - self._half_block
 
-    def submit(self, prompt_tokens: int, output_tokens: int) -> Request:
-        """Queue a request; raises ValueError if it could never fit the KV cache."""
+    def submit(
+        self, prompt_tokens: int, output_tokens: int, prefix_key: Hashable | None = None
+    ) -> Request:
+        """Queue a request; raises ValueError if it could never fit the KV cache.
+
+        Requests with the same `prefix_key` must have the same prompt; they share its
+        cached prefix (see the module docstring)."""
         if prompt_tokens < 1 or output_tokens < 1:
             raise ValueError("prompt_tokens and output_tokens must both be at least 1")
         if prompt_tokens + output_tokens > self.max_request_tokens():
@@ -253,7 +321,7 @@ class SimEngine:
                 f"request of {prompt_tokens + output_tokens} tokens exceeds the KV cache "
                 f"({self.kv_capacity} tokens)"
             )
-        req = Request(self, self._next_rid, prompt_tokens, output_tokens)
+        req = Request(self, self._next_rid, prompt_tokens, output_tokens, prefix_key)
         self._next_rid += 1
         self._waiting.append((0, req))
         self._n_waiting += 1
@@ -265,14 +333,16 @@ class SimEngine:
             self._n_waiting -= 1
         elif req.state == _PREFILL:
             del self._running[req.rid]
-            self._kv_prefill -= req.prefill_len + 1
+            self._kv_prefill -= req.prefill_len + 1 - req.shared
         elif req.state == _DECODE:
             req.tokens_before = req.tokens_done()
             del self._running[req.rid]
             self._n_decode -= 1
             self._decode_base -= req.base
+            self._decode_shared -= req.shared
         else:
             return
+        self._release(req)
         req.state = _ABORTED
         req.epoch += 1
         req.first_token.cancel()
@@ -281,8 +351,18 @@ class SimEngine:
     # -- gauges ----------------------------------------------------------------------------
 
     def _kv_used(self) -> int:
+        """KV tokens held by running sequences (free cached prefixes not included)."""
         decode_tokens = self._decode_base + self._n_decode * self.steps
-        return self._kv_prefill + decode_tokens + len(self._running) * self._half_block
+        own = self._kv_prefill + decode_tokens + len(self._running) * self._half_block
+        return own + self._shared_used
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self._n_waiting
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -295,7 +375,56 @@ class SimEngine:
             requests_finished_total=self.requests_finished_total,
             steps=self.steps,
             sim_time_s=self.sim_time_s,
+            prefix_cache_queries_total=self.prefix_cache_queries_total,
+            prefix_cache_hits_total=self.prefix_cache_hits_total,
+            prefill_tokens_computed_total=self.prefill_tokens_computed_total,
         )
+
+    # -- prefix cache ----------------------------------------------------------------------
+
+    def _hold(self, req: Request, prefix: _Prefix) -> None:
+        """`req` now reads `prefix`; a prefix nobody held moves from free to used KV."""
+        if not prefix.refs:
+            del self._released[prefix.key]
+            self._cached_free -= prefix.tokens
+            self._shared_used += prefix.tokens
+        prefix.refs += 1
+        req.prefix, req.shared = prefix, prefix.tokens
+
+    def _release(self, req: Request) -> None:
+        """Drop `req`'s hold; a prefix nobody holds stays cached in free space (LRU)."""
+        prefix, req.prefix, req.shared = req.prefix, None, 0
+        if prefix is None:
+            return
+        prefix.refs -= 1
+        if not prefix.refs:
+            self._shared_used -= prefix.tokens
+            self._cached_free += prefix.tokens
+            self._released[prefix.key] = prefix
+
+    def _publish(self, req: Request) -> None:
+        """`req`'s prompt is now scheduled in full: cache its shareable blocks, which it
+        holds from here on (its own KV shrinks by as much)."""
+        key = req.prefix_key
+        if req.prefix is not None or key in self._prefixes:
+            return
+        bs = self.config.block_size
+        tokens = (req.prompt_tokens - 1) // bs * bs
+        if tokens:
+            prefix = self._prefixes[key] = _Prefix(key, tokens)
+            prefix.refs = 1
+            req.prefix, req.shared = prefix, tokens
+            self._kv_prefill -= tokens
+            self._shared_used += tokens
+
+    def _evict(self, headroom: int) -> None:
+        """Evict free cached prefixes, least recently released first, until used KV,
+        `headroom` and what stays cached fit the cache."""
+        room = self.kv_capacity - self._kv_used() - headroom
+        while self._cached_free > room and self._released:
+            _, prefix = self._released.popitem(last=False)
+            del self._prefixes[prefix.key]
+            self._cached_free -= prefix.tokens
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -352,8 +481,10 @@ class SimEngine:
             req.tokens_before = req.tokens_done()
             self._n_decode -= 1
             self._decode_base -= req.base
+            self._decode_shared -= req.shared
         else:
-            self._kv_prefill -= req.prefill_len + 1
+            self._kv_prefill -= req.prefill_len + 1 - req.shared
+        self._release(req)
         req.state = _WAITING
         req.epoch += 1
         self._waiting.appendleft((req.epoch, req))
@@ -366,7 +497,7 @@ class SimEngine:
         while self._n_decode and self._kv_used() + self._n_decode > cap:
             self._preempt_last()
         decodes = self._n_decode
-        context = self._decode_base + decodes * self.steps
+        context = self._decode_base + decodes * self.steps + self._decode_shared
         budget = cfg.max_num_batched_tokens - decodes
         prefill_tokens = 0
         completing: list[tuple[int, Request]] = []
@@ -386,6 +517,8 @@ class SimEngine:
                 break
             pf.popleft()
             completing.append((epoch, req))
+            if self._caching and req.prefix_key is not None:
+                self._publish(req)
 
         waiting = self._waiting
         now: float | None = None
@@ -395,14 +528,25 @@ class SimEngine:
                 waiting.popleft()
                 continue
             length = req.prompt_tokens + req.tokens_before
-            if self._kv_used() + decodes + length + 1 + self._half_block > cap:
+            if (
+                req.prefix_key is not None
+                and self._caching
+                and (prefix := self._prefixes.get(req.prefix_key)) is not None
+            ):
+                hit = prefix.tokens
+                revived = 0 if prefix.refs else hit  # leaves free space: counts as used
+            else:
+                prefix, hit, revived = None, 0, 0
+            own = length - hit + 1
+            if self._kv_used() + decodes + own + revived + self._half_block > cap:
                 break
             waiting.popleft()
             self._n_waiting -= 1
             req.state = _PREFILL
             req.prefill_len = length
-            req.prefill_done = 0
-            self._kv_prefill += length + 1
+            self._kv_prefill += own
+            if prefix is not None:
+                self._hold(req, prefix)
             self._running[req.rid] = req
             if req.admitted_at is None:
                 if now is None:
@@ -410,18 +554,26 @@ class SimEngine:
                 req.admitted_at = now
                 self.queue_time.observe(now - req.arrival)
                 self.prompt_tokens_total += req.prompt_tokens
-            chunk = min(length, budget)
-            req.prefill_done = chunk
-            context += chunk
+                if self._caching:
+                    self.prefix_cache_queries_total += req.prompt_tokens
+                    self.prefix_cache_hits_total += hit
+            chunk = min(length - hit, budget)
+            req.prefill_done = hit + chunk
+            context += req.prefill_done
             budget -= chunk
             prefill_tokens += chunk
-            if chunk < length:
+            if req.prefill_done < length:
                 pf.append((req.epoch, req))
             else:
                 completing.append((req.epoch, req))
+                if self._caching and req.prefix_key is not None:
+                    self._publish(req)
 
         if not decodes and not prefill_tokens:
             return None
+        if self._cached_free:
+            self._evict(decodes)
+        self.prefill_tokens_computed_total += prefill_tokens
         duration = step_time_s(cfg.gpu, cfg.model, cfg.tp, decodes, prefill_tokens, context)
         return duration, decodes, completing
 
@@ -438,9 +590,10 @@ class SimEngine:
                 continue  # aborted while the step ran
             req.state = _DECODE
             req.decode_start = step
-            req.base = req.prefill_len + 1 - step
-            self._kv_prefill -= req.prefill_len + 1
+            req.base = req.prefill_len + 1 - step - req.shared
+            self._kv_prefill -= req.prefill_len + 1 - req.shared
             self._decode_base += req.base
+            self._decode_shared += req.shared
             self._n_decode += 1
             heapq.heappush(
                 heap, (step + req.output_tokens - req.tokens_before - 1, req.rid, epoch, req)
@@ -459,6 +612,9 @@ class SimEngine:
             del self._running[req.rid]
             self._n_decode -= 1
             self._decode_base -= req.base
+            if req.prefix is not None:
+                self._decode_shared -= req.shared
+                self._release(req)
             self.requests_finished_total += 1
             self.e2e_latency.observe(now - req.arrival)
             if not req.finished.done():

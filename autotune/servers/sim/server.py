@@ -11,6 +11,15 @@ keyed on the prompt text and `--seed`, which is where the fake model "emits EOS"
 text is "tok " per token. Streams send the first token at once, then coalesce tokens into
 at most one chunk per STREAM_INTERVAL_S of real time per request.
 
+Replicas and prefix caching: `--data-parallel-size N` runs N engines of
+`--tensor-parallel-size` GPUs each behind this one front end, like `vllm serve
+--data-parallel-size N`; each request goes to the engine with the lowest score
+waiting × 4 + running, ties to the lower index (vLLM's DP load balancer,
+DPLBAsyncMPClient). Identical prompts share a prefix-cache entry in the engine they land on
+(scheduler.py says how): the key is a hash of the chat `messages` and `tools` (both go into
+the rendered prompt) or of the completion `prompt`, the model excluded. /metrics labels
+every per-engine sample `engine="i"` beside `model_name`, as vLLM does.
+
 Tool calls: with `--tool-call-share F`, a chat turn that offers `tools` is answered with one
 call to one of them instead of text, in a share F of turns (a draw keyed on the prompt text
 and `--seed`, so a turn whose conversation grew by a tool result draws again). Its
@@ -31,7 +40,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -80,6 +89,20 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
     p.add_argument("--gpu", default="h100-80gb", help=f"one of {', '.join(GPUS)}")
     p.add_argument(
         "--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs the model is split over"
+    )
+    p.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="engines of --tensor-parallel-size GPUs each behind this one server "
+        "(requests go to the least loaded)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share the KV cache of identical prompts, as vLLM V1 does by default",
     )
     p.add_argument(
         "--gpu-memory-utilization",
@@ -163,6 +186,8 @@ class SimConfig:
     model: ModelProfile
     served_model_names: tuple[str, ...]
     tensor_parallel_size: int
+    data_parallel_size: int
+    enable_prefix_caching: bool
     gpu_memory_utilization: float
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -179,7 +204,7 @@ class SimConfig:
     tool_call_share: float
     slow_down_after_s: float | None
     slow_down_factor: float
-    kv_capacity_tokens: int
+    kv_capacity_tokens: int  # of one engine
     ignored_flags: tuple[str, ...]
 
     @property
@@ -187,6 +212,7 @@ class SimConfig:
         return self.served_model_names[0]
 
     def engine_config(self) -> EngineConfig:
+        """One engine's configuration (each of the `data_parallel_size` engines has it)."""
         return EngineConfig(
             gpu=self.gpu,
             model=self.model,
@@ -197,6 +223,7 @@ class SimConfig:
             block_size=self.block_size,
             time_scale=self.time_scale,
             kv_capacity_tokens=self.kv_capacity_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
             slow_down_after_s=self.slow_down_after_s,
             slow_down_factor=self.slow_down_factor if self.slow_down_after_s is not None else 1.0,
         )
@@ -225,6 +252,8 @@ def load_config(argv: Sequence[str], prog: str | None = None) -> SimConfig:
             f"Total number of attention heads ({model.attention_heads}) must be divisible by "
             f"tensor parallel size ({tp})."
         )
+    if ns.data_parallel_size < 1:
+        raise SimConfigError(f"data_parallel_size ({ns.data_parallel_size}) must be at least 1.")
     if not 0 < ns.gpu_memory_utilization <= 1:
         raise SimConfigError(
             f"GPU memory utilization must be within (0, 1]. Got {ns.gpu_memory_utilization}."
@@ -282,6 +311,8 @@ def load_config(argv: Sequence[str], prog: str | None = None) -> SimConfig:
         model=model,
         served_model_names=tuple(names),
         tensor_parallel_size=tp,
+        data_parallel_size=ns.data_parallel_size,
+        enable_prefix_caching=ns.enable_prefix_caching,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
@@ -364,6 +395,12 @@ def _text_of(content: Any) -> str:
     raise _BadRequest("message content must be a string or a list of content parts")
 
 
+def _prefix_key(body: dict[str, Any], chat: bool) -> Hashable:
+    """What identifies the request's prompt for the prefix cache (the model is left out)."""
+    parts = [body.get("messages"), body.get("tools")] if chat else [body.get("prompt")]
+    return hashlib.blake2b(orjson.dumps(parts), digest_size=16).digest()
+
+
 def _prompt_of(body: dict[str, Any], chat: bool) -> tuple[str, int]:
     """(text the output length is keyed on, prompt tokens)."""
     if chat:
@@ -408,11 +445,11 @@ async def _wait_briefly(fut: asyncio.Future[None], timeout: float) -> None:
 
 
 class _Service:
-    """The HTTP handlers, bound to one engine and one configuration."""
+    """The HTTP handlers, bound to the engines and one configuration."""
 
-    def __init__(self, config: SimConfig, engine: SimEngine) -> None:
+    def __init__(self, config: SimConfig, engines: Sequence[SimEngine]) -> None:
         self.config = config
-        self.engine = engine
+        self.engines = tuple(engines)
         self.created = int(time.time())
         self.accepted = 0
         self._known_models = {*config.served_model_names, config.model.name}
@@ -443,8 +480,8 @@ class _Service:
             _crash(f"--die-after-requests {limit} reached")
         ceiling = self.config.crash_above_concurrency
         if ceiling is not None:
-            stats = self.engine.stats()
-            if stats.running + stats.waiting + 1 > ceiling:
+            inside = sum(e.num_running + e.num_waiting for e in self.engines)
+            if inside + 1 > ceiling:
                 _crash(f"more than --crash-above-concurrency {ceiling} requests at once")
 
     # -- endpoints ---------------------------------------------------------------------------
@@ -463,6 +500,7 @@ class _Service:
                 "parent": None,
                 "max_model_len": self.config.max_model_len,
                 "simulated": True,
+                "data_parallel_size": self.config.data_parallel_size,
             }
             for name in self.config.served_model_names
         ]
@@ -531,7 +569,8 @@ class _Service:
             length = math.ceil(len(call["function"]["arguments"] + call["function"]["name"]) / 4)
             output, finish = min(max_tokens, max(1, length)), "tool_calls"
         self._accept()
-        req = self.engine.submit(prompt_tokens, output)
+        key = _prefix_key(body, chat) if self.config.enable_prefix_caching else None
+        req = self._engine().submit(prompt_tokens, output, key)
         try:
             if body.get("stream"):
                 options = body.get("stream_options") or {}
@@ -542,6 +581,13 @@ class _Service:
         finally:
             if not req.done:
                 req.abort()
+
+    def _engine(self) -> SimEngine:
+        """The engine for the next request: vLLM's DP load balancer picks the lowest
+        waiting × 4 + running, the lower index on ties (`min` keeps the first)."""
+        if len(self.engines) == 1:
+            return self.engines[0]
+        return min(self.engines, key=lambda e: e.num_waiting * 4 + e.num_running)
 
     def _tool_call(self, body: dict[str, Any], text: str) -> dict[str, Any] | None:
         """The simulated tool call this turn makes (--tool-call-share), if any."""
@@ -663,60 +709,91 @@ class _Service:
     # -- /metrics ----------------------------------------------------------------------------
 
     def render_metrics(self) -> str:
-        """Prometheus text in vLLM's metric names, plus `autotune_simulated 1`."""
-        s = self.engine.stats()
-        label = f'model_name="{self.config.served_model_name}"'
+        """Prometheus text in vLLM's metric names, one sample per engine labelled like
+        vLLM's (`engine="i"`, `model_name`; labels sorted as prometheus_client writes
+        them), plus `autotune_simulated 1`."""
+        engines = self.engines
+        stats = [e.stats() for e in engines]
+        name_label = f'model_name="{self.config.served_model_name}"'
+        labels = [f'engine="{i}",{name_label}' for i in range(len(engines))]
         lines: list[str] = []
 
-        def metric(name: str, kind: str, help_: str, value: float) -> None:
+        def metric(name: str, kind: str, help_: str, values: Sequence[float]) -> None:
             base = name.removesuffix("_total") if kind == "counter" else name
-            lines.extend(
-                (
-                    f"# HELP {base} {help_} (SIMULATED)",
-                    f"# TYPE {base} {kind}",
-                    f"{name}{{{label}}} {value}",
-                )
-            )
+            lines.extend((f"# HELP {base} {help_} (SIMULATED)", f"# TYPE {base} {kind}"))
+            lines.extend(f"{name}{{{label}}} {v}" for label, v in zip(labels, values, strict=True))
 
-        def histogram(name: str, help_: str, h: Histogram) -> None:
+        def histogram(name: str, help_: str, hists: Sequence[Histogram]) -> None:
             lines.extend((f"# HELP {name} {help_} (SIMULATED)", f"# TYPE {name} histogram"))
-            for bound, n in h.cumulative():
-                le = "+Inf" if math.isinf(bound) else repr(bound)
-                lines.append(f'{name}_bucket{{le="{le}",{label}}} {n}')
-            lines.append(f"{name}_sum{{{label}}} {h.sum!r}")
-            lines.append(f"{name}_count{{{label}}} {h.count}")
+            for i, (label, h) in enumerate(zip(labels, hists, strict=True)):
+                for bound, n in h.cumulative():
+                    le = "+Inf" if math.isinf(bound) else repr(bound)
+                    lines.append(f'{name}_bucket{{engine="{i}",le="{le}",{name_label}}} {n}')
+                lines.append(f"{name}_sum{{{label}}} {h.sum!r}")
+                lines.append(f"{name}_count{{{label}}} {h.count}")
 
-        metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", s.running)
-        metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", s.waiting)
         metric(
-            "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", s.kv_usage
+            "vllm:num_requests_running",
+            "gauge",
+            "Requests in the running batch.",
+            [s.running for s in stats],
         )
         metric(
-            "vllm:num_preemptions_total", "counter", "Cumulative preemptions.", s.preemptions_total
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Requests waiting to be scheduled.",
+            [s.waiting for s in stats],
+        )
+        metric(
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage, 1 means 100 percent.",
+            [s.kv_usage for s in stats],
+        )
+        metric(
+            "vllm:num_preemptions_total",
+            "counter",
+            "Cumulative preemptions.",
+            [s.preemptions_total for s in stats],
         )
         metric(
             "vllm:prompt_tokens_total",
             "counter",
             "Prefill tokens processed.",
-            s.prompt_tokens_total,
+            [s.prompt_tokens_total for s in stats],
         )
         metric(
             "vllm:generation_tokens_total",
             "counter",
             "Generation tokens processed.",
-            s.generation_tokens_total,
+            [s.generation_tokens_total for s in stats],
         )
-        e = self.engine
-        histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token in real seconds.", e.ttft
+        metric(
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            [s.prefix_cache_queries_total for s in stats],
+        )
+        metric(
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            [s.prefix_cache_hits_total for s in stats],
         )
         histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end latency in real seconds.", e.e2e_latency
+            "vllm:time_to_first_token_seconds",
+            "Time to first token in real seconds.",
+            [e.ttft for e in engines],
+        )
+        histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end latency in real seconds.",
+            [e.e2e_latency for e in engines],
         )
         histogram(
             "vllm:request_queue_time_seconds",
             "Time waiting before admission, real seconds.",
-            e.queue_time,
+            [e.queue_time for e in engines],
         )
         lines.append("# HELP autotune_simulated 1: this is autotune's simulated server, not a GPU.")
         lines.append("# TYPE autotune_simulated gauge")
@@ -739,9 +816,9 @@ def _marker(time_scale: float) -> Callable[[web.Request, web.StreamResponse], Aw
     return mark
 
 
-def build_app(config: SimConfig, engine: SimEngine) -> web.Application:
-    """The aiohttp application; the caller owns the engine's lifetime."""
-    service = _Service(config, engine)
+def build_app(config: SimConfig, engines: Sequence[SimEngine]) -> web.Application:
+    """The aiohttp application; the caller owns the engines' lifetime."""
+    service = _Service(config, engines)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.on_response_prepare.append(_marker(config.time_scale))
     app.router.add_get("/health", service.health)
@@ -754,10 +831,15 @@ def build_app(config: SimConfig, engine: SimEngine) -> web.Application:
 
 @contextlib.asynccontextmanager
 async def _serving(config: SimConfig) -> AsyncIterator[int]:
-    """Run engine + HTTP site for the block's duration; yields the bound port."""
-    async with SimEngine(config.engine_config()) as engine:
+    """Run the engines + HTTP site for the block's duration; yields the bound port."""
+    async with contextlib.AsyncExitStack() as stack:
+        engine_config = config.engine_config()
+        engines = [
+            await stack.enter_async_context(SimEngine(engine_config))
+            for _ in range(config.data_parallel_size)
+        ]
         runner = web.AppRunner(
-            build_app(config, engine), access_log=None, handler_cancellation=True
+            build_app(config, engines), access_log=None, handler_cancellation=True
         )
         await runner.setup()
         try:
@@ -805,8 +887,9 @@ async def _serve_forever(config: SimConfig) -> int:
         async with _serving(config) as port:
             print(
                 f"INFO: simulated vLLM-like server (SIMULATED, {config.gpu.name}, "
-                f"{config.model.name}, tp={config.tensor_parallel_size}, kv capacity "
-                f"{config.kv_capacity_tokens} tokens) listening on "
+                f"{config.model.name}, tp={config.tensor_parallel_size}, "
+                f"dp={config.data_parallel_size}, kv capacity {config.kv_capacity_tokens} "
+                "tokens per engine) listening on "
                 f"http://{config.host}:{port}",
                 flush=True,
             )
