@@ -50,7 +50,7 @@ Planned = tuple[float, int, list[Any]]  # an engine step: duration, decodes, com
 class _Clock:
     """Steps every engine on one virtual clock: the next step to end is the next event.
 
-    It runs the engines' own step (`_plan_step`, `_end_step`: what each engine's asyncio
+    It runs the engines' own step (`plan_step`, `end_step`: what each engine's asyncio
     task runs) instead of starting those tasks, since each task would advance its own
     engine's clock alone, and several engines would drift apart.
     """
@@ -65,7 +65,7 @@ class _Clock:
         for index, engine in enumerate(self.engines):
             if index in self._busy:
                 continue
-            planned = engine._plan_step()
+            planned = engine.plan_step()
             if planned is None:
                 continue
             engine.sim_time_s = max(engine.sim_time_s, self.now)  # idle until now
@@ -83,7 +83,7 @@ class _Clock:
             end, index, (duration, decodes, completing) = heapq.heappop(self._steps)
             self.now = end
             self._busy.discard(index)
-            self.engines[index]._end_step(
+            self.engines[index].end_step(
                 duration, decodes, completing, asyncio.get_running_loop().time()
             )
             await asyncio.sleep(0)

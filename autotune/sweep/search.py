@@ -247,13 +247,17 @@ async def optimise(
     launcher: Launcher,
     gpu_count: int = 0,
     on_trial: Callable[[int, TrialOutcome], None] | None = None,
+    *,
+    seed_first: bool = True,
 ) -> None:
-    """Run trials until the budget (finished trials, time, patience) is spent."""
+    """Run trials until the budget (finished trials, time, patience) is spent; a new
+    study's first trial is fit.seed_configuration unless `seed_first` is off (a
+    benchmark of the sampler alone)."""
     from optuna.trial import TrialState
 
     budget = study.budget
     deadline = time.monotonic() + budget.time_s if budget.time_s else math.inf
-    if not optuna_study.get_trials(deepcopy=False):
+    if seed_first and not optuna_study.get_trials(deepcopy=False):
         seed = seed_configuration(study, gpu_count)
         if seed is not None:
             optuna_study.enqueue_trial(seed)

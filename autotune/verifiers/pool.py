@@ -194,8 +194,15 @@ class PoolVerifier:
 
 
 def _shutdown(pool: ProcessPoolExecutor) -> None:
-    """Shut `pool` down without waiting on a worker stuck in user code."""
+    """Shut `pool` down without waiting on a worker stuck in user code.
+
+    The pool's manager thread is joined at the end: the first `shutdown(wait=False)`
+    forgets it, and one still closing its wake-up pipe when the interpreter exits races
+    concurrent.futures' exit hook, which then writes to the closed pipe ("Exception
+    ignored ... Bad file descriptor" after a Ctrl-C or SIGTERM).
+    """
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + _SHUTDOWN_GRACE_S
     for process in processes:
@@ -208,6 +215,8 @@ def _shutdown(pool: ProcessPoolExecutor) -> None:
             process.kill()
             process.join(0.5)
     pool.shutdown(wait=True)
+    if manager is not None:
+        manager.join(_SHUTDOWN_GRACE_S)
 
 
 def _init_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:

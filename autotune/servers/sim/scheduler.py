@@ -447,7 +447,7 @@ class SimEngine:
                 self._debt = 0.0
                 self._last_real = loop.time()
                 continue
-            planned = self._plan_step()
+            planned = self.plan_step()
             if planned is None:  # nothing can run (cannot happen with valid requests)
                 self._wakeup.clear()
                 await self._wakeup.wait()
@@ -472,7 +472,7 @@ class SimEngine:
                     await asyncio.sleep(0)
             else:
                 await asyncio.sleep(0)
-            self._end_step(duration, decodes, completing, loop.time())
+            self.end_step(duration, decodes, completing, loop.time())
 
     def _preempt_last(self) -> None:
         """Recompute-mode preemption of the most recently admitted running sequence."""
@@ -491,7 +491,10 @@ class SimEngine:
         self._n_waiting += 1
         self.preemptions_total += 1
 
-    def _plan_step(self) -> tuple[float, int, list[tuple[int, Request]]] | None:
+    def plan_step(self) -> tuple[float, int, list[tuple[int, Request]]] | None:
+        """The next step (its duration, decodes, prefills it completes), or None when
+        nothing can run; the engine's own task runs it, and a virtual clock stepping
+        several engines in turn (probe/virtual.py) calls it and `end_step` directly."""
         cfg = self.config
         cap = self.kv_capacity
         while self._n_decode and self._kv_used() + self._n_decode > cap:
@@ -577,9 +580,11 @@ class SimEngine:
         duration = step_time_s(cfg.gpu, cfg.model, cfg.tp, decodes, prefill_tokens, context)
         return duration, decodes, completing
 
-    def _end_step(
+    def end_step(
         self, duration: float, decodes: int, completing: list[tuple[int, Request]], now: float
     ) -> None:
+        """The planned step has taken `duration` simulated seconds (`now` on the event
+        loop's clock): its tokens are out, finished requests resolve."""
         step = self.steps + 1
         self.steps = step
         self.sim_time_s += duration
