@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,13 @@ ServeApp = Callable[[web.Application], Awaitable[str]]
 """The `serve_app` fixture: runs an aiohttp app on a free port, returns its root URL."""
 SimProcess = Callable[..., ServerProcess]
 """The `sim_process` fixture: `sim_process(*flags)` is an unstarted simulated server."""
+
+
+def as_in_a_terminal() -> None:
+    """`preexec_fn` for a child that Ctrl-C must reach: SIGINT back to its default. A
+    shell without job control (a CI script's `cmd &`) starts background jobs with SIGINT
+    ignored, and the child would inherit that and never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from autotune.results import SweepResult, load_result
-from tests.helpers import REPO, read_rows
+from tests.helpers import REPO, as_in_a_terminal, read_rows
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +99,7 @@ class Run:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=as_in_a_terminal,
             )
         self.family: dict[int, str] = {}
 

@@ -182,11 +182,13 @@ def test_a_budget_the_model_cannot_use_is_refused_before_anything_starts(
 # -- the replicas a configuration starts ------------------------------------------------------
 
 
-def _sims() -> list[psutil.Process]:
+def _sims(besides: frozenset[int] = frozenset()) -> list[psutil.Process]:
+    """This test process's simulated servers, but those in `besides` (servers other
+    tests of the session keep running, such as a session-scoped fixture's)."""
     return [
         child
         for child in psutil.Process().children(recursive=True)
-        if "autotune.servers.sim" in " ".join(child.cmdline())
+        if child.pid not in besides and "autotune.servers.sim" in " ".join(child.cmdline())
     ]
 
 
@@ -206,9 +208,10 @@ async def test_the_simulator_runs_every_engine_and_stops_them_all(
     verifier = await load_verifier("none")
     launcher = http_launcher(study, verifier)
     knobs = {"num_engines": 2, "tensor_parallel_size": 1, "max_num_seqs": 16}
+    before = frozenset(process.pid for process in _sims())
     try:
         async with launcher.running(knobs) as probe:
-            running = _sims()
+            running = _sims(before)
             assert len(running) == servers
             if servers == 1:
                 assert "--data-parallel-size 2" in " ".join(running[0].cmdline())
@@ -216,7 +219,7 @@ async def test_the_simulator_runs_every_engine_and_stops_them_all(
     finally:
         await verifier.aclose()
     await asyncio.sleep(0)
-    assert _sims() == [], "a replica outlived its configuration"
+    assert _sims(before) == [], "a replica outlived its configuration"
 
 
 # -- the roofline share and a simulated GRPO study ------------------------------------------
