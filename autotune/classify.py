@@ -21,6 +21,11 @@ lies between and the next step. Every verdict says how sure it is.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
 from autotune.results import Evidence, ProbeResult, ReplicaStats, Thresholds, Verdict
 from autotune.stats import RatioInterval, ratio_interval
 
@@ -38,20 +43,272 @@ VERDICTS = (
 )
 
 
-def _check(
-    name: str, value: float, comparison: str, threshold: float, meaning: str, unit: str = ""
+Comparison = Literal[">=", ">"]
+_OPERATORS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt}
+
+
+def _compare(
+    name: str, value: float, comparison: Comparison, threshold: float, meaning: str, unit: str
 ) -> Evidence:
-    met = {
-        ">=": value >= threshold,
-        ">": value > threshold,
-        "<": value < threshold,
-    }[comparison]
+    met = _OPERATORS[comparison](value, threshold)
     return Evidence(name, float(value), float(threshold), comparison, met, meaning, unit)
 
 
-def _metric(probe: ProbeResult, source: str, name: str, stat: str) -> float | None:
-    value = probe.telemetry.get(f"{source}/{name}", {}).get(stat)
-    return None if value is None else float(value)
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """What the checks read: the two probes and the thresholds. A check names its metric
+    and the fields of its meaning, so the figures derived from both probes live here."""
+
+    low: ProbeResult
+    high: ProbeResult
+    th: Thresholds
+
+    def __getitem__(self, name: str) -> Any:
+        """A meaning's fields, for `str.format_map`: `{high.parallelism}`, `{predicted:.2f}`."""
+        return getattr(self, name)
+
+    def read(self, metric: str) -> float | None:
+        """A check's metric: a high-probe telemetry series and statistic
+        (`"server/vllm:kv_cache_usage_perc max"`), or a figure of this pair by name; None
+        where the probes did not measure it."""
+        series, _, stat = metric.partition(" ")
+        if not stat:
+            return getattr(self, metric)
+        value = self.high.telemetry.get(series, {}).get(stat)
+        return None if value is None else float(value)
+
+    @property
+    def ratio(self) -> float:
+        return self.high.parallelism / self.low.parallelism
+
+    @property
+    def speedup(self) -> float:
+        low, high = self.low.rollouts_per_s, self.high.rollouts_per_s
+        return high / low if low > 0 else 0.0
+
+    @property
+    def predicted(self) -> float:
+        """Latency growth of a saturated stage: Little's law at a fixed in-flight count."""
+        return self.ratio / max(self.speedup, 1e-9)
+
+    @property
+    def high_error_rate(self) -> float:
+        return _other_error_rate(self.high)
+
+    @property
+    def low_error_rate(self) -> float:
+        return _other_error_rate(self.low)
+
+    @property
+    def server_died(self) -> float:
+        return float(self.high.stop_reason == "server died")
+
+    @property
+    def timeout_share(self) -> float:
+        return self.high.timeouts / max(self.high.completed + self.high.failed, 1)
+
+    @property
+    def dispersion_growth(self) -> float:
+        """How much wider the latency tail got at high parallelism; 0 when unmeasured."""
+        before, after = self.low.latency_dispersion, self.high.latency_dispersion
+        return after / before if before and after else 0.0
+
+    @property
+    def refusal_share(self) -> float:
+        return self.high.rate_limited_responses / max(self.high.completed + self.high.failed, 1)
+
+    @property
+    def rate_limit_failures(self) -> int:
+        errors = self.high.errors_by_class
+        return sum(n for cls, n in errors.items() if cls in RATE_LIMIT_CLASSES)
+
+    @property
+    def limiter_wait_share(self) -> float:
+        return self.high.limiter_wait_share
+
+    @property
+    def verifier_busy(self) -> float | None:
+        """Only a pool of known size has a busy fraction worth reading."""
+        return None if self.high.verifier_capacity is None else self.high.verifier_busy_fraction
+
+    @property
+    def verifier_capacity_use(self) -> float | None:
+        capacity = self.high.verifier_capacity_rps
+        return self.high.rollouts_per_s / capacity if capacity else None
+
+    @property
+    def verify_wait_growth(self) -> float | None:
+        """None when rollouts hardly queued for a verifier (5 ms): a ratio of noise."""
+        low_wait = self.low.latency_s["verify_wait"].mean or 0.0
+        high_wait = self.high.latency_s["verify_wait"].mean or 0.0
+        return high_wait / max(low_wait, 1e-4) if high_wait > 0.005 else None
+
+    @property
+    def verify_wait_ms(self) -> float:
+        return (self.high.latency_s["verify_wait"].mean or 0.0) * 1000
+
+    @property
+    def model_growth(self) -> float | None:
+        """Model latency growth ÷ what a saturated server predicts."""
+        low_model, high_model = self.low.latency_s["model"].mean, self.high.latency_s["model"].mean
+        return (high_model / low_model) / self.predicted if low_model and high_model else None
+
+    @property
+    def tool_s(self) -> tuple[float, float] | None:
+        """Time in tool calls per rollout, low and high; None without a tool stage in both
+        (single-turn rollouts have none), so neither tool check has evidence."""
+        low_tool, high_tool = _mean(self.low, "tool"), _mean(self.high, "tool")
+        return (low_tool, high_tool) if low_tool and high_tool else None
+
+    @property
+    def tool_growth(self) -> float | None:
+        """Tool latency growth ÷ what a saturated environment predicts."""
+        if self.tool_s is None:
+            return None
+        low_tool, high_tool = self.tool_s
+        return (high_tool / low_tool) / self.predicted
+
+    @property
+    def tool_share(self) -> float | None:
+        """The high probe's share of rollout time in tool calls."""
+        if self.tool_s is None:
+            return None
+        high_tool = self.tool_s[1]
+        return high_tool / (_mean(self.high, "total") or high_tool)
+
+    @property
+    def high_classes(self) -> str:
+        return _classes(self.high)
+
+    @property
+    def low_spread(self) -> str:
+        return _spread(self.low)
+
+    @property
+    def high_spread(self) -> str:
+        return _spread(self.high)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One rule as data: a metric read from the probes, compared with a threshold; its
+    meaning says what the number shows."""
+
+    name: str
+    metric: str  # what `Pair.read` reads; also the check's key in a verdict's findings
+    comparison: Comparison
+    threshold: str | float  # a Thresholds field's name, or a fixed number
+    meaning: str  # a `str.format` template over the Pair's fields
+    unit: str = ""  # how Evidence rounds the number: share, ×, ms, count, or "" (3 digits)
+
+    def judge(self, pair: Pair) -> Evidence | None:
+        """The evidence, or None where the probes did not measure the metric."""
+        value = pair.read(self.metric)
+        if value is None:
+            return None
+        threshold = self.threshold
+        if isinstance(threshold, str):
+            threshold = getattr(pair.th, threshold)
+        meaning = self.meaning.format_map(pair)
+        return _compare(self.name, value, self.comparison, threshold, meaning, self.unit)
+
+
+# The checks behind each verdict, in the order its evidence lists them: name, metric,
+# comparison, threshold, meaning and unit (see Check).
+# fmt: off
+CHECKS: dict[str, tuple[Check, ...]] = {
+    "unstable": (
+        Check("high probe error rate (rate limits aside)",
+              "high_error_rate", ">", "max_error_rate",
+              "share of rollouts at parallelism {high.parallelism} that failed ({high_classes})",
+              "share"),
+        Check("high probe stopped because the server died",
+              "server_died", ">=", 1.0,
+              "model calls stopped connecting during the probe", "count"),
+        Check("low probe error rate (rate limits aside)",
+              "low_error_rate", ">", "max_error_rate",
+              "share of rollouts at parallelism {low.parallelism} that failed", "share"),
+        Check("timed-out model calls per rollout in the high probe",
+              "timeout_share", ">", "timeout_share",
+              "{high.timeouts} calls at parallelism {high.parallelism} ran past their timeout "
+              "(retried or failed): a symptom of too much parallelism", "share"),
+        Check("rollout latency spread growth (p95/p50, high ÷ low)",
+              "dispersion_growth", ">=", "dispersion_growth",
+              "p95/p50 {low_spread} at parallelism {low.parallelism}, {high_spread} at "
+              "{high.parallelism}: a long tail is a symptom of too much parallelism", "×"),
+    ),
+    "rate-limited": (
+        Check("HTTP 429 responses per rollout in the high probe's window",
+              "refusal_share", ">=", "rate_limited_share",
+              "the endpoint refused {high.rate_limited_responses} requests for exceeding its "
+              "rate and sent {high.retry_after_seen} Retry-After headers", "share"),
+        Check("rollouts failed on rate limits in the high probe",
+              "rate_limit_failures", ">", 0.0,
+              "calls refused for exceeding the rate on every retry, whatever their share",
+              "count"),
+        Check("share of slot time waiting on the client's --rpm/--tpm limiter",
+              "limiter_wait_share", ">=", "limiter_wait_share",
+              "the client's own rate limit holds requests back", "share"),
+    ),
+    "client-bound": (
+        Check("client CPU (cores) during the high probe",
+              "client/cpu_fraction mean", ">=", "client_cpu_fraction",
+              "the harness's own process is busy"),
+        Check("client event-loop lag, ms (mean)",
+              "client/loop_lag_ms mean", ">=", "client_loop_lag_ms",
+              "the harness reacts late to finished I/O", "ms"),
+    ),
+    "verifier-bound": (
+        Check("verifier workers busy (fraction)",
+              "verifier_busy", ">=", "verifier_busy_fraction",
+              "{high.verifier_capacity} workers verifying nearly all the time", "share"),
+        Check("throughput ÷ verifier capacity",
+              "verifier_capacity_use", ">=", "verifier_capacity_use",
+              "capacity = workers ÷ mean verify time = {high.verifier_capacity_rps:.3g} "
+              "rollouts/s", "share"),
+        Check("verifier queue wait growth (high ÷ low)",
+              "verify_wait_growth", ">=", "verify_wait_growth",
+              "rollouts wait {verify_wait_ms:.0f} ms for a verifier", "×"),
+    ),
+    "model-bound": (
+        Check("model latency growth ÷ Little's-law prediction",
+              "model_growth", ">=", "littles_law_match",
+              "model latency {low.latency_s[model].mean:.3g} s → {high.latency_s[model].mean:.3g}"
+              " s; a saturated server predicts ×{predicted:.2f}"),
+        Check("server requests waiting (mean)",
+              "server/vllm:num_requests_waiting mean", ">=", "server_waiting",
+              "vLLM queues requests it cannot schedule"),
+        Check("server KV cache usage (max)",
+              "server/vllm:kv_cache_usage_perc max", ">=", "kv_cache_full",
+              "the KV cache is full", "share"),
+        Check("server preemptions during the probe",
+              "server/vllm:num_preemptions_total delta", ">", 0.0,
+              "sequences were evicted for lack of KV cache", "count"),
+        Check("GPU utilisation, % (mean)",
+              "gpu/gpu_util_pct_mean mean", ">=", "gpu_busy_pct",
+              "a kernel ran most of the time"),
+    ),
+    # Tools saturating (multi-turn rollouts): the time each rollout spends in tool calls
+    # grows as Little's law predicts for a stage that caps throughput, and it is a large
+    # share of the rollout. No tool stage (single-turn rollouts): no evidence.
+    "environment-bound": (
+        Check("tool latency growth ÷ Little's-law prediction",
+              "tool_growth", ">=", "littles_law_match",
+              "time in tools per rollout {low.latency_s[tool].mean:.3g} s → "
+              "{high.latency_s[tool].mean:.3g} s; a saturated environment predicts "
+              "×{predicted:.2f}"),
+        Check("share of rollout time in tool calls (high probe)",
+              "tool_share", ">=", "tool_share",
+              "rollouts wait on the environment's tools more than on anything else"),
+    ),
+}
+# fmt: on
+
+
+def _judge(verdict: str, pair: Pair) -> dict[str, Evidence]:
+    """The evidence of a verdict's checks that the probes measured, by metric, in order."""
+    found = ((check.metric, check.judge(pair)) for check in CHECKS[verdict])
+    return {metric: evidence for metric, evidence in found if evidence is not None}
 
 
 def _other_error_rate(probe: ProbeResult) -> float:
@@ -62,59 +319,6 @@ def _other_error_rate(probe: ProbeResult) -> float:
         return probe.error_rate
     other = sum(n for cls, n in errors.items() if cls not in RATE_LIMIT_CLASSES)
     return probe.error_rate * other / total
-
-
-def _instability(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evidence]:
-    return [
-        _check(
-            "high probe error rate (rate limits aside)",
-            _other_error_rate(high),
-            ">",
-            th.max_error_rate,
-            f"share of rollouts at parallelism {high.parallelism} that failed ({_classes(high)})",
-            "share",
-        ),
-        _check(
-            "high probe stopped because the server died",
-            float(high.stop_reason == "server died"),
-            ">=",
-            1.0,
-            "model calls stopped connecting during the probe",
-            "count",
-        ),
-        _check(
-            "low probe error rate (rate limits aside)",
-            _other_error_rate(low),
-            ">",
-            th.max_error_rate,
-            f"share of rollouts at parallelism {low.parallelism} that failed",
-            "share",
-        ),
-        _check(
-            "timed-out model calls per rollout in the high probe",
-            high.timeouts / max(high.completed + high.failed, 1),
-            ">",
-            th.timeout_share,
-            f"{high.timeouts} calls at parallelism {high.parallelism} ran past their timeout "
-            "(retried or failed): a symptom of too much parallelism",
-            "share",
-        ),
-        _check(
-            "rollout latency spread growth (p95/p50, high ÷ low)",
-            _dispersion_growth(low, high),
-            ">=",
-            th.dispersion_growth,
-            f"p95/p50 {_spread(low)} at parallelism {low.parallelism}, {_spread(high)} at "
-            f"{high.parallelism}: a long tail is a symptom of too much parallelism",
-            "×",
-        ),
-    ]
-
-
-def _dispersion_growth(low: ProbeResult, high: ProbeResult) -> float:
-    """How much wider the latency tail got at high parallelism; 0 when unmeasured."""
-    before, after = low.latency_dispersion, high.latency_dispersion
-    return after / before if before and after else 0.0
 
 
 def _spread(probe: ProbeResult) -> str:
@@ -128,203 +332,6 @@ def _classes(probe: ProbeResult) -> str:
     if not probe.errors_by_class:
         return "no errors"
     return ", ".join(f"{k}: {v}" for k, v in sorted(probe.errors_by_class.items()))
-
-
-def _rate_limit(high: ProbeResult, th: Thresholds) -> list[Evidence]:
-    sunk = sum(n for cls, n in high.errors_by_class.items() if cls in RATE_LIMIT_CLASSES)
-    return [
-        _check(
-            "HTTP 429 responses per rollout in the high probe's window",
-            high.rate_limited_responses / max(high.completed + high.failed, 1),
-            ">=",
-            th.rate_limited_share,
-            f"the endpoint refused {high.rate_limited_responses} requests for exceeding its "
-            f"rate and sent {high.retry_after_seen} Retry-After headers",
-            "share",
-        ),
-        _check(
-            "rollouts failed on rate limits in the high probe",
-            sunk,
-            ">",
-            0,
-            "calls refused for exceeding the rate on every retry, whatever their share",
-            "count",
-        ),
-        _check(
-            "share of slot time waiting on the client's --rpm/--tpm limiter",
-            high.limiter_wait_share,
-            ">=",
-            th.limiter_wait_share,
-            "the client's own rate limit holds requests back",
-            "share",
-        ),
-    ]
-
-
-def _client(high: ProbeResult, th: Thresholds) -> list[Evidence]:
-    evidence = []
-    cpu = _metric(high, "client", "cpu_fraction", "mean")
-    if cpu is not None:
-        evidence.append(
-            _check(
-                "client CPU (cores) during the high probe",
-                cpu,
-                ">=",
-                th.client_cpu_fraction,
-                "the harness's own process is busy",
-            )
-        )
-    lag = _metric(high, "client", "loop_lag_ms", "mean")
-    if lag is not None:
-        evidence.append(
-            _check(
-                "client event-loop lag, ms (mean)",
-                lag,
-                ">=",
-                th.client_loop_lag_ms,
-                "the harness reacts late to finished I/O",
-                "ms",
-            )
-        )
-    return evidence
-
-
-def _verifier(low: ProbeResult, high: ProbeResult, th: Thresholds) -> list[Evidence]:
-    evidence = []
-    if high.verifier_capacity is not None and high.verifier_busy_fraction is not None:
-        evidence.append(
-            _check(
-                "verifier workers busy (fraction)",
-                high.verifier_busy_fraction,
-                ">=",
-                th.verifier_busy_fraction,
-                f"{high.verifier_capacity} workers verifying nearly all the time",
-                "share",
-            )
-        )
-    if high.verifier_capacity_rps:
-        evidence.append(
-            _check(
-                "throughput ÷ verifier capacity",
-                high.rollouts_per_s / high.verifier_capacity_rps,
-                ">=",
-                th.verifier_capacity_use,
-                f"capacity = workers ÷ mean verify time = "
-                f"{high.verifier_capacity_rps:.3g} rollouts/s",
-                "share",
-            )
-        )
-    low_wait = low.latency_s["verify_wait"].mean or 0.0
-    high_wait = high.latency_s["verify_wait"].mean or 0.0
-    if high_wait > 0.005:
-        evidence.append(
-            _check(
-                "verifier queue wait growth (high ÷ low)",
-                high_wait / max(low_wait, 1e-4),
-                ">=",
-                th.verify_wait_growth,
-                f"rollouts wait {high_wait * 1000:.0f} ms for a verifier",
-                "×",
-            )
-        )
-    return evidence
-
-
-def _model(
-    low: ProbeResult, high: ProbeResult, speedup: float, ratio: float, th: Thresholds
-) -> list[Evidence]:
-    evidence = []
-    low_model = low.latency_s["model"].mean
-    high_model = high.latency_s["model"].mean
-    if low_model and high_model:
-        predicted = ratio / max(speedup, 1e-9)  # Little's law at fixed in-flight count
-        evidence.append(
-            _check(
-                "model latency growth ÷ Little's-law prediction",
-                (high_model / low_model) / predicted,
-                ">=",
-                th.littles_law_match,
-                f"model latency {low_model:.3g} s → {high_model:.3g} s; "
-                f"a saturated server predicts ×{predicted:.2f}",
-            )
-        )
-    waiting = _metric(high, "server", "vllm:num_requests_waiting", "mean")
-    if waiting is not None:
-        evidence.append(
-            _check(
-                "server requests waiting (mean)",
-                waiting,
-                ">=",
-                th.server_waiting,
-                "vLLM queues requests it cannot schedule",
-            )
-        )
-    kv = _metric(high, "server", "vllm:kv_cache_usage_perc", "max")
-    if kv is not None:
-        evidence.append(
-            _check(
-                "server KV cache usage (max)",
-                kv,
-                ">=",
-                th.kv_cache_full,
-                "the KV cache is full",
-                "share",
-            )
-        )
-    preemptions = _metric(high, "server", "vllm:num_preemptions_total", "delta")
-    if preemptions is not None:
-        evidence.append(
-            _check(
-                "server preemptions during the probe",
-                preemptions,
-                ">",
-                0,
-                "sequences were evicted for lack of KV cache",
-                "count",
-            )
-        )
-    gpu = _metric(high, "gpu", "gpu_util_pct_mean", "mean")
-    if gpu is not None:
-        evidence.append(
-            _check(
-                "GPU utilisation, % (mean)",
-                gpu,
-                ">=",
-                th.gpu_busy_pct,
-                "a kernel ran most of the time",
-            )
-        )
-    return evidence
-
-
-def _environment(
-    low: ProbeResult, high: ProbeResult, speedup: float, ratio: float, th: Thresholds
-) -> list[Evidence]:
-    """Tools saturating (multi-turn rollouts): the time each rollout spends in tool calls
-    grows as Little's law predicts for a stage that caps throughput, and it is a large
-    share of the rollout. No tool stage (single-turn rollouts): no evidence."""
-    low_tool, high_tool = _mean(low, "tool"), _mean(high, "tool")
-    if not low_tool or not high_tool:
-        return []
-    predicted = ratio / max(speedup, 1e-9)
-    share = high_tool / (_mean(high, "total") or high_tool)
-    return [
-        _check(
-            "tool latency growth ÷ Little's-law prediction",
-            (high_tool / low_tool) / predicted,
-            ">=",
-            th.littles_law_match,
-            f"time in tools per rollout {low_tool:.3g} s → {high_tool:.3g} s; a saturated "
-            f"environment predicts ×{predicted:.2f}",
-        ),
-        _check(
-            "share of rollout time in tool calls (high probe)",
-            share,
-            ">=",
-            th.tool_share,
-            "rollouts wait on the environment's tools more than on anything else",
-        ),
-    ]
 
 
 def _mean(probe: ProbeResult, stage: str) -> float | None:
@@ -350,9 +357,8 @@ def speedup_interval(low: ProbeResult, high: ProbeResult) -> RatioInterval:
 def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) -> Verdict:
     """The verdict for a low/high probe pair, with the evidence that decided it and how
     sure it is."""
-    th = th or Thresholds()
-    ratio = high.parallelism / low.parallelism
-    speedup = high.rollouts_per_s / low.rollouts_per_s if low.rollouts_per_s > 0 else 0.0
+    pair = Pair(low, high, th or Thresholds())
+    th, ratio, speedup = pair.th, pair.ratio, pair.speedup
     interval = speedup_interval(low, high)
     bounds = (interval.low, interval.high)
     scales_at, flat_at = th.parallelism_bound_speedup(ratio), 1 + th.flat_gain
@@ -384,42 +390,44 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
             between=list(between),
         )
 
-    unstable = _instability(low, high, th)
-    limited = _rate_limit(high, th)
-    if any(e.met for e in limited) and high.stop_reason != "server died":
+    unstable = _judge("unstable", pair)
+    limited = _judge("rate-limited", pair)
+    if any(e.met for e in limited.values()) and high.stop_reason != "server died":
         return verdict(
             "rate-limited",
-            limited + [e for e in unstable if e.met],
+            [*limited.values(), *(e for e in unstable.values() if e.met)],
             _rate_limited_step(low, high, limited, unstable),
-            "decided by the refusals counted, not by the speedup: " + _met(limited),
+            "decided by the refusals counted, not by the speedup: " + _met(limited.values()),
         )
-    if any(e.met for e in unstable):
+    if any(e.met for e in unstable.values()):
         return verdict(
             "unstable",
-            unstable,
+            list(unstable.values()),
             f"lower parallelism: at {high.parallelism} the run "
             + _symptoms(high, unstable)
             + f"; at {low.parallelism} it "
             + (
                 "also failed; check the server's log first."
-                if unstable[2].met
+                if unstable["low_error_rate"].met
                 else f"held ({low.rollouts_per_s:.3g} rollouts/s). "
                 "Check the server's log (out of memory?), then run `autotune sweep` "
                 f"with parallelism at most {high.parallelism // 2}."
             ),
-            "decided by the failures and latencies measured, not by the speedup: " + _met(unstable),
+            "decided by the failures and latencies measured, not by the speedup: "
+            + _met(unstable.values()),
         )
-    scaling = _check(
+    # Not a row of CHECKS: its threshold grows with the ratio, and the interval decides.
+    scaling = _compare(
         "speedup (high ÷ low throughput)",
         speedup,
         ">=",
         scales_at,
         f"parallelism ×{ratio:.2g}: {low.rollouts_per_s:.3g} → "
         f"{high.rollouts_per_s:.3g} rollouts/s; 95% interval {shown}",
-        unit="×",
+        "×",
     )
     scales = interval.low >= above
-    client = _client(high, th)
+    client = list(_judge("client-bound", pair).values())
     # Both, not either: a lagging loop in an idle process means the OS starved it (a
     # server on the same cores, say), which says nothing about the harness's own cost.
     if not scales and client and all(e.met for e in client):
@@ -443,9 +451,9 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
             f"threshold ×{scales_at:.2f} (by more than its {margin} margin)",
             clear=True,
         )
-    verifier = _verifier(low, high, th)
-    model = _model(low, high, speedup, ratio, th)
-    environment = _environment(low, high, speedup, ratio, th)
+    verifier = _judge("verifier-bound", pair)
+    model = _judge("model-bound", pair)
+    environment = _judge("environment-bound", pair)
     stage, evidence, step = _saturated_stage(low, high, verifier, model, environment)
     if interval.high >= below:
         on_it = interval.low >= below and interval.high <= above
@@ -497,19 +505,19 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
     )
 
 
-def _met(evidence: list[Evidence]) -> str:
+def _met(evidence: Iterable[Evidence]) -> str:
     """The evidence that decided a verdict, each number against its threshold."""
     return "; ".join(e.summary() for e in evidence if e.met)
 
 
-def _symptoms(high: ProbeResult, unstable: list[Evidence]) -> str:
+def _symptoms(high: ProbeResult, unstable: dict[str, Evidence]) -> str:
     """What went wrong in the high probe, in a few words."""
     parts = []
-    if unstable[0].met or unstable[1].met:
+    if unstable["high_error_rate"].met or unstable["server_died"].met:
         parts.append(f"failed ({_classes(high)})")
-    if unstable[3].met:
+    if unstable["timeout_share"].met:
         parts.append(f"timed out {high.timeouts} times")
-    if unstable[4].met:
+    if unstable["dispersion_growth"].met:
         parts.append("had latency spread far wider than at low parallelism")
     return " and ".join(parts) or f"failed ({_classes(high)})"
 
@@ -521,7 +529,10 @@ def _accepted_per_s(probe: ProbeResult) -> float:
 
 
 def _rate_limited_step(
-    low: ProbeResult, high: ProbeResult, limited: list[Evidence], unstable: list[Evidence]
+    low: ProbeResult,
+    high: ProbeResult,
+    limited: dict[str, Evidence],
+    unstable: dict[str, Evidence],
 ) -> str:
     """What to do about a rate limit, with the rate it was measured to accept.
 
@@ -531,7 +542,8 @@ def _rate_limited_step(
     """
     best = max((low, high), key=_accepted_per_s)
     accepted = _accepted_per_s(best)
-    if not limited[0].met and not limited[1].met:  # only the client's own limiter waited
+    if not limited["refusal_share"].met and not limited["rate_limit_failures"].met:
+        # only the client's own limiter waited
         return (
             f"the client's own --rpm/--tpm limit holds requests back (about {accepted:.3g} "
             "requests/s accepted): raise it if the endpoint allows more."
@@ -545,7 +557,7 @@ def _rate_limited_step(
         "client instead of failing and backing off. `autotune collect` also backs its "
         "concurrency off on 429s by itself (adaptive concurrency)."
     )
-    if any(e.met for e in unstable):
+    if any(e.met for e in unstable.values()):
         step += f" Other failures exceed the error limit too ({_classes(high)}): check the server."
     return step
 
@@ -553,9 +565,9 @@ def _rate_limited_step(
 def _saturated_stage(
     low: ProbeResult,
     high: ProbeResult,
-    verifier: list[Evidence],
-    model: list[Evidence],
-    environment: list[Evidence],
+    verifier: dict[str, Evidence],
+    model: dict[str, Evidence],
+    environment: dict[str, Evidence],
 ) -> tuple[str, list[Evidence], str]:
     """Which stage's saturation was measured (most evidence met); ties go to where
     latency grew most."""
@@ -564,17 +576,17 @@ def _saturated_stage(
         return sum((_mean(high, s) or 0.0) - (_mean(low, s) or 0.0) for s in stages)
 
     candidates = {  # stage: (evidence met, latency growth)
-        "model-bound": (sum(e.met for e in model), growth("model")),
-        "verifier-bound": (sum(e.met for e in verifier), growth("verify_wait", "verify")),
+        "model-bound": (_count_met(model), growth("model")),
+        "verifier-bound": (_count_met(verifier), growth("verify_wait", "verify")),
     }
     if environment:  # only rollouts that call tools have an environment stage
-        candidates["environment-bound"] = (sum(e.met for e in environment), growth("tool"))
+        candidates["environment-bound"] = (_count_met(environment), growth("tool"))
     saturated = max(candidates, key=lambda stage: candidates[stage])
     if saturated == "environment-bound":
         tool_s = _mean(high, "tool") or 0.0
         return (
             "environment-bound",
-            environment,
+            list(environment.values()),
             f"the tools are the limit near {high.rollouts_per_s:.3g} rollouts/s (each rollout "
             f"spends {tool_s * 1000:.0f} ms in tool calls at parallelism {high.parallelism}): "
             "give the resources server more workers or replicas, or make its tools cheaper; "
@@ -584,7 +596,7 @@ def _saturated_stage(
         per_worker = 1 / high.latency_s["verify"].mean if high.latency_s["verify"].mean else 0.0
         return (
             "verifier-bound",
-            verifier,
+            list(verifier.values()),
             (
                 f"add verifier workers (--verifier-workers, now {high.verifier_capacity}): "
                 f"each adds about {per_worker:.3g} rollouts/s (one worker verifies one rollout "
@@ -592,18 +604,22 @@ def _saturated_stage(
                 "or make the verifier cheaper."
             ),
         )
-    kv = next((e for e in model if e.name.startswith("server KV") and e.met), None)
+    kv = model.get("server/vllm:kv_cache_usage_perc max")
     step = (
         f"the model server is saturated near {high.rollouts_per_s:.3g} rollouts/s: raise "
         "max_num_seqs (vLLM --max-num-seqs) if the GPU has room, or add a replica; "
         "run `autotune sweep` over the server's knobs."
     )
-    if kv is not None:
+    if kv is not None and kv.met:
         step += (
             " The KV cache is full: raise --gpu-memory-utilization or "
             "--tensor-parallel-size before max_num_seqs."
         )
-    return "model-bound", model, step
+    return "model-bound", list(model.values()), step
+
+
+def _count_met(evidence: dict[str, Evidence]) -> int:
+    return sum(e.met for e in evidence.values())
 
 
 def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:

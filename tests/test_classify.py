@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from autotune.classify import classify
+import pytest
+
+from autotune.classify import CHECKS, VERDICTS, Check, Pair, classify
 from autotune.results import STAGES, ProbeResult, StageLatency, Thresholds
 
 
@@ -285,3 +287,118 @@ def test_tools_that_keep_up_leave_a_saturated_model_to_blame() -> None:
     assert verdict.verdict == "model-bound"
     tools = [e for e in verdict.evidence if "tool" in e.name]
     assert tools == []  # the model's evidence is cited, the environment's is not
+
+
+def edge_probe(
+    parallelism: int,
+    rate: float,
+    *,
+    tool_s: float = 1.0,
+    p95: float = 1.5,
+    **changes: Any,
+) -> ProbeResult:
+    """A multi-turn probe for the edge cases: 1 s in the model and `tool_s` in tools per
+    rollout, whose whole latency has a mean of 2 s, a p50 of 1 s and a p95 of `p95`."""
+    result = probe(parallelism, rate, **changes)
+    latency = {
+        **result.latency_s,
+        "tool": StageLatency(100, tool_s, tool_s, tool_s),
+        "total": StageLatency(100, 2.0, 1.0, p95),
+    }
+    return replace(result, latency_s=latency)
+
+
+def at(low: dict[str, Any] | None = None, **high: Any) -> tuple[ProbeResult, ProbeResult]:
+    """A pair at ×4 parallelism for no more throughput (so Little's law predicts ×4 latency
+    for a saturated stage): edge probes with the low and high probes' `changes`."""
+    return edge_probe(5, 10, **(low or {})), edge_probe(20, 10, **high)
+
+
+def seen(series: str, stat: str, value: float) -> tuple[ProbeResult, ProbeResult]:
+    """A pair whose high probe's telemetry measured one figure."""
+    return at(telemetry={series: {stat: value}})
+
+
+# Each check by hand, at its default threshold: in the first pair its figure lies on the
+# threshold or just past it and meets the check, in the second just short of it.
+EDGES: list[tuple[str, tuple[ProbeResult, ProbeResult], tuple[ProbeResult, ProbeResult]]] = [
+    ("high probe error rate (rate limits aside)",  # > 5%
+     at(error_rate=0.051), at(error_rate=0.05)),
+    ("high probe stopped because the server died",
+     at(stop_reason="server died"), at(stop_reason="time cap")),
+    ("low probe error rate (rate limits aside)",  # > 5%
+     at({"error_rate": 0.051}), at({"error_rate": 0.05})),
+    ("timed-out model calls per rollout in the high probe",  # > 2 in 100
+     at(timeouts=3), at(timeouts=2)),
+    ("rollout latency spread growth (p95/p50, high ÷ low)",  # 1.5 at low; ≥ ×2
+     at(p95=3.0), at(p95=2.9)),
+    ("HTTP 429 responses per rollout in the high probe's window",  # ≥ 1 in 100
+     at(rate_limited_responses=1), at(rate_limited_responses=1, completed=101)),
+    ("rollouts failed on rate limits in the high probe",
+     at(errors_by_class={"rate_limited": 1}), at(errors_by_class={"connection": 1})),
+    ("share of slot time waiting on the client's --rpm/--tpm limiter",  # ≥ 20%
+     at(limiter_wait_share=0.2), at(limiter_wait_share=0.19)),
+    ("client CPU (cores) during the high probe",  # ≥ 0.85
+     seen("client/cpu_fraction", "mean", 0.85), seen("client/cpu_fraction", "mean", 0.84)),
+    ("client event-loop lag, ms (mean)",  # ≥ 50 ms
+     seen("client/loop_lag_ms", "mean", 50), seen("client/loop_lag_ms", "mean", 49.9)),
+    ("verifier workers busy (fraction)",  # ≥ 80%
+     at(verifier_capacity=1, verifier_busy_fraction=0.8),
+     at(verifier_capacity=1, verifier_busy_fraction=0.79)),
+    ("throughput ÷ verifier capacity",  # 10 rollouts/s ≥ 80% of the capacity
+     at(verifier_capacity_rps=12.5), at(verifier_capacity_rps=12.6)),
+    ("verifier queue wait growth (high ÷ low)",  # 10 ms at low; ≥ ×2
+     at({"verify_wait_s": 0.01}, verify_wait_s=0.02),
+     at({"verify_wait_s": 0.01}, verify_wait_s=0.019)),
+    ("model latency growth ÷ Little's-law prediction",  # 1 s at low; ≥ 60% of ×4
+     at(model_s=2.44), at(model_s=2.36)),
+    ("server requests waiting (mean)",  # ≥ 0.5
+     seen("server/vllm:num_requests_waiting", "mean", 0.5),
+     seen("server/vllm:num_requests_waiting", "mean", 0.49)),
+    ("server KV cache usage (max)",  # ≥ 90%
+     seen("server/vllm:kv_cache_usage_perc", "max", 0.9),
+     seen("server/vllm:kv_cache_usage_perc", "max", 0.89)),
+    ("server preemptions during the probe",  # > 0
+     seen("server/vllm:num_preemptions_total", "delta", 1),
+     seen("server/vllm:num_preemptions_total", "delta", 0)),
+    ("GPU utilisation, % (mean)",  # ≥ 80%
+     seen("gpu/gpu_util_pct_mean", "mean", 80), seen("gpu/gpu_util_pct_mean", "mean", 79)),
+    ("tool latency growth ÷ Little's-law prediction",  # 1 s at low; ≥ 60% of ×4
+     at(tool_s=2.44), at(tool_s=2.36)),
+    ("share of rollout time in tool calls (high probe)",  # ≥ half of a 2 s rollout
+     at(tool_s=1.0), at(tool_s=0.99)),
+]  # fmt: skip
+
+
+def table() -> list[Check]:
+    return [check for checks in CHECKS.values() for check in checks]
+
+
+def test_every_check_is_named_once_and_keyed_once_in_its_verdict() -> None:
+    names = [check.name for check in table()]
+    assert len(names) == len(set(names))
+    for checks in CHECKS.values():  # a verdict's findings are keyed by metric
+        assert len({check.metric for check in checks}) == len(checks)
+    assert set(CHECKS) < set(VERDICTS)
+    assert {name for name, *_ in EDGES} == set(names)  # a new check needs its edge case
+
+
+@pytest.mark.parametrize(("name", "meets", "misses"), EDGES, ids=[e[0] for e in EDGES])
+def test_each_check_flips_at_its_threshold(
+    name: str, meets: tuple[ProbeResult, ProbeResult], misses: tuple[ProbeResult, ProbeResult]
+) -> None:
+    check = next(check for check in table() if check.name == name)
+    met = check.judge(Pair(*meets, Thresholds()))
+    missed = check.judge(Pair(*misses, Thresholds()))
+    assert met is not None and met.met, met
+    assert missed is not None and not missed.met, missed
+
+
+def test_only_what_the_probes_measured_is_evidence() -> None:
+    """A single-turn run with no telemetry, no verifier pool and no queue for a verifier:
+    the tools, client, server, GPU and verifier checks have nothing to judge."""
+    plain = Pair(probe(5, 10), probe(20, 10), Thresholds())
+    measured = {check.name for check in table() if check.judge(plain) is not None}
+    always = [*CHECKS["unstable"], *CHECKS["rate-limited"]]
+    little = "model latency growth ÷ Little's-law prediction"
+    assert measured == {check.name for check in always} | {little}
