@@ -20,15 +20,14 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from autotune.backends import ModelBackend
-from autotune.concurrency import AdaptiveConcurrency
 from autotune.config import CollectConfig
-from autotune.engine import Engine, EngineObserver, RunStats
+from autotune.engine import Engine, EngineObserver
 from autotune.errors import CollectionError
 from autotune.live import load_expectation, open_monitor
+from autotune.live.figures import Sources
 from autotune.live.monitor import REPORT_EVERY_S, LiveMonitor
 from autotune.pipeline import open_pipeline
-from autotune.replicas import ReplicaSet, replica_stats
+from autotune.replicas import ReplicaSet, replica_stats, several
 from autotune.results import (
     CollectResult,
     CollectSummary,
@@ -118,7 +117,8 @@ async def _collect(
                 extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
                 adaptive_concurrency=config.adaptive_concurrency,
             )
-            monitor.attach(engine, pipeline, todo, slots)
+            sources = Sources.of(engine, pipeline, todo)
+            monitor.attach(sources, pipeline, slots)
             counters = ReplicaCounters(pipeline.session, pipeline.backend.counters.replicas)
             await counters.start()
             try:
@@ -131,7 +131,7 @@ async def _collect(
             replicas = await counters.finish(stats.elapsed_s)
     finally:
         sink.close()
-    summary = _summarise(stats, engine.limiter, pipeline.backend, pipeline.target, config, skipped)
+    summary = _summarise(sources, pipeline.target, config, skipped)
     summary = replace(summary, replicas=replicas)
     await monitor.finish(summary)
     if live.report is not None:
@@ -152,7 +152,7 @@ class ReplicaCounters:
     read at the start and at the end."""
 
     def __init__(self, session: aiohttp.ClientSession, replicas: ReplicaSet | None) -> None:
-        self._replicas = replicas if replicas is not None and len(replicas) > 1 else None
+        self._replicas = several(replicas)
         urls = [metrics_url(r.url) for r in self._replicas.replicas] if self._replicas else []
         self._sampler = PrometheusSampler(session, urls, timeout_s=5.0)
         self._samples: list[Sample] = []
@@ -285,36 +285,35 @@ def failure_gate(summary: CollectSummary, max_failure_rate: float) -> str | None
 
 
 def _summarise(
-    stats: RunStats,
-    limiter: AdaptiveConcurrency | None,
-    backend: ModelBackend,
-    target: Target,
-    config: CollectConfig,
-    skipped: int,
+    sources: Sources, target: Target, config: CollectConfig, skipped: int
 ) -> CollectSummary:
-    elapsed = stats.elapsed_s
+    """The closing summary: the totals every stats line and /metrics scrape report
+    (Sources.totals), with the run's rates, latency percentiles and limiter history."""
+    totals = sources.totals()
+    elapsed = sources.stats.elapsed_s
+    limiter = sources.limiter
     return CollectSummary(
-        completed=stats.completed,
-        failed=stats.failed,
+        completed=totals.completed,
+        failed=totals.failed,
         skipped=skipped,
         elapsed_s=elapsed,
-        rollouts_per_s=stats.completed / elapsed,
-        output_tokens_per_s=stats.output_tokens / elapsed,
-        input_tokens=stats.input_tokens,
-        output_tokens=stats.output_tokens,
-        mean_reward=stats.reward_sum / stats.reward_count if stats.reward_count else None,
-        latency_s=stats.samples.summarise(),
-        errors_by_class=dict(stats.errors_by_class),
-        retries_by_class=dict(backend.counters.retries),
+        rollouts_per_s=totals.completed / elapsed,
+        output_tokens_per_s=totals.output_tokens / elapsed,
+        input_tokens=totals.input_tokens,
+        output_tokens=totals.output_tokens,
+        mean_reward=totals.mean_reward,
+        latency_s=sources.stats.samples.summarise(),
+        errors_by_class=totals.errors_by_class,
+        retries_by_class=totals.retries_by_class,
         parallelism=config.parallelism,
         model=target.model,
         base_url=target.base_url,
         simulated=target.simulated,
         output=str(config.output) if config.output else None,
-        rate_limited_responses=backend.counters.rate_limited_responses,
+        rate_limited_responses=totals.rate_limited_responses,
         concurrency_decreases=limiter.decreases if limiter else 0,
         concurrency_limit_min=limiter.lowest if limiter else None,
-        concurrency_limit_final=limiter.limit if limiter else None,
+        concurrency_limit_final=totals.concurrency_limit,
     )
 
 

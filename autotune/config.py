@@ -40,7 +40,7 @@ spells it (`cases[0].probe.max_s`).
 from __future__ import annotations
 
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
@@ -61,6 +61,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from autotune.errors import UsageError
@@ -68,22 +69,368 @@ from autotune.errors import UsageError
 Api = Literal["chat", "completions"]
 
 
+def base_url_problem(url: str) -> str | None:
+    """What keeps `url` from being a server's base URL ("needs http:// ..."), else None."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not a number raises ValueError
+    except ValueError as error:
+        return f"is not a valid URL ({error})"
+    if parts.scheme not in ("http", "https"):
+        return "needs http:// or https://"
+    if not parts.hostname:
+        return "needs a host"
+    return None
+
+
+# -- one sentence per bad value -----------------------------------------------------------
+
+
+def problem(expected: str, value: Any, field: str = "") -> PydanticCustomError:
+    """`must be EXPECTED, not VALUE`: of the field being validated, or of `field` inside it
+    (a model validator's finding about one of its fields)."""
+    return sentence(f"must be {expected}, not {value!r}", field, expected=expected)
+
+
+def sentence(
+    text: str, field: str = "", message: str = "", expected: str = ""
+) -> PydanticCustomError:
+    """A validation error whose `text` is one finished phrase about the field (or `field`
+    inside it); spec_problem puts the field's name before it, a study error shows
+    `message` (default: the field's name and the text). `expected` (what a `must be`
+    sentence asks for) lets a flag say it of the text as typed."""
+    message = message or (f"{field} {text}" if field else text)
+    return PydanticCustomError(
+        "autotune",
+        "{message}",
+        {"message": message, "sentence": text, "field": field, "expected": expected},
+    )
+
+
+def must_be(expected: str, *, inner: bool = True) -> WrapValidator:
+    """Every failure of the field reads `must be EXPECTED, not VALUE`; with inner=False only
+    the field's own (a list's length), not those of the mappings inside it."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as error:
+            if not inner and any(e["loc"] for e in error.errors()):
+                raise
+            raise problem(expected, value) from None
+
+    return WrapValidator(check)
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("blank")
+    return text
+
+
+def _words(value: Any) -> Any:
+    """A list of strings; numbers (`--time-scale, 0.1`) become strings."""
+    if isinstance(value, list | tuple) and all(isinstance(v, str | int | float) for v in value):
+        return tuple(str(v) for v in value)
+    return value
+
+
+def _tokens(value: Any) -> tuple[int, int]:
+    """`256` or `[256, 64]` tokens → (mean, std); one number means a std of a quarter."""
+    parts = list(value) if isinstance(value, list | tuple) else [value]
+    if not 1 <= len(parts) <= 2 or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
+    ):
+        raise problem("a token count or [mean, std]", value)
+    if parts[0] < 1:
+        raise problem("at least 1 token", value)
+    return parts[0], parts[1] if len(parts) == 2 else parts[0] // 4
+
+
+Count = Annotated[int, Strict(), Field(ge=1), must_be("a whole number of at least 1")]
+Count0 = Annotated[int, Strict(), Field(ge=0), must_be("a whole number of at least 0")]
+Positive = Annotated[float, Strict(), Field(gt=0), must_be("a number above 0")]
+NonNegative = Annotated[float, Strict(), Field(ge=0), must_be("a number of at least 0")]
+Share = Annotated[float, Strict(), Field(gt=0, lt=1), must_be("a number above 0 and below 1")]
+Text = Annotated[str, Strict(), AfterValidator(_not_blank), must_be("a non-empty string")]
+Flag = Annotated[bool, Strict(), must_be("true or false")]
+Words = Annotated[tuple[str, ...], BeforeValidator(_words), must_be("a list of strings")]
+Tokens = Annotated[tuple[int, int], BeforeValidator(_tokens)]  # a count, or [mean, std]
+ApiChoice = Annotated[Api, must_be("chat or completions")]
+
+
+class SpecModel(BaseModel):
+    """A mapping of a spec file: unknown fields are errors, values never change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    what: ClassVar[str] = "a mapping"  # names it in "x is not a field of a target"
+
+
+def unwrap(node: Any) -> Any:
+    """A field's type without Annotated metadata and without `| None`."""
+    while True:
+        origin = get_origin(node)
+        if origin is Annotated:
+            node = get_args(node)[0]
+            continue
+        if origin in (Union, types.UnionType):
+            members = [a for a in get_args(node) if a is not type(None)]
+            if len(members) == 1:
+                node = members[0]
+                continue
+        return node
+
+
+def _tag(member: Any) -> str | None:
+    """The tag of one member of a tagged union (`Annotated[ProbeCase, Tag("probe")]`)."""
+    tags = [m.tag for m in getattr(member, "__metadata__", ()) if isinstance(m, Tag)]
+    return tags[0] if tags else None
+
+
+def _tags(union: Any) -> list[str]:
+    """The tags of a tagged union's members (`kind: probe`, `kind: overhead`)."""
+    return [tag for tag in map(_tag, get_args(union)) if tag is not None]
+
+
+def _locate(
+    model: type[SpecModel], loc: Sequence[int | str]
+) -> tuple[str, type[SpecModel] | None, Any]:
+    """(`cases[0].target.launch`, the model holding the last field, the type found there)."""
+    where: str = ""
+    holder: type[SpecModel] | None = None  # the model the last field was looked up in
+    node: Any = model  # the type at the location so far
+    for part in loc:
+        node = unwrap(node)
+        if isinstance(part, int):
+            where += f"[{part}]"
+            args = get_args(node)
+            node = args[0] if args else None
+        elif isinstance(node, type) and issubclass(node, SpecModel):
+            holder, where = node, f"{where}.{part}" if where else part
+            info = node.model_fields.get(part)
+            node = info.annotation if info is not None else None
+        elif get_origin(node) in (Union, types.UnionType) and part in _tags(node):
+            # A tagged union puts the tag it picked in the location; the file never says it.
+            node = next(get_args(m)[0] for m in get_args(node) if _tag(m) == part)
+        else:
+            where, node = f"{where}.{part}" if where else part, None
+    return where, holder, node
+
+
+def spec_problem(model: type[SpecModel], error: ValidationError) -> str:
+    """The first problem (a typo'd field before any value) as one sentence, no full stop:
+    `cases[0].parallelism must be a whole number of at least 1, not 0`."""
+    errors = error.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    where, holder, node = _locate(model, first["loc"])
+    kind, ctx, value = first["type"], first.get("ctx") or {}, first.get("input")
+    if kind == "extra_forbidden" and holder is not None:
+        fields = ", ".join(holder.model_fields)
+        return f"{where} is not a field of {holder.what}; the fields are {fields}"
+    if kind == "autotune":
+        inside = ctx.get("field") or ""
+        where = f"{where}.{inside}" if where and inside else where or inside
+        return f"{where or 'the file'} {ctx['sentence']}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tagged = value.get("kind") if isinstance(value, dict) else None
+        tags = " or ".join(_tags(unwrap(node)))
+        return f"{where}.kind must be {tags}, not {tagged!r}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{where or 'the file'} must be a mapping of fields, not {value!r}"
+    if kind == "missing":
+        return f"{where} is missing; add it"
+    return f"{where or 'the file'}: {first['msg'].removeprefix('Value error, ')}"
+
+
+# -- the one model: fields that flags, study files and bench suites share -------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """How a spec field is spelled on the command line. The CLI (cli/options.py) adds the
+    flag with the field's own default and checks its text with the field's own validation,
+    so a flag, a study field and a suite field never differ in default, range or sentence."""
+
+    flags: tuple[str, ...]
+    help: str
+    metavar: str | None = None
+    # The flag's text → the value the field validates (default: a number when it reads as
+    # one, else the text); `256,64` → [256, 64] for a token count.
+    text: Callable[[str], Any] | None = None
+    switch: bool = False  # a `--no-X` flag: present means False
+
+
+def _numbers(text: str) -> Any:
+    """`256` → 256, `256,64` → [256, 64]; anything else stays text (and fails validation)."""
+    try:
+        parts = [int(part) for part in text.split(",")]
+    except ValueError:
+        return text
+    return parts[0] if len(parts) == 1 else parts
+
+
+def option(field: FieldInfo) -> Option | None:
+    """The flag a spec field declares, if any."""
+    return next((meta for meta in field.metadata if isinstance(meta, Option)), None)
+
+
+class SyntheticSpec(SpecModel):
+    """Generated tasks for the embedded default: lengths in tokens (~4 characters each).
+    A study's `workload.synthetic`; a bench suite's workload spells the same fields flat."""
+
+    what: ClassVar[str] = "a synthetic workload"
+    num_tasks: Annotated[
+        Count,
+        Option(("--synthetic",), "number of synthetic tasks when no --input is given", "N"),
+    ] = 1000
+    prompt_tokens: Annotated[
+        Tokens,
+        Option(
+            ("--prompt-tokens",),
+            "synthetic prompt lengths, normal (STD: a quarter of MEAN when left out)",
+            "MEAN[,STD]",
+            _numbers,
+        ),
+    ] = (256, 64)
+    output_tokens: Annotated[
+        Tokens,
+        Option(
+            ("--output-tokens",),
+            "synthetic output lengths (max_tokens; ignore_eos on the simulator)",
+            "MEAN[,STD]",
+            _numbers,
+        ),
+    ] = (256, 64)
+    seed: Annotated[Count0, Option(("--seed",), "seed of the synthetic tasks")] = 0
+
+
+SYNTHETIC = SyntheticSpec()
+
+
+class VerifierFields(SpecModel):
+    """Who rewards a rollout: a study's workload, a suite's probe case and the flags."""
+
+    verifier: Annotated[
+        Text | None,
+        Option(
+            ("--verifier",),
+            "none | exact | boxed | mcqa | code | synthetic | file.py:function | "
+            "package.module:function | http(s)://host:port/verify "
+            "(default: synthetic without --input, else none)",
+        ),
+    ] = None  # None: synthetic for synthetic tasks, none for a task file
+    verifier_workers: Annotated[
+        Count | None,
+        Option(("--verifier-workers",), "processes for pool verifiers, connections for HTTP ones"),
+    ] = None
+    verifier_cost_ms: Annotated[
+        NonNegative,
+        Option(
+            ("--verifier-cost-ms",), "CPU milliseconds the synthetic verifier burns per rollout"
+        ),
+    ] = 0.0
+
+    def verifier_for(self, task_file: Path | None) -> str:
+        """The verifier by name: the one given, else synthetic unless tasks come from a file."""
+        return self.verifier or ("none" if task_file is not None else "synthetic")
+
+
+class RequestFields(SpecModel):
+    """How model calls are made: a study's workload, a suite's target and the flags."""
+
+    api: Annotated[
+        ApiChoice,
+        Option(("--api",), "/v1/chat/completions or /v1/completions", "{chat,completions}"),
+    ] = "chat"
+    stream: Annotated[
+        Flag, Option(("--no-stream",), "non-streaming calls (no time-to-first-token)", switch=True)
+    ] = True
+    timeout_s: Annotated[Positive, Option(("--timeout",), "per-request timeout", "SECONDS")] = 600.0
+    max_retries: Annotated[Count0, Option(("--max-retries",), "retries of a failed model call")] = 3
+
+
+REQUEST = RequestFields()
+
+
+class ProbeSpec(SpecModel):
+    """How long and how precisely a probe measures one parallelism: the one set of defaults
+    (ProbeSettings, `autotune diagnose`, studies and bench suites all start from these)."""
+
+    what: ClassVar[str] = "probe settings"
+    warmup_s: NonNegative = 1.0  # and until every slot has finished a rollout
+    min_s: Annotated[Positive, Option(("--min-s",), "shortest steady-state window")] = 3.0
+    max_s: Annotated[Positive, Option(("--max-s",), "time cap per probe")] = 20.0
+    target_halfwidth: Share = 0.05  # stop once the 95% interval is within ± this share
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProbeSpec:
+        if self.max_s < self.min_s:
+            raise problem(f"at least min_s ({self.min_s:g})", self.max_s, "max_s")
+        return self
+
+
+PROBE_DEFAULTS = ProbeSpec()
+# `autotune diagnose`'s two probes: the NeMo Gym guide's first two rungs.
+LOW_PARALLELISM = 5
+HIGH_PARALLELISM = 20
+
+
+class ServerFields(SpecModel):
+    """What any target says about its server: where it is, what it serves, its key."""
+
+    base_url: Text | None = None  # a running server (http://host:8000/v1)
+    model: Annotated[
+        Text | None, Option(("--model",), "model name (default: the server's first model)")
+    ] = None
+    api_key_env: Annotated[
+        Text,
+        Option(("--api-key-env",), "environment variable holding the API key (never printed)"),
+    ] = "OPENAI_API_KEY"  # the variable's name, never the key
+    startup_timeout_s: Positive = 600.0  # for a server autotune starts
+
+    @field_validator("base_url")
+    @classmethod
+    def _usable_url(cls, url: str | None) -> str | None:
+        found = base_url_problem(url) if url else None
+        if found is not None:
+            text = f"{url} {found}, e.g. http://host:8000/v1"
+            raise sentence(text, message=f"base_url {text}")
+        return url
+
+
+SERVER = ServerFields()
+
+
+# -- what a run is given: built from the specs above, never with defaults of its own ------
+
+
 @dataclass(frozen=True, slots=True)
 class SyntheticWorkload:
-    """Generated tasks for the embedded default: lengths in tokens (~4 characters each)."""
+    """The synthetic tasks a run generates (SyntheticSpec's figures, mean and std apart)."""
 
-    num_tasks: int = 2000
-    prompt_tokens_mean: int = 256
-    prompt_tokens_std: int = 64
-    output_tokens_mean: int = 256
-    output_tokens_std: int = 64
-    seed: int = 0
+    num_tasks: int = SYNTHETIC.num_tasks
+    prompt_tokens_mean: int = SYNTHETIC.prompt_tokens[0]
+    prompt_tokens_std: int = SYNTHETIC.prompt_tokens[1]
+    output_tokens_mean: int = SYNTHETIC.output_tokens[0]
+    output_tokens_std: int = SYNTHETIC.output_tokens[1]
+    seed: int = SYNTHETIC.seed
 
     def __post_init__(self) -> None:
         if self.num_tasks < 1:
             raise UsageError("--synthetic needs at least 1 task; pass a positive count.")
         if self.prompt_tokens_mean < 1 or self.output_tokens_mean < 1:
             raise UsageError("synthetic prompt and output lengths must be at least 1 token.")
+
+    @classmethod
+    def of(cls, spec: SyntheticSpec) -> SyntheticWorkload:
+        return cls(
+            num_tasks=spec.num_tasks,
+            prompt_tokens_mean=spec.prompt_tokens[0],
+            prompt_tokens_std=spec.prompt_tokens[1],
+            output_tokens_mean=spec.output_tokens[0],
+            output_tokens_std=spec.output_tokens[1],
+            seed=spec.seed,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +464,14 @@ class TargetConfig:
     replica_urls: tuple[str, ...] = ()
     replica_gpus: tuple[tuple[int, ...], ...] = ()  # each replica's GPUs, when known
     model: str | None = None  # None: the server's first /v1/models entry
-    api: Api = "chat"
-    stream: bool = True
-    api_key_env: str = "OPENAI_API_KEY"
+    api: Api = REQUEST.api
+    stream: bool = REQUEST.stream
+    api_key_env: str = SERVER.api_key_env
     extra_body: dict[str, Any] = field(default_factory=dict)
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = REQUEST.timeout_s
     connect_timeout_s: float = 5.0
     idle_timeout_s: float | None = 60.0  # tokens come ms apart: a stream silent 60 s stalled
-    max_retries: int = 3
+    max_retries: int = REQUEST.max_retries
     retry_base_s: float = 0.5
     retry_max_s: float = 30.0
     pool_limit: int = 1024
@@ -196,7 +543,7 @@ class CollectConfig:
     limit: int | None = None
     num_repeats: int = 1
     shard: Shard | None = None
-    parallelism: int | None = 64  # None: unlimited (bounded by target.pool_limit)
+    parallelism: int | None = None  # None: unlimited (bounded by target.pool_limit)
     adaptive_concurrency: bool = True  # AIMD below parallelism on 429/503 (--no-adaptive-...)
     verifier: str = "none"
     verifier_workers: int | None = None
@@ -233,230 +580,101 @@ class CollectConfig:
         if self.limit is not None and self.limit < 0:
             raise UsageError("--limit must be zero or more.")
         if self.resume and self.output is None:
-            raise UsageError("--resume needs --output, the file to continue.")
+            raise UsageError("--resume needs --output-dir, the run to continue.")
         if not 0 <= self.max_failure_rate <= 1:
             raise UsageError("--max-failure-rate must be a share from 0 to 1, e.g. 0.05.")
 
 
-def base_url_problem(url: str) -> str | None:
-    """What keeps `url` from being a server's base URL ("needs http:// ..."), else None."""
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # a port that is not a number raises ValueError
-    except ValueError as error:
-        return f"is not a valid URL ({error})"
-    if parts.scheme not in ("http", "https"):
-        return "needs http:// or https://"
-    if not parts.hostname:
-        return "needs a host"
-    return None
-
-
-# -- one sentence per bad value -----------------------------------------------------------
-
-
-def problem(expected: str, value: Any, field: str = "") -> PydanticCustomError:
-    """`must be EXPECTED, not VALUE`: of the field being validated, or of `field` inside it
-    (a model validator's finding about one of its fields)."""
-    return sentence(f"must be {expected}, not {value!r}", field)
-
-
-def sentence(text: str, field: str = "", message: str = "") -> PydanticCustomError:
-    """A validation error whose `text` is one finished phrase about the field (or `field`
-    inside it); spec_problem puts the field's name before it, a study error shows
-    `message` (default: the field's name and the text)."""
-    message = message or (f"{field} {text}" if field else text)
-    return PydanticCustomError(
-        "autotune", "{message}", {"message": message, "sentence": text, "field": field}
+def target_config(request: RequestFields, server: ServerFields, **more: Any) -> TargetConfig:
+    """A run's target from the specs (flags, a study or a suite); `more` what only one of
+    them says (replicas, rate limits, the simulator's flags)."""
+    return TargetConfig(
+        base_url=server.base_url,
+        model=server.model,
+        api=request.api,
+        stream=request.stream,
+        api_key_env=server.api_key_env,
+        request_timeout_s=request.timeout_s,
+        max_retries=request.max_retries,
+        **more,
     )
 
 
-def must_be(expected: str, *, inner: bool = True) -> WrapValidator:
-    """Every failure of the field reads `must be EXPECTED, not VALUE`; with inner=False only
-    the field's own (a list's length), not those of the mappings inside it."""
-
-    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(value)
-        except ValidationError as error:
-            if not inner and any(e["loc"] for e in error.errors()):
-                raise
-            raise problem(expected, value) from None
-
-    return WrapValidator(check)
-
-
-def _not_blank(text: str) -> str:
-    if not text.strip():
-        raise ValueError("blank")
-    return text
-
-
-def _words(value: Any) -> Any:
-    """A list of strings; numbers (`--time-scale, 0.1`) become strings."""
-    if isinstance(value, list | tuple) and all(isinstance(v, str | int | float) for v in value):
-        return tuple(str(v) for v in value)
-    return value
-
-
-def _tokens(value: Any) -> tuple[int, int]:
-    """`256` or `[256, 64]` tokens → (mean, std); one number means a std of a quarter."""
-    parts = list(value) if isinstance(value, list | tuple) else [value]
-    if not 1 <= len(parts) <= 2 or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in parts
-    ):
-        raise problem("a token count or [mean, std]", value)
-    if parts[0] < 1:
-        raise problem("at least 1 token", value)
-    return parts[0], parts[1] if len(parts) == 2 else parts[0] // 4
-
-
-Count = Annotated[int, Strict(), Field(ge=1), must_be("a whole number of at least 1")]
-Count0 = Annotated[int, Strict(), Field(ge=0), must_be("a whole number of at least 0")]
-Positive = Annotated[float, Strict(), Field(gt=0), must_be("a number above 0")]
-NonNegative = Annotated[float, Strict(), Field(ge=0), must_be("a number from 0")]
-Share = Annotated[float, Strict(), Field(gt=0, lt=1), must_be("a number above 0 and below 1")]
-Text = Annotated[str, Strict(), AfterValidator(_not_blank), must_be("a non-empty string")]
-Flag = Annotated[bool, Strict(), must_be("true or false")]
-Words = Annotated[tuple[str, ...], BeforeValidator(_words), must_be("a list of strings")]
-Tokens = Annotated[tuple[int, int], BeforeValidator(_tokens)]  # a count, or [mean, std]
-ApiChoice = Annotated[Api, must_be("chat or completions")]
-
-
-class SpecModel(BaseModel):
-    """A mapping of a spec file: unknown fields are errors, values never change."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    what: ClassVar[str] = "a mapping"  # names it in "x is not a field of a target"
-
-
-def _unwrap(node: Any) -> Any:
-    """A field's type without Annotated metadata and without `| None`."""
-    while True:
-        origin = get_origin(node)
-        if origin is Annotated:
-            node = get_args(node)[0]
-            continue
-        if origin in (Union, types.UnionType):
-            members = [a for a in get_args(node) if a is not type(None)]
-            if len(members) == 1:
-                node = members[0]
-                continue
-        return node
-
-
-def _tag(member: Any) -> str | None:
-    """The tag of one member of a tagged union (`Annotated[ProbeCase, Tag("probe")]`)."""
-    tags = [m.tag for m in getattr(member, "__metadata__", ()) if isinstance(m, Tag)]
-    return tags[0] if tags else None
-
-
-def _tags(union: Any) -> list[str]:
-    """The tags of a tagged union's members (`kind: probe`, `kind: overhead`)."""
-    return [tag for tag in map(_tag, get_args(union)) if tag is not None]
-
-
-def _locate(
-    model: type[SpecModel], loc: Sequence[int | str]
-) -> tuple[str, type[SpecModel] | None, Any]:
-    """(`cases[0].target.launch`, the model holding the last field, the type found there)."""
-    where: str = ""
-    holder: type[SpecModel] | None = None  # the model the last field was looked up in
-    node: Any = model  # the type at the location so far
-    for part in loc:
-        node = _unwrap(node)
-        if isinstance(part, int):
-            where += f"[{part}]"
-            args = get_args(node)
-            node = args[0] if args else None
-        elif isinstance(node, type) and issubclass(node, SpecModel):
-            holder, where = node, f"{where}.{part}" if where else part
-            info = node.model_fields.get(part)
-            node = info.annotation if info is not None else None
-        elif get_origin(node) in (Union, types.UnionType) and part in _tags(node):
-            # A tagged union puts the tag it picked in the location; the file never says it.
-            node = next(get_args(m)[0] for m in get_args(node) if _tag(m) == part)
-        else:
-            where, node = f"{where}.{part}" if where else part, None
-    return where, holder, node
-
-
-def spec_problem(model: type[SpecModel], error: ValidationError) -> str:
-    """The first problem (a typo'd field before any value) as one sentence, no full stop:
-    `cases[0].parallelism must be a whole number of at least 1, not 0`."""
-    errors = error.errors()
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    where, holder, node = _locate(model, first["loc"])
-    kind, ctx, value = first["type"], first.get("ctx") or {}, first.get("input")
-    if kind == "extra_forbidden" and holder is not None:
-        fields = ", ".join(holder.model_fields)
-        return f"{where} is not a field of {holder.what}; the fields are {fields}"
-    if kind == "autotune":
-        inside = ctx.get("field") or ""
-        where = f"{where}.{inside}" if where and inside else where or inside
-        return f"{where or 'the file'} {ctx['sentence']}"
-    if kind in ("union_tag_invalid", "union_tag_not_found"):
-        tagged = value.get("kind") if isinstance(value, dict) else None
-        tags = " or ".join(_tags(_unwrap(node)))
-        return f"{where}.kind must be {tags}, not {tagged!r}"
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"{where or 'the file'} must be a mapping of fields, not {value!r}"
-    if kind == "missing":
-        return f"{where} is missing; add it"
-    return f"{where or 'the file'}: {first['msg'].removeprefix('Value error, ')}"
-
-
-# -- what studies and bench suites share ---------------------------------------------------
-
-
-class ProbeSpec(SpecModel):
-    """How long and how precisely a probe measures one parallelism: the one set of defaults
-    (ProbeSettings, `autotune diagnose`, studies and bench suites all start from these)."""
-
-    what: ClassVar[str] = "probe settings"
-    warmup_s: NonNegative = 1.0  # and until every slot has finished a rollout
-    min_s: Positive = 3.0  # the shortest steady-state window
-    max_s: Positive = 20.0  # the time cap of one probe
-    target_halfwidth: Share = 0.05  # stop once the 95% interval is within ± this share
-
-    @model_validator(mode="after")
-    def _ordered(self) -> ProbeSpec:
-        if self.max_s < self.min_s:
-            raise problem(f"at least min_s ({self.min_s:g})", self.max_s, "max_s")
-        return self
-
-
-PROBE_DEFAULTS = ProbeSpec()
-
-
-class ServerFields(SpecModel):
-    """What any target says about its server: where it is, what it serves, its key."""
-
-    base_url: Text | None = None  # a running server (http://host:8000/v1)
-    model: Text | None = None  # None: the server's first /v1/models entry
-    api_key_env: Text = "OPENAI_API_KEY"  # the variable holding the key (never the key)
-    startup_timeout_s: Positive = 600.0  # for a server autotune starts
-
-    @field_validator("base_url")
-    @classmethod
-    def _usable_url(cls, url: str | None) -> str | None:
-        found = base_url_problem(url) if url else None
-        if found is not None:
-            text = f"{url} {found}, e.g. http://host:8000/v1"
-            raise sentence(text, message=f"base_url {text}")
-        return url
+def collect_config(workload: WorkloadSpec, target: TargetConfig, **run: Any) -> CollectConfig:
+    """The one way a run's config is built from a workload spec, whether flags, a study or a
+    bench suite gave it; `run` what only a run of collect says (output, parallelism, ...)."""
+    return CollectConfig(
+        target=target,
+        input=workload.input,
+        synthetic=SyntheticWorkload.of(workload.synthetic),
+        limit=workload.limit,
+        num_repeats=workload.num_repeats,
+        verifier=workload.verifier_for(workload.input),
+        verifier_workers=workload.verifier_workers,
+        verifier_cost_ms=workload.verifier_cost_ms,
+        **run,
+    )
 
 
 # -- study files (autotune sweep) ---------------------------------------------------------
 
-# Server knobs with vLLM's names; each becomes `--kebab-case VALUE` on the command line.
-SERVER_KNOBS = (
-    "tensor_parallel_size",
-    "gpu_memory_utilization",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_prefix_caching",
-)
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """What a server knob means, and its flag in OpenRLHF where OpenRLHF has one (each
+    name read from OpenRLHF's own code or docs; none is guessed)."""
+
+    help: str
+    openrlhf: str | None = None
+
+
+class ServerKnobs(SpecModel):
+    """vLLM's engine knobs autotune launches servers with and searches, by vLLM's names
+    (`--kebab-case VALUE` on its command line), with vLLM's defaults as the simulator
+    models them: the one home of their types, ranges and defaults for the simulator's
+    flags, a study's search space, a bench suite's server_args and the recommendation."""
+
+    what: ClassVar[str] = "server knobs"
+    tensor_parallel_size: Annotated[
+        Count, Knob("GPUs the model is split over", "--vllm.tensor_parallel_size")
+    ] = 1
+    gpu_memory_utilization: Annotated[
+        Share,
+        Knob("share of GPU memory for weights and KV cache", "--vllm.gpu_memory_utilization"),
+    ] = 0.9
+    max_num_seqs: Annotated[Count, Knob("sequences in a batch at most")] = 256
+    max_num_batched_tokens: Annotated[Count, Knob("tokens in one step at most")] = 8192
+    enable_prefix_caching: Annotated[
+        Flag,
+        Knob(
+            "share the KV cache of identical prompts, as vLLM V1 does by default",
+            "--vllm.enable_prefix_caching",
+        ),
+    ] = True
+
+
+KNOBS = ServerKnobs()
+SERVER_KNOBS = tuple(ServerKnobs.model_fields)
+
+
+def knob(name: str) -> Knob:
+    """The description of one of SERVER_KNOBS."""
+    return next(m for m in ServerKnobs.model_fields[name].metadata if isinstance(m, Knob))
+
+
+def _server_args(values: dict[str, Any]) -> dict[str, Any]:
+    """A mapping of server flags: the knobs autotune knows checked as ServerKnobs checks
+    them (any other flag of the server passes as given)."""
+    named = {name.lstrip("-").replace("-", "_"): value for name, value in values.items()}
+    known = {name: value for name, value in named.items() if name in ServerKnobs.model_fields}
+    ServerKnobs.model_validate(known)
+    return values
+
+
+ServerArgs = Annotated[
+    dict[str, Any], must_be("a mapping of server flag to value", inner=False),
+    AfterValidator(_server_args),
+]  # fmt: skip
 # A study with `resources` searches how its GPUs split into engines × tensor-parallel size
 # (sweep/fit.py `splits`): one categorical parameter of this name, each trial's knobs
 # holding the engines under ENGINES and the size under tensor_parallel_size.
@@ -627,28 +845,22 @@ class TargetSpec(ServerFields):
         return self
 
 
-class SyntheticSpec(SpecModel):
-    what: ClassVar[str] = "a synthetic workload"
-    num_tasks: Count = 500
-    prompt_tokens: Tokens = (256, 64)
-    output_tokens: Tokens = (128, 32)
-    seed: int = 0
-
-
-class WorkloadSpec(SpecModel):
+class WorkloadSpec(VerifierFields, RequestFields):
     what: ClassVar[str] = "a workload"
-    input: Path | None = None
-    synthetic: SyntheticSpec = SyntheticSpec()
-    limit: Count | None = None
-    verifier: Text = "synthetic"
-    verifier_workers: Count | None = None
-    verifier_cost_ms: NonNegative = 0.0
-    api: ApiChoice = "chat"
-    stream: Flag = True
+    input: Annotated[
+        Path | None,
+        Option(
+            ("--input", "-i"),
+            "task JSONL: NeMo Gym, {messages: [...]} or {prompt: ...} rows "
+            "(default: a synthetic workload)",
+        ),
+    ] = None
+    synthetic: SyntheticSpec = SYNTHETIC
+    limit: Annotated[Count0 | None, Option(("--limit",), "only the first N tasks")] = None
     extra_body: dict[str, Any] | None = None  # None: ignore_eos for synthetic work on the sim
     # Rollouts per task, sent one after another (a GRPO group sharing its prompt), as
     # `autotune collect --num-repeats` makes them.
-    num_repeats: Count = 1
+    num_repeats: Annotated[Count, Option(("--num-repeats",), "rollouts per task (GRPO groups)")] = 1
 
 
 class ObjectiveSpec(SpecModel):

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 
 from autotune.classify import classify, speedup_interval
-from autotune.config import PROBE_DEFAULTS, CollectConfig
+from autotune.config import HIGH_PARALLELISM, LOW_PARALLELISM, PROBE_DEFAULTS, CollectConfig
 from autotune.errors import CollectionError, UsageError
 from autotune.pipeline import open_pipeline
 from autotune.probe import ProbeSettings
@@ -59,8 +59,8 @@ class DiagnoseConfig:
     """The workload and target (as for collect), the two parallelisms, and the rules."""
 
     collect: CollectConfig
-    low: int = 5
-    high: int = 20
+    low: int = LOW_PARALLELISM
+    high: int = HIGH_PARALLELISM
     min_s: float = PROBE_DEFAULTS.min_s
     max_s: float = PROBE_DEFAULTS.max_s
     target_halfwidth: float = FIRST_PASS_HALFWIDTH

@@ -230,6 +230,12 @@ class ReplicaSet:
         return any(other.up for other in self.replicas if other is not replica)
 
 
+def several(replicas: ReplicaSet | None) -> ReplicaSet | None:
+    """`replicas` when there are several to tell apart, else None: a lone replica's
+    figures are the run's own, so nothing is read or reported per replica."""
+    return replicas if replicas is not None and len(replicas) > 1 else None
+
+
 SERVER_GAUGES = {
     "waiting": "vllm:num_requests_waiting",
     "running": "vllm:num_requests_running",

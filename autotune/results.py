@@ -618,6 +618,26 @@ class CurveSummary(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class TrialOutcome:
+    """What one trial measured (stored in the trial's user attributes)."""
+
+    knobs: dict[str, Any]
+    points: list[CurvePoint]
+    curve: CurveSummary | None
+    value: float
+    p95_latency_s: float | None
+    error_rate: float
+    infeasible_reason: str | None
+    probe_s: float
+    wall_s: float
+    pruned_reason: str | None = None
+    min_p95_latency_s: float | None = None  # the lowest of any usable point (SLO constraint)
+    min_p95_ttft_s: float | None = None
+    # The trial whose figures this one reuses (the same effective knobs), not re-measured.
+    copied_from: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TrialRecord(Record):
     """One trial of a study: a server configuration and its measured curve."""
 
@@ -636,8 +656,8 @@ class TrialRecord(Record):
     error_rate: float | None = None
     infeasible_reason: str | None = None
     pruned_reason: str | None = None
-    # The hardware's ceiling for this configuration in output tokens/s (servers.sim's
-    # roofline: every engine's batch at its fastest step) and the share of it the
+    # The hardware's ceiling for this configuration in output tokens/s (hardware/
+    # roofline.py: every engine's batch at its fastest step) and the share of it the
     # trial's best point reached; None where the GPU, the model or the lengths are unknown.
     roofline_output_tokens_per_s: float | None = None
     roofline_share: float | None = None
@@ -694,6 +714,8 @@ class SweepResult(Record):
     started_at: float
     simulated: bool
     storage: str  # without a password
+    # Trials this run did not measure: finished before a resume, or copied from a trial
+    # of a configuration the study had measured already (the sampler proposed it again).
     trials_reused: int
     metric: str  # rollouts_per_s | output_tokens_per_s
     max_error_rate: float

@@ -105,7 +105,7 @@ def save_run(output: Path, run: dict[str, Any]) -> None:
         os.replace(partial, path)
     except OSError as error:
         raise UsageError(
-            f"cannot write {path} ({error.strerror}); choose a writable --output path."
+            f"cannot write {path} ({error.strerror}); choose a writable --output-dir."
         ) from None
 
 
@@ -185,7 +185,7 @@ def _open_for_appending(path: Path) -> BinaryIO:
         return path.open("ab", buffering=0)
     except OSError as error:
         raise UsageError(
-            f"cannot write {path} ({error.strerror}); choose a writable --output path."
+            f"cannot write {path} ({error.strerror}); choose a writable --output-dir."
         ) from None
 
 
@@ -248,7 +248,7 @@ def merge_rollouts(inputs: list[Path], output: Path) -> tuple[int, int]:
         out = output.open("xb")
     except OSError as error:
         raise UsageError(
-            f"cannot write {output} ({error.strerror}); choose a writable --output path."
+            f"cannot write {output} ({error.strerror}); choose a writable --output-dir."
         ) from None
     seen: set[int] = set()
     written = dropped = 0

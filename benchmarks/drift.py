@@ -60,7 +60,7 @@ def recommend(root: Path) -> tuple[Path, dict[str, Any]]:
     study.write_text(STUDY % TIME_SCALE)
     swept = autotune(
         "sweep", str(study), "--studies-dir", str(root / "studies"),
-        "--reports-dir", str(root / "reports"), "--quiet", timeout=600,
+        "--output-dir", str(root / "reports" / "drift"), "--quiet", timeout=600,
     )  # fmt: skip
     if swept.returncode != 0:
         raise SystemExit(f"the sweep failed:\n{swept.stderr}")

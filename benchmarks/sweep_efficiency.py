@@ -59,11 +59,12 @@ from typing import Any
 
 from autotune.config import Study
 from autotune.errors import ServerStartupError
+from autotune.hardware.deployment import SimConfigError
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
+from autotune.results import TrialOutcome
 from autotune.servers.sim.scheduler import SimEngine
-from autotune.servers.sim.server import SimConfigError, load_config
-from autotune.sweep.curve import TrialOutcome
+from autotune.servers.sim.server import load_config
 from autotune.sweep.fit import knobs_of, parameters
 from autotune.sweep.search import grid_values, open_study, optimise
 

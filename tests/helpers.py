@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
+import yaml
 from aiohttp import web
 
 from autotune.servers.launcher import ServerProcess, ServerSpec
@@ -60,11 +61,22 @@ def autotune(
     )
 
 
+def study_name(study: Path) -> str:
+    """The name a study file gives its study (its `name:`, else the file's stem)."""
+    try:
+        raw = yaml.safe_load(study.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raw = None
+    name = raw.get("name") if isinstance(raw, dict) else None
+    return str(name or study.stem)
+
+
 def sweep(study: Path, root: Path) -> subprocess.CompletedProcess[str]:
-    """`autotune sweep STUDY` keeping its storage and reports under `root`."""
+    """`autotune sweep STUDY` keeping its storage under `root` and its reports in
+    `root`/reports/NAME (NAME the study's)."""
     return autotune(
         "sweep", str(study), "--studies-dir", str(root / "studies"),
-        "--reports-dir", str(root / "reports"), "--quiet", timeout=300,
+        "--output-dir", str(root / "reports" / study_name(study)), "--quiet", timeout=300,
     )  # fmt: skip
 
 

@@ -20,13 +20,14 @@ SIM = f"{sys.executable} -m autotune.servers.sim --port {{port}} --time-scale"
 
 
 def ab(*args: str, tmp_path: Path, candidate: Path | None = None) -> tuple[int, dict]:
-    """`autotune bench ab ARGS` → (exit code, the comparison it saved as JSON); run by the
-    code in `candidate` (from outside the checkout, so that it is what imports) if given."""
-    out = tmp_path / "comparison.json"
+    """`autotune bench ab ARGS` → (exit code, the comparison it saved as JSON in its
+    --output-dir, tmp_path/ab); run by the code in `candidate` (from outside the checkout,
+    so that it is what imports) if given."""
+    out = tmp_path / "ab" / "comparison.json"
     tmp_path.mkdir(parents=True, exist_ok=True)
     result = autotune(
-        "bench", "ab", *args, "--repo", str(REPO), "--out", str(tmp_path / "ab"),
-        "--json", str(out), "--markdown", str(tmp_path / "summary.md"), "--quiet", timeout=600,
+        "bench", "ab", *args, "--repo", str(REPO), "--output-dir", str(tmp_path / "ab"),
+        "--markdown", str(tmp_path / "summary.md"), "--quiet", timeout=600,
         env={"PYTHONPATH": str(candidate)} if candidate else None,
         cwd=tmp_path if candidate else REPO,
     )  # fmt: skip
@@ -88,7 +89,7 @@ def test_a_15_percent_slower_server_is_flagged_and_a_2_percent_one_is_not(
 def test_a_ref_that_is_not_a_commit_is_one_sentence(tmp_path: Path) -> None:
     result = autotune(
         "bench", "ab", str(FIXTURES / "ab_overhead_suite.yaml"),
-        "--baseline-ref", "no-such-ref-anywhere", "--out", str(tmp_path),
+        "--baseline-ref", "no-such-ref-anywhere", "--output-dir", str(tmp_path),
     )  # fmt: skip
     assert "no-such-ref-anywhere is not a commit" in one_sentence_error(result)
     assert result.returncode == 2
@@ -103,7 +104,7 @@ def test_one_server_command_without_the_other_is_refused(tmp_path: Path) -> None
 
 def test_a_server_command_without_a_port_is_refused(tmp_path: Path) -> None:
     result = autotune(
-        "bench", "run", str(FIXTURES / "ab_sim_suite.yaml"), "--out", str(tmp_path / "r.json"),
+        "bench", "run", str(FIXTURES / "ab_sim_suite.yaml"), "--output-dir", str(tmp_path),
         "--launch", f"{sys.executable} -m autotune.servers.sim",
     )  # fmt: skip
     assert "{port}" in one_sentence_error(result)

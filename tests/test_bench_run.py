@@ -50,15 +50,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, factor in PLAN.items():
         suite = tmp / f"{name}.yaml"
         suite.write_text(SUITE.format(scale=round(SCALE * factor, 6)))
-        code, _, stderr = bench("run", str(suite), "--out", str(tmp / f"{name}.json"), "-q")
+        code, _, stderr = bench("run", str(suite), "--output-dir", str(tmp / name), "-q")
         assert code == 0, stderr
     code, stdout, stderr = bench(
-        "update-baseline", str(tmp / "same0.json"), "--baseline", str(tmp / "baseline.json"),
+        "update-baseline", str(tmp / "same0" / "results.json"),
+        "--baseline", str(tmp / "baseline.json"),
         "--reason", "the first of four identical runs",
     )  # fmt: skip
     assert code == 0, stderr
     assert "wrote the baseline" in stdout
-    return {name: tmp / f"{name}.json" for name in (*PLAN, "baseline")}
+    results = {name: tmp / name / "results.json" for name in PLAN}
+    return {**results, "baseline": tmp / "baseline.json"}
 
 
 def verdicts(comparison_json: str) -> dict[str, dict[str, object]]:
@@ -84,7 +86,7 @@ def test_a_planted_20_percent_slowdown_is_a_regression_with_exit_1(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
     code, stdout, _ = bench(
-        "compare", str(runs["slow20"]), "--baseline", str(runs["baseline"]), "--json", "-",
+        "compare", str(runs["slow20"]), "--baseline", str(runs["baseline"]), "--json",
         "--junit", str(tmp_path / "junit.xml"), "--markdown", str(tmp_path / "summary.md"),
     )  # fmt: skip
     assert code == 1
@@ -110,7 +112,7 @@ def test_identical_runs_are_never_flagged(runs: dict[str, Path]) -> None:
 
 def test_a_2_percent_slowdown_under_noise_is_not_flagged(runs: dict[str, Path]) -> None:
     code, stdout, _ = bench(
-        "compare", str(runs["slow2"]), "--baseline", str(runs["baseline"]), "--json", "-"
+        "compare", str(runs["slow2"]), "--baseline", str(runs["baseline"]), "--json"
     )
     assert code == 0
     rate = verdicts(stdout)["rollouts_per_s"]
@@ -153,12 +155,12 @@ def test_a_server_that_is_down_exits_4_with_one_sentence(
             "cases:\n  - name: sim\n    parallelism: 4\n"
             f"    target: {{base_url: 'http://127.0.0.1:{port}/v1'}}\n"
         )
-        code, _, stderr = bench("run", str(suite), "--out", str(tmp_path / "down.json"), "-q")
+        code, _, stderr = bench("run", str(suite), "--output-dir", str(tmp_path / "down"), "-q")
     assert code == 4
     assert "cannot reach the model server at http://127.0.0.1" in stderr
     assert "1 of 1 cases could not run (sim)" in stderr
     # The results say so too, and comparing them says the benchmark could not run.
-    code, stdout, _ = bench("compare", str(tmp_path / "down.json"), "--baseline",
+    code, stdout, _ = bench("compare", str(tmp_path / "down" / "results.json"), "--baseline",
                             str(runs["baseline"]))  # fmt: skip
     assert code == 4
     assert "could not run" in stdout
@@ -183,9 +185,9 @@ def test_an_overhead_case_measures_the_engine_against_the_bare_loop(tmp_path: Pa
         "repetitions: 3\nwarmup: 0\ncases:\n"
         "  - {name: overhead, kind: overhead, concurrency: 32, requests: 2000}\n"
     )
-    code, _, stderr = bench("run", str(suite), "--out", str(tmp_path / "overhead.json"))
+    code, _, stderr = bench("run", str(suite), "--output-dir", str(tmp_path / "overhead"))
     assert code == 0, stderr
-    (case,) = orjson.loads((tmp_path / "overhead.json").read_bytes())["cases"]
+    (case,) = orjson.loads((tmp_path / "overhead" / "results.json").read_bytes())["cases"]
     ratios = case["metrics"]["engine_over_bare"]["samples"]
     assert len(ratios) == 3
     for ratio, detail in zip(ratios, case["details"], strict=True):

@@ -125,10 +125,10 @@ def test_selecting_cases_and_overriding_repetitions(tmp_path: Path) -> None:
 
 def test_the_cli_reports_a_bad_suite_with_exit_2(tmp_path: Path) -> None:
     path = write_suite(tmp_path, "cases: [{name: a, parallelism: -3}]")
-    result = autotune("bench", "run", str(path), "--out", str(tmp_path / "r.json"))
+    result = autotune("bench", "run", str(path), "--output-dir", str(tmp_path / "r"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"autotune: error: {path}: cases[0].parallelism must be a whole number of at least 1, "
         "not -3."
     ]
-    assert not (tmp_path / "r.json").exists()
+    assert not (tmp_path / "r" / "results.json").exists()

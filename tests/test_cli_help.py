@@ -13,8 +13,8 @@ import pytest
 
 from autotune import __version__
 from autotune.cli import build_parser, main
+from autotune.hardware.deployment import build_parser as sim_parser
 from autotune.helpformat import default_text
-from autotune.servers.sim.server import build_parser as sim_parser
 from tests.helpers import autotune, free_port
 
 

@@ -52,8 +52,8 @@ def test_nemo_gym_examples_collect_with_reference_keys(
         verifier,
         "--num-repeats",
         "2",
-        "--output",
-        str(out),
+        "--output-dir",
+        str(tmp_path),
         "--json",
         "--quiet",
     )
@@ -93,8 +93,8 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(null_url: str, tmp_path: P
         "exact",
         "--parallelism",
         "32",
-        "--output",
-        str(out),
+        "--output-dir",
+        str(tmp_path),
         "--quiet",
     ]
     process = subprocess.Popen(
@@ -175,7 +175,7 @@ def test_raising_verifier_sends_rollouts_to_failures(
         "        raise ZeroDivisionError('odd task')\n"
         "    return 1.0\n"
     )
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "rollouts.jsonl"
     result = autotune(
         "collect",
         "--synthetic",
@@ -188,8 +188,8 @@ def test_raising_verifier_sends_rollouts_to_failures(
         f"{verifier}:score",
         "--verifier-workers",
         "2",
-        "--output",
-        str(out),
+        "--output-dir",
+        str(tmp_path),
         "--json",
         "--quiet",
         "--max-failure-rate",
@@ -200,7 +200,7 @@ def test_raising_verifier_sends_rollouts_to_failures(
         line = one_sentence_error(result)
         assert "10 of 20 rollouts failed (50%, above --max-failure-rate 0.05; " in line
     assert sorted(r["_ng_task_index"] for r in read_rows(out)) == list(range(0, 20, 2))
-    failures = read_rows(tmp_path / "out_failures.jsonl")
+    failures = read_rows(tmp_path / "rollouts_failures.jsonl")
     assert sorted(f["_ng_task_index"] for f in failures) == list(range(1, 20, 2))
     assert {f["failure_class"] for f in failures} == {"verifier_error"}
     assert all("ZeroDivisionError" in str(f["message"]) for f in failures)
@@ -215,12 +215,12 @@ def test_a_verifier_stuck_on_one_rollout_fails_only_that_one(null_url: str, tmp_
         "        time.sleep(3600)\n"
         "    return 1.0\n"
     )
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "rollouts.jsonl"
     started = time.monotonic()
     result = autotune(
         "collect", "--synthetic", "12", "--base-url", null_url, "--model", "null",
         "--verifier", f"{verifier}:score", "--verifier-workers", "1",
-        "--verifier-timeout", "1", "--output", str(out), "--quiet",
+        "--verifier-timeout", "1", "--output-dir", str(tmp_path), "--quiet",
     )  # fmt: skip
     # Before, the stuck worker was never replaced: every later rollout timed out too.
     assert time.monotonic() - started < 30
@@ -229,7 +229,7 @@ def test_a_verifier_stuck_on_one_rollout_fails_only_that_one(null_url: str, tmp_
     )
     assert result.returncode == 3
     assert sorted(r["_ng_task_index"] for r in read_rows(out)) == list(range(1, 12))
-    (failure,) = read_rows(tmp_path / "out_failures.jsonl")
+    (failure,) = read_rows(tmp_path / "rollouts_failures.jsonl")
     assert "took longer than 1 s (--verifier-timeout); its worker was replaced" in str(
         failure["message"]
     )
@@ -248,7 +248,7 @@ def test_nothing_succeeding_fails_the_gate_whatever_the_rate(null_url: str) -> N
 
 
 def test_api_key_never_reaches_output(null_url: str, tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "rollouts.jsonl"
     secret = "sk-test-DO-NOT-LEAK-1234"
     result = autotune(
         "-v",
@@ -261,8 +261,8 @@ def test_api_key_never_reaches_output(null_url: str, tmp_path: Path) -> None:
         "null",
         "--verifier",
         "exact",
-        "--output",
-        str(out),
+        "--output-dir",
+        str(tmp_path),
         "--json",
         env={"OPENAI_API_KEY": secret},
     )

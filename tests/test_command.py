@@ -80,7 +80,7 @@ async def test_cancelling_the_probe_stops_the_command(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("capacity", "verdict"), [(0, "parallelism-bound"), (2, "model-bound")])
 def test_diagnose_a_collector_command(tmp_path: Path, capacity: int, verdict: str) -> None:
     """Scales when nothing behind it limits it; flat behind a server of 2 slots."""
-    out = tmp_path / "diagnose.json"
+    report = tmp_path / "report"
     result = autotune(
         "diagnose",
         "--command",
@@ -91,20 +91,18 @@ def test_diagnose_a_collector_command(tmp_path: Path, capacity: int, verdict: st
         "8",
         "--limit",
         "240",
-        "--json",
-        str(out),
-        "--report",
-        str(tmp_path / "report"),
+        "--output-dir",
+        str(report),
     )
     assert result.returncode == 0, result.stderr
-    diagnosis = load_result(out)
+    diagnosis = load_result(report / "diagnose.json")
     assert isinstance(diagnosis, DiagnoseResult)
     assert diagnosis.verdict.verdict == verdict, diagnosis.verdict.evidence
     assert diagnosis.target.command is not None
     assert diagnosis.target.command.endswith(f"--capacity {capacity}")
     low, high = diagnosis.probes
     assert (low.parallelism, high.parallelism) == (2, 8)
-    assert (tmp_path / "report" / "index.html").exists()
+    assert (report / "index.html").exists()
 
 
 def test_diagnose_reports_a_broken_command_in_one_sentence(tmp_path: Path) -> None:

@@ -26,13 +26,13 @@ from tests.helpers import autotune, one_sentence_error
 FAST = ("--min-s", "1.5", "--max-s", "8", "--synthetic", "400", "--output-tokens", "128,16")
 
 
-def run_diagnose(tmp_path: Path, *args: str, report: bool = False) -> DiagnoseResult:
-    out = tmp_path / "diagnose.json"
-    extra = ["--report", str(tmp_path / "report")] if report else []
-    result = autotune("diagnose", *FAST, *args, "--json", str(out), *extra, timeout=180)
+def run_diagnose(tmp_path: Path, *args: str) -> DiagnoseResult:
+    """The result `diagnose --output-dir tmp_path/report` saved (beside its index.html)."""
+    report = tmp_path / "report"
+    result = autotune("diagnose", *FAST, *args, "--output-dir", str(report), timeout=180)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    saved = load_result(out)
+    saved = load_result(report / "diagnose.json")
     assert isinstance(saved, DiagnoseResult)
     return saved
 
@@ -43,7 +43,7 @@ def _evidence(result: DiagnoseResult) -> dict[str, Evidence]:
 
 @pytest.mark.slow
 def test_ample_capacity_is_parallelism_bound(tmp_path: Path) -> None:
-    result = run_diagnose(tmp_path, "--verifier", "synthetic", report=True)
+    result = run_diagnose(tmp_path, "--verifier", "synthetic")
     verdict = result.verdict
     assert verdict.verdict == "parallelism-bound", verdict.evidence
     assert verdict.speedup >= 2.0
@@ -226,7 +226,7 @@ def test_diagnose_reports_what_collect_measures_on_the_same_simulator(tmp_path: 
     --parallelism 20` on the same simulator in real time, and it says its time scale."""
     out = tmp_path / "diagnose.json"
     started = time.monotonic()
-    result = autotune("diagnose", "--json", str(out), timeout=120)
+    result = autotune("diagnose", "--output-dir", str(tmp_path), timeout=120)
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert wall < 60
@@ -268,8 +268,9 @@ def test_a_verdict_named_in_fail_on_exits_3_after_saving_the_result(tmp_path: Pa
     out = tmp_path / "diagnose.json"
     every = ",".join(VERDICTS)  # so whatever this machine measures, the gate fails
     result = autotune(
-        "diagnose", *FAST, "--max-s", "3", "--fail-on", every, "--json", str(out), timeout=120
-    )
+        "diagnose", *FAST, "--max-s", "3", "--fail-on", every, "--output-dir", str(tmp_path),
+        timeout=120,
+    )  # fmt: skip
     assert result.returncode == 3, result.stderr
     saved = load_result(out)
     assert isinstance(saved, DiagnoseResult)

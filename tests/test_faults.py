@@ -153,11 +153,11 @@ async def _serve(serve_app: ServeApp, case: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 async def test_collect(case: Case, serve_app: ServeApp, tmp_path: Path) -> None:
     base_url = await _serve(serve_app, case)
-    output = tmp_path / "out.jsonl"
+    output = tmp_path / "rollouts.jsonl"
     tasks = 8 if case.always else TASKS
     result, took = await _run(
         "collect", "--base-url", base_url, "--synthetic", str(tasks), "--parallelism",
-        str(tasks if case.always else 4), "--output", str(output), "--json", *case.flags,
+        str(tasks if case.always else 4), "--output-dir", str(tmp_path), "--json", *case.flags,
     )  # fmt: skip
     saved, failed = check_output(output, case.fault, case.failure_class, tasks)
     _outcome(case.id, "collect", result, took, f"{saved} done/{failed} failed")
@@ -199,7 +199,7 @@ async def test_models_answered_as_a_list(
     base_url = await serve_app(fault_app("models_list")) + "/v1"
     flags = ("--model", model) if model else ()
     if command == "collect":
-        flags += ("--output", str(tmp_path / "out.jsonl"), "--synthetic", "5")
+        flags += ("--output-dir", str(tmp_path), "--synthetic", "5")
     else:
         flags += ("--synthetic", "5", "--low", "1", "--high", "2", "--min-s", "0.1",
                   "--max-s", "0.2")  # fmt: skip
@@ -220,11 +220,11 @@ async def test_sliding_window_rate_limit(
     second, at most 8 in any second with the limiter's burst) nothing is refused; without
     it, whatever fails is classed and the exit code follows the failure share."""
     base_url = await serve_app(fault_app("rate_limit", limit_per_s=10, window_s=1.0)) + "/v1"
-    output = tmp_path / "out.jsonl"
+    output = tmp_path / "rollouts.jsonl"
     flags = ("--rpm", rpm) if rpm else ()
     result, took = await _run(
         "collect", "--base-url", base_url, "--synthetic", str(TASKS), "--parallelism", "4",
-        "--output", str(output), "--json", *flags,
+        "--output-dir", str(tmp_path), "--json", *flags,
     )  # fmt: skip
     saved, failed = check_output(output, "none", "rate_limited")
     _outcome(f"rate_limit{'-rpm' if rpm else ''}", "collect", result, took,
@@ -244,10 +244,10 @@ async def test_unreadable_max_tokens_under_tpm(serve_app: ServeApp, tmp_path: Pa
     rows = [{"responses_create_params": {"input": f"q{i}", "max_output_tokens": "lots"}}
             for i in range(5)]  # fmt: skip
     tasks.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
-    output = tmp_path / "out.jsonl"
+    output = tmp_path / "rollouts.jsonl"
     result, took = await _run(
         "collect", "--base-url", base_url, "--input", str(tasks), "--tpm", "600000",
-        "--verifier", "none", "--output", str(output),
+        "--verifier", "none", "--output-dir", str(tmp_path),
     )  # fmt: skip
     _outcome("max_tokens_lots-tpm", "collect", result, took)
     assert result.returncode == EXIT_OK, result.stderr
@@ -266,9 +266,9 @@ def test_server_that_dies(command: str, tmp_path: Path) -> None:
         [sys.executable, "-m", "tests.faults", "--fault", "die", "--die-after", "10",
          "--port", str(port)], port, startup_timeout_s=30,
     )  # fmt: skip
-    output = tmp_path / "out.jsonl"
+    output = tmp_path / "rollouts.jsonl"
     if command == "collect":
-        flags = ("--parallelism", "4", "--output", str(output), "--quiet")
+        flags = ("--parallelism", "4", "--output-dir", str(tmp_path), "--quiet")
     else:
         flags = ("--low", "2", "--high", "4", "--min-s", "0.5", "--fail-on", "unstable")
     with server_process(replace(spec, cwd=REPO)) as base_url:

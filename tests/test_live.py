@@ -5,23 +5,34 @@ the drift rules and the expectation's interval are tested on their own."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import orjson
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
+from autotune.backends import CallCounters
+from autotune.collect import _summarise
+from autotune.concurrency import AdaptiveConcurrency
 from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
+from autotune.engine import RunStats
 from autotune.errors import UsageError
 from autotune.knee import summarise_curve
 from autotune.live.drift import DriftWatch, WindowFigures, auto_window_s, window_rate
 from autotune.live.expect import diagnose_command, from_recommendation, load_expectation
-from autotune.live.figures import StageHistograms
+from autotune.live.figures import RunState, Sources, StageHistograms, Totals
+from autotune.live.metrics import RunCollector
+from autotune.live.samples import Sampler
 from autotune.report import collect_report
 from autotune.results import (
     CollectResult,
@@ -40,6 +51,7 @@ from autotune.results import (
 )
 from autotune.stats import RateEstimate
 from autotune.sweep.recommend import recommendation
+from autotune.target import MeteredConnector, Target
 from tests.browser import VIEWPORT, render
 from tests.helpers import REPO, autotune, free_port
 
@@ -53,23 +65,65 @@ FLAKY_VERIFIER = (
 )
 
 
-def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]] | None:
-    """Every sample of /metrics, parsed by prometheus_client's own text parser, as
-    {sample name: {sorted labels: value}}; None while nothing listens."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return None
-    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+Scraped = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+def parse_metrics(text: str) -> Scraped:
+    """Every sample of a /metrics body, parsed by prometheus_client's own text parser, as
+    {sample name: {sorted labels: value}}."""
+    samples: Scraped = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
     return samples
 
 
+def scrape(port: int) -> Scraped | None:
+    """/metrics parsed (parse_metrics); None while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            return parse_metrics(answer.read().decode())
+    except (urllib.error.URLError, ConnectionError):
+        return None
+
+
 def by_label(samples: dict[tuple[tuple[str, str], ...], float], label: str) -> dict[str, float]:
     return {dict(labels)[label]: value for labels, value in samples.items()}
+
+
+SUMMARY_NAMES = {"concurrency_limit": "concurrency_limit_final"}  # the rest are named alike
+
+
+def assert_one_reading(summary: dict[str, Any], last: dict[str, Any], scraped: Scraped) -> None:
+    """Every run total (live/figures.py Totals) is the same in the closing summary (where it
+    has it), the stats file's last line and a scrape of the finished run, and the summary's
+    rates are those totals over the time the last line was taken at."""
+    failed = by_label(scraped.get("autotune_rollouts_failed_total", {}), "failure_class")
+    reward = scraped["autotune_reward_mean"][()]
+    retries = scraped.get("autotune_model_retries_total", {})
+    served = {
+        "completed": scraped["autotune_rollouts_completed_total"][()],
+        "failed": sum(failed.values()),
+        "in_flight": scraped["autotune_rollouts_in_flight"][()],
+        "input_tokens": scraped["autotune_input_tokens_total"][()],
+        "output_tokens": scraped["autotune_output_tokens_total"][()],
+        "mean_reward": None if math.isnan(reward) else reward,
+        "errors_by_class": failed,
+        "retries_by_class": by_label(retries, "failure_class"),
+        "rate_limited_responses": scraped["autotune_rate_limited_responses_total"][()],
+        "limiter_wait_s": scraped["autotune_limiter_wait_seconds_total"][()],
+        "pool_wait_s": scraped["autotune_connection_pool_wait_seconds_total"][()],
+        "concurrency_limit": scraped.get("autotune_concurrency_limit", {}).get(()),
+    }
+    assert set(served) == {field.name for field in dataclasses.fields(Totals)}
+    for name, value in served.items():
+        assert last[name] == value, name
+        if SUMMARY_NAMES.get(name, name) in summary:
+            assert summary[SUMMARY_NAMES.get(name, name)] == value, name
+    assert last["summary"] == summary
+    assert last["t_s"] == summary["elapsed_s"]
+    assert summary["rollouts_per_s"] == summary["completed"] / summary["elapsed_s"]
+    assert summary["output_tokens_per_s"] == summary["output_tokens"] / summary["elapsed_s"]
 
 
 @pytest.mark.slow
@@ -115,17 +169,10 @@ def test_metrics_scraped_during_a_run_end_equal_to_its_summary(tmp_path: Path) -
     assert completed_during == sorted(completed_during)  # a counter never goes back
 
     assert final["autotune_rollouts_completed_total"][()] == summary["completed"] > 0
-    failed = by_label(final["autotune_rollouts_failed_total"], "failure_class")
-    assert failed == summary["errors_by_class"] == {"verifier_error": 150}
+    assert summary["errors_by_class"] == {"verifier_error": 150}
     assert final["autotune_rollouts_in_flight"][()] == 0
     assert final["autotune_rollouts_planned"][()] == 1500
-    assert final["autotune_input_tokens_total"][()] == summary["input_tokens"]
-    assert final["autotune_output_tokens_total"][()] == summary["output_tokens"]
-    assert final["autotune_reward_mean"][()] == summary["mean_reward"]
-    retries = final.get("autotune_model_retries_total", {})
-    assert by_label(retries, "failure_class") == summary["retries_by_class"]
-    assert final["autotune_rate_limited_responses_total"][()] == summary["rate_limited_responses"]
-    assert final["autotune_concurrency_limit"][()] == summary["concurrency_limit_final"]
+    assert summary["mean_reward"] is not None
     assert final["autotune_limiter_wait_seconds_total"][()] == 0
     assert final["autotune_connection_pool_wait_seconds_total"][()] > 0
     counts_ = by_label(final["autotune_stage_latency_seconds_count"], "stage")
@@ -147,14 +194,36 @@ def test_metrics_scraped_during_a_run_end_equal_to_its_summary(tmp_path: Path) -
     ]
     assert len(lines) >= 3
     assert all(line["summary"] is None for line in lines[:-1])
-    last = lines[-1]
-    assert last["summary"] == summary
-    for key in ("completed", "failed", "input_tokens", "output_tokens", "mean_reward"):
-        assert last[key] == summary[key], key
-    assert last["errors_by_class"] == summary["errors_by_class"]
-    assert last["in_flight"] == 0
+    assert_one_reading(summary, lines[-1], final)
     assert [line["completed"] for line in lines] == sorted(line["completed"] for line in lines)
     assert sum(line["window_latency_s"]["model"]["count"] for line in lines) == summary["completed"]
+
+
+def test_every_total_non_zero_agrees_in_the_summary_the_stats_line_and_a_scrape() -> None:
+    """The totals a run above leaves at zero or unset (retries, 429s, the limiters' waits,
+    an adaptive concurrency limit), each non-zero, agree in all three outputs too."""
+    stats = RunStats(
+        taken=60, completed=50, failed=7, input_tokens=12345, output_tokens=6789,
+        reward_sum=31.0, reward_count=40, errors_by_class={"verifier_error": 5, "timeout": 2},
+        started=100.0, finished=112.5,
+    )  # fmt: skip
+    for i in range(50):
+        stats.samples.add("total", 0.1 + i / 100)
+    counters = CallCounters(retries={"timeout": 3}, rate_limited_responses=4, limiter_wait_s=1.25)
+    limiter = AdaptiveConcurrency(16)
+    pool = cast(MeteredConnector, SimpleNamespace(acquire_s=0.75))
+    sources = Sources(stats, counters, limiter, pool, planned=80)
+    target = cast(Target, SimpleNamespace(model="m", base_url="http://h/v1", simulated=True))
+    config = cast(CollectConfig, SimpleNamespace(parallelism=16, output=None))
+    summary = _summarise(sources, target, config, skipped=0)
+    last = Sampler(sources, 1e9).take(stats.finished, summary=summary)
+    state = RunState(None)
+    state.sources, state.histograms, state.finished = sources, StageHistograms(stats.samples), True
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(state))
+    scraped = parse_metrics(generate_latest(registry).decode())
+    assert_one_reading(orjson.loads(to_json(summary)), orjson.loads(to_json(last)), scraped)
+    assert last.in_flight == 3 and summary.concurrency_limit_final == 16
 
 
 def test_stage_histograms_catch_up_with_new_samples_at_each_scrape() -> None:

@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from autotune.classify import _replica_notes
-from autotune.replicas import ReplicaSet, replica_stats
+from autotune.replicas import ReplicaSet, replica_stats, several
 from autotune.results import ProbeResult, ReplicaStats
 from autotune.servers.launcher import ServerSpec
 from autotune.telemetry.prometheus import PrometheusSampler
@@ -30,6 +30,14 @@ from tests.helpers import (
 )
 
 # -- the rotation ----------------------------------------------------------------------------
+
+
+def test_only_several_replicas_are_told_apart() -> None:
+    """A lone replica's figures are the run's own: collect and the probes read none."""
+    pair = ReplicaSet(["http://a/v1", "http://b/v1"])
+    assert several(pair) is pair
+    assert several(ReplicaSet(["http://a/v1"])) is None
+    assert several(None) is None
 
 
 def test_fewest_outstanding_wins_and_a_finished_call_frees_its_slot() -> None:
@@ -161,12 +169,12 @@ SLOW = ["--time-scale", "1.25", "--max-num-seqs", "8"]  # each step 2.5 times as
 WORK = ["--prompt-tokens", "64", "--output-tokens", "32"]
 
 
-def _collect(*base_urls: str, parallelism: int, tasks: int, out: Path) -> dict:
+def _collect(*base_urls: str, parallelism: int, tasks: int, output_dir: Path) -> dict:
     urls = [word for url in base_urls for word in ("--base-url", url)]
     result = autotune(
         "collect", *urls, *WORK, "--synthetic", str(tasks), "--parallelism", str(parallelism),
-        "--extra-body", '{"ignore_eos": true}', "--output", str(out), "--json", "--quiet",
-        timeout=240,
+        "--extra-body", '{"ignore_eos": true}', "--output-dir", str(output_dir), "--json",
+        "--quiet", timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return orjson.loads(result.stdout)
@@ -180,9 +188,9 @@ def test_two_unequal_replicas_share_by_speed_and_reach_their_summed_capacity(
         server_process(ServerSpec.sim(SLOW)) as slow,
     ):
         # Alone, each at twice its batch: saturated, so this is its capacity.
-        alone_fast = _collect(fast, parallelism=16, tasks=320, out=tmp_path / "fast.jsonl")
-        alone_slow = _collect(slow, parallelism=16, tasks=160, out=tmp_path / "slow.jsonl")
-        both = _collect(fast, slow, parallelism=32, tasks=600, out=tmp_path / "both.jsonl")
+        alone_fast = _collect(fast, parallelism=16, tasks=320, output_dir=tmp_path / "fast")
+        alone_slow = _collect(slow, parallelism=16, tasks=160, output_dir=tmp_path / "slow")
+        both = _collect(fast, slow, parallelism=32, tasks=600, output_dir=tmp_path / "both")
     capacity = alone_fast["rollouts_per_s"] + alone_slow["rollouts_per_s"]
     assert alone_fast["rollouts_per_s"] > 1.8 * alone_slow["rollouts_per_s"]
     assert both["completed"] == 600 and both["failed"] == 0
@@ -207,7 +215,8 @@ def test_a_replica_killed_mid_run_loses_no_rollout(tmp_path: Path) -> None:
             sys.executable, "-m", "autotune", "collect", "--base-url", kept,
             "--base-url", doomed.base_url or "", *WORK, "--synthetic", "600",
             "--parallelism", "16",
-            "--extra-body", '{"ignore_eos": true}', "--output", str(out), "--json", "--quiet",
+            "--extra-body", '{"ignore_eos": true}', "--output-dir", str(tmp_path), "--json",
+            "--quiet",
         ]  # fmt: skip
         run = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -44,7 +44,7 @@ def _files(directory: Path) -> dict[str, bytes]:
 def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The report directory of a finished diagnose and of a finished sweep (simulated)."""
     root = tmp_path_factory.mktemp("finished")
-    diagnosed = autotune("diagnose", *DIAGNOSE, "--report", str(root / "diagnose"), timeout=180)
+    diagnosed = autotune("diagnose", *DIAGNOSE, "--output-dir", str(root / "diagnose"), timeout=180)
     assert diagnosed.returncode == 0, diagnosed.stderr
     study = root / "rebuild.yaml"
     marker = f"sim/rebuild-{uuid.uuid4().hex[:8]}"
@@ -96,7 +96,7 @@ def test_report_rebuilds_every_output_from_the_saved_json(
 
     # From the JSON file into another directory: the same files again.
     elsewhere = tmp_path / "elsewhere"
-    moved = autotune("report", str(directory / SAVED[kind]), "--out", str(elsewhere))
+    moved = autotune("report", str(directory / SAVED[kind]), "--output-dir", str(elsewhere))
     assert moved.returncode == 0, moved.stderr
     assert _files(elsewhere) == original
 

@@ -143,7 +143,7 @@ def test_collect_stopped_every_way_resumes_with_every_rollout_once(tmp_path: Pat
     out = tmp_path / "rollouts.jsonl"
     args = (
         "collect", "--synthetic", str(TASKS), "--num-repeats", str(REPEATS), *WORKLOAD,
-        "--parallelism", "8", "--output", str(out), "--resume", "-q",
+        "--parallelism", "8", "--output-dir", str(tmp_path), "--resume", "-q",
     )  # fmt: skip
     for how, code, says in STOPS:
         wanted = _rows(out) + 10
@@ -202,7 +202,7 @@ def test_sweep_stopped_leaves_no_process_and_resumes(
     )
     args = (
         "sweep", str(study), "--studies-dir", str(tmp_path / "studies"),
-        "--reports-dir", str(tmp_path / "reports"), "--quiet",
+        "--output-dir", str(tmp_path / "reports" / "stopped"), "--quiet",
     )  # fmt: skip
     run = Run(tmp_path, *args)
     _wait_for(run.busy, 60, "a trial's simulated server and the verifier workers")

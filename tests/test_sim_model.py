@@ -6,15 +6,14 @@ import asyncio
 
 import pytest
 
-from autotune.servers.sim.perf_model import (
+from autotune.hardware.memory import (
     InsufficientMemory,
-    allreduce_time_s,
     kv_bytes_per_token_per_gpu,
     kv_capacity_tokens,
-    step_time_s,
     weights_bytes_per_gpu,
 )
-from autotune.servers.sim.profiles import GPUS, MODELS, find_model
+from autotune.hardware.profiles import GPUS, MODELS, find_model
+from autotune.servers.sim.perf_model import allreduce_time_s, step_time_s
 from autotune.servers.sim.scheduler import EngineConfig, SimEngine
 
 H100 = GPUS["h100-80gb"]

@@ -9,10 +9,11 @@ import aiohttp
 import pytest
 
 from autotune.errors import UsageError
-from autotune.servers.sim.perf_model import InsufficientMemory
-from autotune.servers.sim.profiles import GPUS, MODELS
-from autotune.servers.sim.roofline import roofline
-from autotune.servers.sim.server import SimConfigError, load_config, main, serve_in_process
+from autotune.hardware.deployment import SimConfigError
+from autotune.hardware.memory import InsufficientMemory
+from autotune.hardware.profiles import GPUS, MODELS
+from autotune.hardware.roofline import roofline
+from autotune.servers.sim.server import load_config, main, serve_in_process
 from autotune.telemetry.prometheus import parse_prometheus
 
 H100 = GPUS["h100-80gb"]

@@ -29,6 +29,7 @@ from tests.browser import render
 from tests.helpers import REPO, autotune, one_sentence_error, sweep
 from tests.test_recommend import sweep as sweep_result
 from tests.test_recommend import trial, usl_curve
+from tests.test_sweep_search import SeqsLauncher
 
 
 def write_study(tmp_path: Path, name: str, marker: str, **overrides: object) -> Path:
@@ -97,8 +98,8 @@ def test_killed_sweep_resumes_and_leaves_no_server(tmp_path: Path) -> None:
         str(study),
         "--studies-dir",
         str(tmp_path / "studies"),
-        "--reports-dir",
-        str(tmp_path / "reports"),
+        "--output-dir",
+        str(tmp_path / "reports" / "killed"),
     ]
     log = (tmp_path / "sweep.log").open("w")
     process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -338,3 +339,37 @@ def test_sweep_of_a_users_own_collector_command(tmp_path: Path) -> None:
     assert points[1].rollouts_per_s > 1.5 * points[0].rollouts_per_s  # it scales
     recommendation = json.loads((tmp_path / "reports" / "own" / "recommendation.json").read_text())
     assert recommendation["snippets"]["nemo_gym"].startswith("+num_samples_in_parallel=")
+
+
+async def test_a_configuration_proposed_again_is_copied_and_counted_as_reused(
+    tmp_path: Path,
+) -> None:
+    """`trials_reused` counts every trial this run did not measure: one the sampler
+    proposed again (copied from the study, not launched) as well as those a resume finds."""
+
+    def spec(trials: int) -> Study:
+        return Study.model_validate(
+            {
+                "name": "reuse",
+                "target": {"kind": "sim", "args": ["--model", "llama-3.1-8b"]},
+                "search_space": {
+                    "parallelism": {"low": 4, "high": 256},
+                    "max_num_seqs": {"choices": [8, 64]},
+                },
+                "budget": {"trials": trials, "validate_rollouts": 0},
+            }
+        )
+
+    url = f"sqlite:///{tmp_path / 'reuse.db'}"
+    for seqs in (64, 8, 64):  # the last again: copied from the first
+        open_study(spec(3), url).enqueue_trial({"max_num_seqs": seqs})
+    launcher = SeqsLauncher()
+    first = await run_sweep(spec(3), storage=url, launcher=launcher)
+    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8]
+    assert [t.state for t in first.trials] == ["COMPLETE", "PRUNED", "COMPLETE"]
+    assert first.trials_reused == 1
+
+    open_study(spec(4), url).enqueue_trial({"max_num_seqs": 8})  # copied from the pruned one
+    resumed = await run_sweep(spec(4), storage=url, launcher=launcher)
+    assert len(launcher.started) == 2  # nothing launched again
+    assert resumed.trials_reused == 3 + 1  # three finished before, one copied now

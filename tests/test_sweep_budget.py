@@ -17,13 +17,13 @@ import pytest
 
 from autotune.config import Study, load_study
 from autotune.errors import UsageError
+from autotune.hardware.profiles import GPUS, MODELS
+from autotune.hardware.roofline import roofline
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.report.sweep_report import split_rows
 from autotune.report.terminal import sweep_text
 from autotune.results import CurvePoint, SweepResult, TrialRecord
-from autotune.servers.sim.profiles import GPUS, MODELS
-from autotune.servers.sim.roofline import roofline
 from autotune.sweep.fit import (
     knobs_of,
     parameters,

@@ -3,6 +3,7 @@ log, nothing with --quiet; the bar's rate is the summary's."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -15,8 +16,12 @@ from contextlib import contextmanager
 
 import pytest
 
-from autotune.report.terminal import Progress, _Status
+from autotune.report.sweep_report import REPORT_VALIDATION, validated_text
+from autotune.report.terminal import TERMINAL_VALIDATION, Progress, _Status
+from autotune.results import Validation
+from autotune.sweep.recommend import recommendation
 from tests.helpers import REPO
+from tests.test_recommend import KNOBS, sweep, trial, usl_curve
 
 COLLECT = (
     "collect", "--synthetic", "160", "--output-tokens", "64,8", "--parallelism", "16",
@@ -175,3 +180,31 @@ def test_a_narrow_terminal_keeps_the_figures_and_drops_the_bar(
     assert len(frame) <= 59 and "█" not in frame
     assert frame.startswith("250/1,000 rollouts  25%  25.00 rollouts/s")
     assert "ETA 0:30" in frame
+
+
+def test_the_summary_and_the_report_read_one_validation_each_in_its_own_words() -> None:
+    """One function reads the validation runs for the sweep's closing summary and its
+    report (sweep_report.validated_text); each output keeps its wording and numbers."""
+    unvalidated = recommendation(sweep(trial(0, 30.0, KNOBS, curve=usl_curve(lam=2.0))))
+    assert unvalidated is not None
+    run = Validation(
+        trial=0, knobs=KNOBS, parallelism=40, rollouts=500, completed=498, throughput=1234.5,
+        throughput_ci=None, predicted_throughput=1300.0, predicted_interval=None,
+        error_rate=0.0123, max_error_rate=0.05, p50_latency_s=None, p95_latency_s=None,
+        latency_dispersion=None, dispersion_limit=None, probe_s=10.0, passed=True, problems=[],
+    )  # fmt: skip
+    held = dataclasses.replace(unvalidated, validated=True, validations=[run])
+    failed_run = dataclasses.replace(run, passed=False, problems=["too slow", "{not a field}"])
+    failed = dataclasses.replace(unvalidated, validated=False, validations=[failed_run])
+    figures = "498 rollouts at parallelism 40: {}, error rate 1.2%"
+    terminal, report = figures.format("1.23e+03"), figures.format("1,234")
+    assert [validated_text(r, TERMINAL_VALIDATION) for r in (unvalidated, held, failed)] == [
+        "no validation run (budget.validate_rollouts: 0)",
+        f"yes ({terminal})",
+        f"NO ({terminal}: too slow; {{not a field}})",
+    ]
+    assert [validated_text(r, REPORT_VALIDATION) for r in (unvalidated, held, failed)] == [
+        "not validated (budget.validate_rollouts: 0)",
+        f"yes — {report}",
+        f"no — {report}; too slow; {{not a field}}",
+    ]

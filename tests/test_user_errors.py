@@ -103,8 +103,8 @@ def test_float_space_optuna_would_refuse(tmp_path: Path, space: str, says: str) 
 def test_merge_creates_the_output_directory(tmp_path: Path) -> None:
     shard = tmp_path / "a.jsonl"
     shard.write_bytes(_rollout(0) + _rollout(1))
-    out = tmp_path / "new" / "dir" / "m.jsonl"
-    result = autotune("merge", str(shard), "-o", str(out))
+    out = tmp_path / "new" / "dir" / "rollouts.jsonl"
+    result = autotune("merge", str(shard), "--output-dir", str(out.parent))
     assert result.returncode == 0, result.stderr
     assert out.read_bytes() == shard.read_bytes()
 
@@ -112,8 +112,8 @@ def test_merge_creates_the_output_directory(tmp_path: Path) -> None:
 def test_merge_into_a_path_under_a_file(tmp_path: Path) -> None:
     shard = tmp_path / "a.jsonl"
     shard.write_bytes(_rollout(0))
-    line = one_sentence_error(autotune("merge", str(shard), "-o", str(shard / "m.jsonl")))
-    assert f"cannot write {shard / 'm.jsonl'}" in line
+    line = one_sentence_error(autotune("merge", str(shard), "--output-dir", str(shard)))
+    assert f"cannot write {shard / 'rollouts.jsonl'}" in line
 
 
 @pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux /proc")
@@ -121,8 +121,9 @@ def test_merge_of_a_shard_that_fails_to_read(tmp_path: Path) -> None:
     # /proc/self/mem opens, then fails the first read (EIO), as a bad disk would.
     shard = tmp_path / "a.jsonl"
     shard.write_bytes(_rollout(0))
-    out = tmp_path / "m.jsonl"
-    line = one_sentence_error(autotune("merge", str(shard), "/proc/self/mem", "-o", str(out)))
+    out = tmp_path / "m" / "rollouts.jsonl"
+    merge = ("merge", str(shard), "/proc/self/mem", "--output-dir", str(out.parent))
+    line = one_sentence_error(autotune(*merge))
     assert f"cannot merge into {out}" in line
     assert not out.exists()
 
@@ -132,8 +133,8 @@ def test_merge_of_an_unreadable_shard(tmp_path: Path) -> None:
     shard = tmp_path / "a.jsonl"
     shard.write_bytes(_rollout(0))
     shard.chmod(0)
-    out = tmp_path / "m.jsonl"
-    line = one_sentence_error(autotune("merge", str(shard), "-o", str(out)))
+    out = tmp_path / "m" / "rollouts.jsonl"
+    line = one_sentence_error(autotune("merge", str(shard), "--output-dir", str(out.parent)))
     assert f"shard file {shard} cannot be read" in line
     assert not out.exists()
 
@@ -152,7 +153,7 @@ def test_collect_output_under_a_file(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     out = blocker / "rollouts.jsonl"
-    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--output", str(out)))
+    line = one_sentence_error(autotune("collect", "--synthetic", "3", "--output-dir", str(blocker)))
     assert f"cannot write {out}" in line
 
 
@@ -160,11 +161,11 @@ def test_collect_output_under_a_file(tmp_path: Path) -> None:
 
 
 def test_resume_onto_the_task_file_leaves_it_untouched(tmp_path: Path) -> None:
-    tasks = tmp_path / "tasks.jsonl"
+    tasks = tmp_path / "rollouts.jsonl"  # where --output-dir tmp_path keeps its rollouts
     content = b'{"prompt": "a"}\n{"prompt": "b"}'  # no newline after the last line
     tasks.write_bytes(content)
     line = one_sentence_error(
-        autotune("collect", "--input", str(tasks), "--output", str(tasks), "--resume")
+        autotune("collect", "--input", str(tasks), "--output-dir", str(tmp_path), "--resume")
     )
     assert "line 1 is not a rollout row" in line
     assert tasks.read_bytes() == content
@@ -180,10 +181,10 @@ def test_resume_onto_the_task_file_leaves_it_untouched(tmp_path: Path) -> None:
     ],
 )
 def test_resume_refuses_a_foreign_file_untouched(tmp_path: Path, content: bytes) -> None:
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "rollouts.jsonl"
     out.write_bytes(content)
     line = one_sentence_error(
-        autotune("collect", "--synthetic", "3", "--output", str(out), "--resume")
+        autotune("collect", "--synthetic", "3", "--output-dir", str(tmp_path), "--resume")
     )
     assert "is not a rollout row autotune wrote" in line
     assert out.read_bytes() == content
@@ -236,19 +237,22 @@ def test_diagnose_json_under_a_file(tmp_path: Path) -> None:
     assert f"{blocker} is a file" in line
 
 
-def test_diagnose_report_is_a_file(tmp_path: Path) -> None:
+def test_diagnose_output_dir_is_a_file(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     for report in (blocker, blocker / "sub"):
-        line = one_sentence_error(autotune("diagnose", "--report", str(report)))
-        assert f"--report {report} cannot be written: {blocker} is a file" in line
+        line = one_sentence_error(autotune("diagnose", "--output-dir", str(report)))
+        assert f"--output-dir {report} cannot be written: {blocker} is a file" in line
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_diagnose_write_failure_keeps_the_result() -> None:
-    result = autotune("diagnose", *FAST_DIAGNOSE, "--json", "/dev/full")
+def test_diagnose_write_failure_keeps_the_result(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "diagnose.json").symlink_to("/dev/full")  # a full disk under the saved result
+    result = autotune("diagnose", *FAST_DIAGNOSE, "--output-dir", str(out))
     line = one_sentence_error(result)
-    assert "could not write /dev/full (No space left on device)" in line
+    assert f"could not write {out} (No space left on device)" in line
     assert result.stdout.strip()  # the summary was printed
     saved = Path(line.split("the result is saved in ")[1].split(" instead")[0])
     try:
@@ -330,14 +334,14 @@ def test_models_404_still_asks_for_model(refusing_url: str) -> None:
 COMMAND = {
     "collect": ("collect",),
     "diagnose": ("diagnose",),
-    "bench run": ("bench", "run", "benchmarks/suite.yaml", "-o", "r.json"),
+    "bench run": ("bench", "run", "benchmarks/suite.yaml", "--output-dir", "r"),
     "bench compare": ("bench", "compare", "r.json", "--baseline", "b.json"),
     "bench ab": ("bench", "ab", "benchmarks/suite.yaml", "--baseline-ref", "main"),
 }
 ABOVE_0 = "a number above 0"
 WHOLE_0 = "a whole number of at least 0"
 WHOLE_1 = "a whole number of at least 1"
-TOKENS = "MEAN or MEAN,STD in tokens (mean at least 1, std at least 0)"
+TOKENS = "a token count or [mean, std]"  # the study and suite fields' own sentence
 INNER = "a number above 0 and below 1"
 
 
@@ -354,7 +358,7 @@ INNER = "a number above 0 and below 1"
         ("collect", "--max-retries", "1.5", WHOLE_0),
         ("collect", "--pool-limit", "0", WHOLE_1),
         ("collect", "--synthetic", "0", WHOLE_1),
-        ("collect", "--prompt-tokens", "0", TOKENS),
+        ("collect", "--prompt-tokens", "0", "at least 1 token"),
         ("collect", "--output-tokens", "64,-1", TOKENS),
         ("collect", "--output-tokens", "1,2,3", TOKENS),
         ("collect", "--seed", "-1", WHOLE_0),
@@ -448,18 +452,18 @@ def test_bad_verifier_values_fail_their_rollouts_and_the_file_still_resumes(
 ) -> None:
     verifier = tmp_path / "bad_values.py"
     verifier.write_text(BAD_VALUES)
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "rollouts.jsonl"
     collect = (
         "collect", "--synthetic", "4", "--output-tokens", "8", "--verifier", f"{verifier}:score",
-        "--verifier-workers", "1", "--output", str(out), "-q",
+        "--verifier-workers", "1", "--output-dir", str(tmp_path), "-q",
     )  # fmt: skip
     result = autotune(*collect)
     assert result.returncode == 3  # the run finished; half of it failed its gate
     line = one_sentence_error(result)
     assert "2 of 4 rollouts failed (50%, above --max-failure-rate 0.05; verifier_error 2)" in line
     assert f"{out} keeps the 2 rollouts collected" in line
-    assert f"each failure's cause is in {tmp_path / 'out_failures.jsonl'}" in line
-    failures = read_rows(tmp_path / "out_failures.jsonl")
+    assert f"each failure's cause is in {tmp_path / 'rollouts_failures.jsonl'}" in line
+    failures = read_rows(tmp_path / "rollouts_failures.jsonl")
     messages = {f["_ng_task_index"]: f["message"] for f in failures}
     assert "the verifier's 'tags' is a set JSON cannot hold" in messages[0]
     assert "the verifier's 'reward' is nan" in messages[1]
@@ -489,15 +493,16 @@ QUICK = ("collect", "--synthetic", "3", "--output-tokens", "8", "-q")
 def test_resume_refuses_another_runs_output(
     tmp_path: Path, other: tuple[str, ...], says: str
 ) -> None:
-    out = tmp_path / "out.jsonl"
-    first = autotune(*QUICK, "--output", str(out))
+    out = tmp_path / "rollouts.jsonl"
+    run = ("--output-dir", str(tmp_path))
+    first = autotune(*QUICK, *run)
     assert first.returncode == 0, first.stderr
     before = out.read_bytes()
-    line = one_sentence_error(autotune(*QUICK, "--output", str(out), "--resume", *other))
+    line = one_sentence_error(autotune(*QUICK, *run, "--resume", *other))
     assert f"--resume: {out} holds rollouts of another run (" in line and says in line
     assert line.endswith("or choose another --output-dir.")
     assert out.read_bytes() == before
-    again = autotune(*QUICK, "--output", str(out), "--resume", "--synthetic", "5")
+    again = autotune(*QUICK, *run, "--resume", "--synthetic", "5")
     assert again.returncode == 0, again.stderr  # more of the same tasks: its own run
     assert len(read_rows(out)) == 5
 
@@ -505,8 +510,8 @@ def test_resume_refuses_another_runs_output(
 def test_resume_refuses_a_changed_task_file(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
-    out = tmp_path / "out.jsonl"
-    args = ("collect", "--input", str(tasks), "--output-tokens", "8", "--output", str(out), "-q")
+    run = ("--output-dir", str(tmp_path / "run"))
+    args = ("collect", "--input", str(tasks), "--output-tokens", "8", *run, "-q")
     assert autotune(*args).returncode == 0
     tasks.write_text('{"prompt": "c"}\n{"prompt": "d"}\n')
     line = one_sentence_error(autotune(*args, "--resume"))
@@ -515,11 +520,11 @@ def test_resume_refuses_a_changed_task_file(tmp_path: Path) -> None:
 
 
 def test_resume_of_an_output_from_before_run_records_writes_one(tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    assert autotune(*QUICK, "--output", str(out)).returncode == 0
-    record = tmp_path / "out_run.json"
+    run = ("--output-dir", str(tmp_path))
+    assert autotune(*QUICK, *run).returncode == 0
+    record = tmp_path / "rollouts_run.json"
     record.unlink()
-    result = autotune(*QUICK, "--output", str(out), "--resume", "--verifier", "exact")
+    result = autotune(*QUICK, *run, "--resume", "--verifier", "exact")
     assert result.returncode == 0, result.stderr
     assert orjson.loads(record.read_bytes())["verifier"] == "exact"
 
@@ -532,7 +537,7 @@ def test_resume_of_an_output_from_before_run_records_writes_one(tmp_path: Path) 
     [
         ("--storage foo@bar", "--storage foo@bar is not a storage URL; for a file pass sqlite:///"),
         ("--storage redis://x", "--storage redis://x names a storage autotune cannot open"),
-        ("--reports-dir somefile/x", "--reports-dir somefile/x cannot be written: somefile is a"),
+        ("--output-dir somefile/x", "--output-dir somefile/x cannot be written: somefile is a"),
         ("--studies-dir somefile/x", "--studies-dir somefile/x cannot be written: somefile is a"),
     ],
 )

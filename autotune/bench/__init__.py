@@ -1,6 +1,6 @@
 """`autotune bench`: tuned settings turned into a regression test that CI runs.
 
-    autotune bench run SUITE --out results.json             measure every case
+    autotune bench run SUITE --output-dir DIR               measure every case
     autotune bench compare results.json --baseline B.json   judge, write the outputs
     autotune bench update-baseline results.json --baseline B.json --reason "..."
 

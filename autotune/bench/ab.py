@@ -206,8 +206,8 @@ def run_ab(
     for pair in range(settings.max_pairs):
         order = ("baseline", "candidate") if pair % 2 == 0 else ("candidate", "baseline")
         for name in order:
-            out = workdir / f"{name}-{pair + 1}.json"
-            runs[name].append(_run_once(sides[name], suite, out, name))
+            directory = workdir / f"{name}-{pair + 1}"
+            runs[name].append(_run_once(sides[name], suite, directory, name))
         comparison = _compare(runs, sides, settings, pair + 1, stopped, started)
         if report is not None:
             report(f"pair {pair + 1}: " + _progress_line(comparison))
@@ -224,9 +224,12 @@ def run_ab(
     return replace(comparison, ab=replace(comparison.ab, stopped=stopped))
 
 
-def _run_once(side: Side, suite: Path, out: Path, name: str) -> BenchResults:
-    """One `bench run` of the suite, one repetition of each case, no warm-up."""
-    command = [side.python, "-m", "autotune", "bench", "run", str(suite), "--out", str(out)]
+def _run_once(side: Side, suite: Path, directory: Path, name: str) -> BenchResults:
+    """One `bench run` of the suite, one repetition of each case, no warm-up; its results
+    land in `directory`/results.json (each side's code must take `--output-dir`)."""
+    out = directory / "results.json"
+    command = [side.python, "-m", "autotune", "bench", "run", str(suite)]
+    command += ["--output-dir", str(directory)]
     command += ["--repetitions", "1", "--warmup", "0", "--quiet", *side.run_args]
     env = {**os.environ, **side.env}
     with contextlib.suppress(FileNotFoundError):

@@ -37,25 +37,27 @@ import yaml
 from pydantic import Discriminator, Field, Strict, Tag, ValidationError, model_validator
 
 from autotune.config import (
-    ApiChoice,
+    SYNTHETIC,
     CollectConfig,
     Count,
     Count0,
-    Flag,
-    NonNegative,
-    Positive,
     ProbeSpec,
+    RequestFields,
+    ServerArgs,
     ServerFields,
     Share,
     SpecModel,
-    SyntheticWorkload,
-    TargetConfig,
+    SyntheticSpec,
     Text,
     Tokens,
+    VerifierFields,
     Words,
+    WorkloadSpec,
+    collect_config,
     must_be,
     problem,
     spec_problem,
+    target_config,
 )
 from autotune.errors import UsageError
 from autotune.probe import ProbeSettings
@@ -78,23 +80,18 @@ CaseName = Annotated[
 ]
 Requests = Annotated[int, Strict(), Field(ge=100), must_be("a whole number of at least 100")]
 ExtraBody = Annotated[dict[str, Any], must_be("a mapping of extra request fields")]
-ServerArgs = Annotated[dict[str, Any], must_be("a mapping of server flag to value")]
 
 
 # -- the file ------------------------------------------------------------------------------
 
 
-class CaseTarget(ServerFields):
+class CaseTarget(RequestFields, ServerFields):
     """The server of a probe case: at base_url, launched on {port}, or the simulator."""
 
     what: ClassVar[str] = "a target"
     launch: Words | None = None  # a command serving on {port}, started for the case
     sim_args: Words = ()  # flags of the embedded simulator (neither base_url nor launch)
-    api: ApiChoice = "chat"
-    stream: Flag = True
     extra_body: ExtraBody = Field(default_factory=dict)
-    timeout_s: Positive = 600.0
-    max_retries: Count0 = 3
 
     @model_validator(mode="after")
     def _one_server(self) -> CaseTarget:
@@ -115,11 +112,12 @@ class CaseWorkload(SpecModel):
 
     what: ClassVar[str] = "a workload"
     input: Text | None = None
-    synthetic: Count = 1000  # the number of synthetic tasks
-    prompt_tokens: Tokens = (256, 64)
-    output_tokens: Tokens = (256, 64)
-    seed: Count0 = 0
-    limit: Count | None = None
+    # A study's workload.synthetic, flat: its fields' types and defaults.
+    synthetic: Count = SYNTHETIC.num_tasks  # the number of synthetic tasks
+    prompt_tokens: Tokens = SYNTHETIC.prompt_tokens
+    output_tokens: Tokens = SYNTHETIC.output_tokens
+    seed: Count0 = SYNTHETIC.seed
+    limit: Count0 | None = None
 
 
 class _CaseSpec(SpecModel):
@@ -130,7 +128,7 @@ class _CaseSpec(SpecModel):
     threshold: Share | None = None
 
 
-class ProbeCaseSpec(_CaseSpec):
+class ProbeCaseSpec(VerifierFields, _CaseSpec):
     what: ClassVar[str] = "a probe case"
     kind: Literal["probe"] = "probe"
     recommendation: Text | None = None  # a recommendation.json from `autotune sweep`
@@ -138,9 +136,6 @@ class ProbeCaseSpec(_CaseSpec):
     server_args: ServerArgs | None = None  # None: the recommendation's
     target: CaseTarget = CaseTarget()
     workload: CaseWorkload = CaseWorkload()
-    verifier: Text | None = None  # None: none for a task file, synthetic for synthetic tasks
-    verifier_workers: Count | None = None
-    verifier_cost_ms: NonNegative = 0.0
     probe: ProbeSpec = ProbeSpec()
 
 
@@ -350,16 +345,8 @@ def _case(spec: ProbeCaseSpec | OverheadCaseSpec, where: str, path: Path, suite:
         expected = "absent for a server at a base_url (autotune cannot set them)"
         raise _fail(path, f"{where}.server_args", expected, flags)
     embedded = not (t.base_url or t.launch is not None)
-    target = TargetConfig(
-        base_url=t.base_url,
-        model=t.model,
-        api=t.api,
-        stream=t.stream,
-        api_key_env=t.api_key_env,
-        extra_body=dict(t.extra_body),
-        request_timeout_s=t.timeout_s,
-        max_retries=t.max_retries,
-        sim_args=(*t.sim_args, *flags) if embedded else (),
+    target = target_config(
+        t, t, extra_body=dict(t.extra_body), sim_args=(*t.sim_args, *flags) if embedded else ()
     )
 
     w = spec.workload
@@ -367,25 +354,19 @@ def _case(spec: ProbeCaseSpec | OverheadCaseSpec, where: str, path: Path, suite:
     if task_file is not None and not task_file.is_file():
         expected = "a task JSONL file (relative to the suite)"
         raise _fail(path, f"{where}.workload.input", expected, w.input)
-    synthetic = SyntheticWorkload(
+    synthetic = SyntheticSpec(
         num_tasks=w.synthetic,
-        prompt_tokens_mean=w.prompt_tokens[0],
-        prompt_tokens_std=w.prompt_tokens[1],
-        output_tokens_mean=w.output_tokens[0],
-        output_tokens_std=w.output_tokens[1],
+        prompt_tokens=w.prompt_tokens,
+        output_tokens=w.output_tokens,
         seed=w.seed,
     )
-    collect = CollectConfig(
-        target=target,
+    workload = WorkloadSpec(
         input=task_file,
         synthetic=synthetic,
         limit=w.limit,
-        parallelism=parallelism,
-        verifier=spec.verifier or ("none" if task_file else "synthetic"),
-        verifier_workers=spec.verifier_workers,
-        verifier_cost_ms=spec.verifier_cost_ms,
-        progress=False,
+        **spec.model_dump(include=set(VerifierFields.model_fields)),
     )
+    collect = collect_config(workload, target, parallelism=parallelism, progress=False)
     launch = (*t.launch, *flags) if t.launch is not None else None
     return ProbeCase(
         spec.name, collect, ProbeSettings.of(spec.probe, parallelism), launch,

@@ -1,4 +1,5 @@
-"""Hardware and model figures the simulated server's performance model runs on.
+"""Hardware and model figures the simulated server's performance model, the roofline and
+the sweep's fit checks run on (the simulator's --gpu/--model, a study's resources).
 
 GPU figures are the vendor datasheet numbers (dense, i.e. without 2:4 sparsity). Datasheet
 memory sizes ("80GB", "141GB") are taken as GiB: that is what the brief's vLLM-like messages

@@ -1,9 +1,11 @@
 """The output-token ceiling of replicas of one model at datasheet peaks: a bound, no I/O.
 
-What the simulator's step model (perf_model) would give with every efficiency at 100%,
-no scheduler overhead and no tensor-parallel all-reduce: no real engine beats it, so it
-says how far a measured configuration is from what its GPUs allow, and which of two
-layouts of the same GPUs (say 4 engines × TP 2 against 1 × TP 8) has the higher roof.
+What the simulator's step model (servers/sim/perf_model.py) would give with every
+efficiency at 100%, no scheduler overhead and no tensor-parallel all-reduce: no real
+engine beats it, so it says how far a measured configuration is from what its GPUs
+allow, and which of two layouts of the same GPUs (say 4 engines × TP 2 against 1 × TP 8)
+has the higher roof. The sweep scores every trial against it (sweep/fit.py's
+roofline_share), whatever serves the trial.
 
 Per engine, `batch` sequences (given, or as many as the KV cache holds at full length,
 at most `max_num_seqs`) are prefilled together and then decoded together:
@@ -17,7 +19,7 @@ at most `max_num_seqs`) are prefilled together and then decoded together:
 
 A decode step reads the weights once and every sequence's KV at its mean length over the
 decode (prompt + output/2); shared prompts save prefill only, since attention still reads
-them per sequence. KV heads are replicated past tp = kv_heads (perf_model's rule), and the
+them per sequence. KV heads are replicated past tp = kv_heads (memory.py's rule), and the
 KV-derived batch does not count a shared prefix once.
 """
 
@@ -25,13 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.servers.sim.perf_model import (
+from autotune.hardware.memory import (
     InsufficientMemory,
     kv_bytes_per_token_per_gpu,
     kv_capacity_tokens,
     weights_bytes_per_gpu,
 )
-from autotune.servers.sim.profiles import GpuProfile, ModelProfile
+from autotune.hardware.profiles import GpuProfile, ModelProfile
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ The engine counts rollouts, tokens, rewards, failures and per-stage samples anyw
 (RunStats), the backend its retries and waits (CallCounters), the pool its connection
 waits (MeteredConnector): a scrape or a sample reads them, so no metering code runs per
 rollout. Everything runs on the collect's event loop, so a read never sees half an update.
+`Sources.totals` is the one reading of them that the closing summary, every stats line
+and every /metrics scrape report, so the three agree by construction.
 """
 
 from __future__ import annotations
@@ -13,18 +15,39 @@ from typing import TYPE_CHECKING
 
 from autotune.backends import CallCounters
 from autotune.concurrency import AdaptiveConcurrency
-from autotune.engine import RunStats
+from autotune.engine import Engine, RunStats
 from autotune.results import STAGES, Expectation, StageSamples
 from autotune.target import MeteredConnector
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from autotune.pipeline import Pipeline
+
 # Seconds; Prometheus' default buckets stretched to the minutes a long rollout can take.
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """A running collect's totals at one instant, from the run's start (names as in
+    LiveSample and CollectSummary)."""
+
+    completed: int
+    failed: int
+    in_flight: int
+    input_tokens: int
+    output_tokens: int
+    mean_reward: float | None
+    errors_by_class: dict[str, int]
+    retries_by_class: dict[str, int]
+    rate_limited_responses: int
+    limiter_wait_s: float  # waiting for --rpm/--tpm
+    pool_wait_s: float  # getting a connection from the pool
+    concurrency_limit: int | None  # the adaptive limit now; None at a fixed parallelism
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +60,36 @@ class Sources:
     connector: MeteredConnector | None
     planned: int  # rollouts this run is to make (those already on disk not counted)
 
-    @property
-    def in_flight(self) -> int:
-        stats = self.stats
-        return stats.taken - stats.completed - stats.failed
+    @classmethod
+    def of(cls, engine: Engine, pipeline: Pipeline, planned: int) -> Sources:
+        """Where `engine`, running on `pipeline`, keeps its totals (the pool's waits only
+        where the pool is metered: a live flag was given)."""
+        connector = pipeline.session.connector
+        return cls(
+            stats=engine.stats,
+            counters=pipeline.backend.counters,
+            limiter=engine.limiter,
+            connector=connector if isinstance(connector, MeteredConnector) else None,
+            planned=planned,
+        )
 
-    @property
-    def mean_reward(self) -> float | None:
-        stats = self.stats
-        return stats.reward_sum / stats.reward_count if stats.reward_count else None
-
-    @property
-    def pool_wait_s(self) -> float:
-        return self.connector.acquire_s if self.connector is not None else 0.0
+    def totals(self) -> Totals:
+        """The run's totals now: what the summary, a stats line and a scrape report."""
+        stats, counters, limiter = self.stats, self.counters, self.limiter
+        return Totals(
+            completed=stats.completed,
+            failed=stats.failed,
+            in_flight=stats.taken - stats.completed - stats.failed,
+            input_tokens=stats.input_tokens,
+            output_tokens=stats.output_tokens,
+            mean_reward=stats.reward_sum / stats.reward_count if stats.reward_count else None,
+            errors_by_class=dict(stats.errors_by_class),
+            retries_by_class=dict(counters.retries),
+            rate_limited_responses=counters.rate_limited_responses,
+            limiter_wait_s=counters.limiter_wait_s,
+            pool_wait_s=self.connector.acquire_s if self.connector is not None else 0.0,
+            concurrency_limit=limiter.limit if limiter is not None else None,
+        )
 
     @property
     def draining(self) -> bool:

@@ -3,10 +3,11 @@
 Imported only when the flag is given (prometheus_client takes ~50 ms to import).
 
 A prometheus_client custom collector builds every metric family from the figures the
-engine keeps (figures.py) when a scrape comes: nothing is called per rollout. The
-endpoint is an aiohttp site on the collect's own event loop, so a scrape reads totals
-the loop is not halfway through changing, and needs no thread. Names follow Prometheus'
-conventions: `autotune_` prefix, counters end in `_total`, durations in `_seconds`.
+engine keeps (figures.py: Sources.totals, what the summary and the stats lines report)
+when a scrape comes: nothing is called per rollout. The endpoint is an aiohttp site on
+the collect's own event loop, so a scrape reads totals the loop is not halfway through
+changing, and needs no thread. Names follow Prometheus' conventions: `autotune_` prefix,
+counters end in `_total`, durations in `_seconds`.
 """
 
 from __future__ import annotations
@@ -60,31 +61,31 @@ class RunCollector(Collector):
         sources, histograms = state.sources, state.histograms
         if sources is None or histograms is None:
             return  # the server and the engine are still starting
-        stats, counters = sources.stats, sources.counters
+        totals = sources.totals()
         yield GaugeMetricFamily(
             "autotune_rollouts_planned",
             "Rollouts this run is to make (those already on disk not counted).",
             value=sources.planned,
         )
         yield CounterMetricFamily(
-            "autotune_rollouts_completed", "Rollouts verified and written.", value=stats.completed
+            "autotune_rollouts_completed", "Rollouts verified and written.", value=totals.completed
         )
         failed = CounterMetricFamily(
             "autotune_rollouts_failed", "Rollouts that failed, by class.", labels=["failure_class"]
         )
-        for name, count in sorted(stats.errors_by_class.items()):
+        for name, count in sorted(totals.errors_by_class.items()):
             failed.add_metric([name], count)
         yield failed
         yield GaugeMetricFamily(
-            "autotune_rollouts_in_flight", "Rollouts begun and not yet ended.", sources.in_flight
+            "autotune_rollouts_in_flight", "Rollouts begun and not yet ended.", totals.in_flight
         )
         yield CounterMetricFamily(
-            "autotune_input_tokens", "Prompt tokens of completed rollouts.", stats.input_tokens
+            "autotune_input_tokens", "Prompt tokens of completed rollouts.", totals.input_tokens
         )
         yield CounterMetricFamily(
-            "autotune_output_tokens", "Output tokens of completed rollouts.", stats.output_tokens
+            "autotune_output_tokens", "Output tokens of completed rollouts.", totals.output_tokens
         )
-        reward = sources.mean_reward
+        reward = totals.mean_reward
         yield GaugeMetricFamily(
             "autotune_reward_mean",
             "Mean reward of the rollouts that have one (NaN before the first).",
@@ -93,29 +94,29 @@ class RunCollector(Collector):
         retries = CounterMetricFamily(
             "autotune_model_retries", "Model calls re-sent, by class.", labels=["failure_class"]
         )
-        for name, count in sorted(counters.retries.items()):
+        for name, count in sorted(totals.retries_by_class.items()):
             retries.add_metric([name], count)
         yield retries
         yield CounterMetricFamily(
             "autotune_rate_limited_responses",
             "HTTP 429 answers, every attempt counted.",
-            value=counters.rate_limited_responses,
+            value=totals.rate_limited_responses,
         )
         yield CounterMetricFamily(
             "autotune_limiter_wait_seconds",
             "Seconds model calls waited for the --rpm/--tpm limiter.",
-            value=counters.limiter_wait_s,
+            value=totals.limiter_wait_s,
         )
         yield CounterMetricFamily(
             "autotune_connection_pool_wait_seconds",
             "Seconds model calls took to get a connection: waiting for a free one, or opening one.",
-            value=sources.pool_wait_s,
+            value=totals.pool_wait_s,
         )
-        if sources.limiter is not None:
+        if totals.concurrency_limit is not None:
             yield GaugeMetricFamily(
                 "autotune_concurrency_limit",
                 "The adaptive limit on model calls in flight (lowered on 429/503).",
-                value=sources.limiter.limit,
+                value=totals.concurrency_limit,
             )
         histograms.update()
         latency = HistogramMetricFamily(

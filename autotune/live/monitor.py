@@ -2,7 +2,8 @@
 
     async with open_monitor(config, expectation, say) as monitor:  # binds --metrics-port
         engine = Engine(..., observer=monitor.observer(progress))
-        monitor.attach(engine, pipeline, planned, slots)           # the periodic tasks start
+        sources = Sources.of(engine, pipeline, planned)
+        monitor.attach(sources, pipeline, slots)                   # the periodic tasks start
         await engine.run(...)
         await monitor.finish(summary)                              # the last sample, exactly
         await monitor.linger()                                     # one more scrape, maybe
@@ -22,13 +23,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING
 
 from autotune.config import PROBE_DEFAULTS, CollectConfig
-from autotune.engine import Engine, EngineObserver
+from autotune.engine import EngineObserver
 from autotune.live.expect import diagnose_command
 from autotune.live.figures import RunState, Sources, StageHistograms
 from autotune.live.samples import Sampler, StatsFile, stats_path
 from autotune.pipeline import Pipeline
 from autotune.results import CollectSummary, DriftWarning, Expectation, LiveSample
-from autotune.target import MeteredConnector
 
 if TYPE_CHECKING:
     from autotune.live.drift import DriftWatch
@@ -88,20 +88,12 @@ class LiveMonitor:
         self._clock = _CompletionClock(following)
         return self._clock
 
-    def attach(self, engine: Engine, pipeline: Pipeline, planned: int, parallelism: int) -> None:
+    def attach(self, sources: Sources, pipeline: Pipeline, parallelism: int) -> None:
         """The engine exists: read its totals from now on and start the periodic tasks."""
-        connector = pipeline.session.connector
-        sources = Sources(
-            stats=engine.stats,
-            counters=pipeline.backend.counters,
-            limiter=engine.limiter,
-            connector=connector if isinstance(connector, MeteredConnector) else None,
-            planned=planned,
-        )
         self.state.sources = sources
         live = self._live
         if live.metrics_port is not None:
-            self.state.histograms = StageHistograms(engine.stats.samples)
+            self.state.histograms = StageHistograms(sources.stats.samples)
         if live.sampled:
             self._sampler = Sampler(sources, time.time())
             if live.stats_every_s is not None and self._config.output is not None:

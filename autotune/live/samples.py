@@ -1,10 +1,10 @@
 """`--stats-every` and `--report`: a LiveSample of the run every interval.
 
-A sample holds the run's totals (the figures /metrics serves) and, for the time since the
-previous sample, its throughput and each stage's latency percentiles: sorting only that
-window's samples keeps a sample cheap however long the run. `--stats-every` appends each
-one as a JSON line to `<output>_stats.jsonl`; the last line of a run holds its closing
-summary, exactly as `collect --json` prints it.
+A sample holds the run's totals (Sources.totals: the figures /metrics serves) and, for
+the time since the previous sample, its throughput and each stage's latency percentiles:
+sorting only that window's samples keeps a sample cheap however long the run.
+`--stats-every` appends each one as a JSON line to `<output>_stats.jsonl`; the last line
+of a run holds its closing summary, exactly as `collect --json` prints it.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class Sampler:
         summary: CollectSummary | None = None,
     ) -> LiveSample:
         """The sample at `now` (a perf_counter reading)."""
-        sources = self._sources
-        stats, counters, limiter = sources.stats, sources.counters, sources.limiter
+        stats = self._sources.stats
+        totals = self._sources.totals()
         t = now - stats.started
         window = max(t - self._last_t, 1e-9)
         latency = {}
@@ -54,28 +54,28 @@ class Sampler:
         sample = LiveSample(
             at=self._at0 + t,
             t_s=t,
-            completed=stats.completed,
-            failed=stats.failed,
-            in_flight=sources.in_flight,
-            input_tokens=stats.input_tokens,
-            output_tokens=stats.output_tokens,
-            mean_reward=sources.mean_reward,
-            errors_by_class=dict(stats.errors_by_class),
-            retries_by_class=dict(counters.retries),
-            rate_limited_responses=counters.rate_limited_responses,
-            limiter_wait_s=counters.limiter_wait_s,
-            pool_wait_s=sources.pool_wait_s,
-            concurrency_limit=limiter.limit if limiter is not None else None,
+            completed=totals.completed,
+            failed=totals.failed,
+            in_flight=totals.in_flight,
+            input_tokens=totals.input_tokens,
+            output_tokens=totals.output_tokens,
+            mean_reward=totals.mean_reward,
+            errors_by_class=totals.errors_by_class,
+            retries_by_class=totals.retries_by_class,
+            rate_limited_responses=totals.rate_limited_responses,
+            limiter_wait_s=totals.limiter_wait_s,
+            pool_wait_s=totals.pool_wait_s,
+            concurrency_limit=totals.concurrency_limit,
             window_s=window,
-            window_rollouts_per_s=(stats.completed - self._last_completed) / window,
-            window_output_tokens_per_s=(stats.output_tokens - self._last_output_tokens) / window,
+            window_rollouts_per_s=(totals.completed - self._last_completed) / window,
+            window_output_tokens_per_s=(totals.output_tokens - self._last_output_tokens) / window,
             window_latency_s=latency,
             steady_rollouts_per_s=steady,
             drift=drift,
             summary=summary,
         )
-        self._last_t, self._last_completed = t, stats.completed
-        self._last_output_tokens = stats.output_tokens
+        self._last_t, self._last_completed = t, totals.completed
+        self._last_output_tokens = totals.output_tokens
         return sample
 
 

@@ -30,7 +30,7 @@ from autotune.probe.window import (
     steady_window,
     warm_until,
 )
-from autotune.replicas import ReplicaCounts, ReplicaSet, replica_stats
+from autotune.replicas import ReplicaCounts, replica_stats, several
 from autotune.results import STAGES, ProbeResult, StageLatency, stage_durations
 from autotune.stats import RateEstimate, mean
 from autotune.store import RolloutSink
@@ -130,7 +130,7 @@ class ProbeRun:
         self.backend = backend
         self.verifier = verifier
         self.base_url = base_url
-        self.replicas = _several(backend.counters.replicas)
+        self.replicas = several(backend.counters.replicas)
         # The model server's /metrics: every replica's when several serve it.
         self.metrics: list[str] = (
             [metrics]
@@ -317,11 +317,6 @@ class EngineProbe:
             settings, self.work, self.backend, self.verifier, self.base_url, metrics=self.metrics
         )
         return await run.measure()
-
-
-def _several(replicas: ReplicaSet | None) -> ReplicaSet | None:
-    """The backend's replicas when there are several to tell apart."""
-    return replicas if replicas is not None and len(replicas) > 1 else None
 
 
 def _snapshot(counters: Any) -> tuple[float, ...]:

@@ -31,12 +31,13 @@ from typing import Any
 
 from autotune.config import ENGINES
 from autotune.errors import ServerStartupError
+from autotune.hardware.deployment import SimConfigError
 from autotune.probe.window import ProbeSettings, Window, steady_window
 from autotune.replicas import ReplicaSet
 from autotune.results import ProbeResult, StageLatency, no_latencies
 from autotune.servers.flags import server_flags
 from autotune.servers.sim.scheduler import SimEngine
-from autotune.servers.sim.server import SimConfigError, load_config
+from autotune.servers.sim.server import load_config
 from autotune.stats import batch_means_rate
 
 CHECK_EVERY = 32  # completions between convergence checks

@@ -6,6 +6,7 @@ Numbers first (pure functions below), then drawing through report.plots.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -488,7 +489,7 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
                 ("OpenRLHF", f"{snippets.openrlhf} ({snippets.openrlhf_note})"),
                 ("rule that set it", f"{rec.bound_by}: {rec.rule}"),
                 *_intervals(recommended),
-                ("validated", _validated(recommended)),
+                ("validated", validated_text(recommended, REPORT_VALIDATION)),
                 ("knee", f"parallelism {recommended.knee_parallelism:.0f}"),
                 (
                     "smallest parallelism at 80% of peak throughput",
@@ -514,17 +515,37 @@ def _intervals(recommended: Recommendation) -> list[tuple[str, str]]:
     return rows
 
 
-def _validated(recommended: Recommendation) -> str:
+@dataclass(frozen=True, slots=True)
+class ValidationWording:
+    """How one output words the validation line: the report's page and the terminal's
+    summary say the same thing, each in its own style (`validated_text` fills them in)."""
+
+    not_run: str
+    number: Callable[[float], str]  # the measured throughput
+    held: str  # "{figures}" is replaced
+    failed: str  # "{figures}" and "{problems}" are replaced
+
+
+REPORT_VALIDATION = ValidationWording(
+    not_run="not validated (budget.validate_rollouts: 0)",
+    number=quantity,
+    held="yes — {figures}",
+    failed="no — {figures}; {problems}",
+)
+
+
+def validated_text(recommended: Recommendation, wording: ValidationWording) -> str:
+    """Whether the last validation run held, with its figures and what failed: one
+    reading of the runs for every output, so they cannot tell different stories."""
     if recommended.validated is None:
-        return "not validated (budget.validate_rollouts: 0)"
+        return wording.not_run
     last = recommended.validations[-1]
     figures = (
         f"{last.completed} rollouts at parallelism {last.parallelism}: "
-        f"{quantity(last.throughput)}, error rate {last.error_rate:.1%}"
+        f"{wording.number(last.throughput)}, error rate {last.error_rate:.1%}"
     )
-    if recommended.validated:
-        return f"yes — {figures}"
-    return f"no — {figures}; {'; '.join(last.problems)}"
+    line = wording.held if recommended.validated else wording.failed
+    return line.format(figures=figures, problems="; ".join(last.problems))
 
 
 def write(result: SweepResult, recommended: Recommendation | None, directory: Path) -> Path:

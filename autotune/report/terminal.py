@@ -19,7 +19,13 @@ from autotune.report.diagnose_report import (
     time_scale_note,
     verdict_line,
 )
-from autotune.report.sweep_report import SPLIT_COLUMNS, gpu_rows, split_rows
+from autotune.report.sweep_report import (
+    SPLIT_COLUMNS,
+    ValidationWording,
+    gpu_rows,
+    split_rows,
+    validated_text,
+)
 from autotune.results import (
     STAGES,
     CollectSummary,
@@ -30,6 +36,7 @@ from autotune.results import (
 
 if TYPE_CHECKING:
     from autotune.probe.status import ProbeStatus
+    from autotune.results import TrialOutcome
 
 
 BAR_EVERY_S = 0.2  # a terminal's bar is redrawn at most this often
@@ -310,16 +317,26 @@ def diagnose_text(result: DiagnoseResult) -> str:
     return "\n".join(lines)
 
 
-def _validated(rec: Recommendation) -> str:
-    """Whether the validation run held, with its figures."""
-    if rec.validated is None:
-        return "no validation run (budget.validate_rollouts: 0)"
-    last = rec.validations[-1]
-    figures = (
-        f"{last.completed} rollouts at parallelism {last.parallelism}: {last.throughput:.3g}, "
-        f"error rate {last.error_rate:.1%}"
+TERMINAL_VALIDATION = ValidationWording(
+    not_run="no validation run (budget.validate_rollouts: 0)",
+    number=lambda value: f"{value:.3g}",
+    held="yes ({figures})",
+    failed="NO ({figures}: {problems})",
+)
+
+
+def trial_line(number: int, outcome: TrialOutcome) -> str:
+    """One finished trial as the sweep prints it (its reason already free of secrets)."""
+    knobs = ", ".join(f"{k}={v}" for k, v in outcome.knobs.items()) or "client only"
+    found = (
+        f"infeasible: {outcome.infeasible_reason}"
+        if outcome.infeasible_reason
+        else f"{outcome.value:.3g} at parallelism "
+        f"{outcome.curve.best_measured_parallelism if outcome.curve else '-'}"
     )
-    return f"yes ({figures})" if rec.validated else f"NO ({figures}: {'; '.join(last.problems)})"
+    if outcome.pruned_reason:
+        found += f", pruned: {outcome.pruned_reason}"
+    return f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)"
 
 
 def sweep_text(result: SweepResult, recommended: Recommendation | None, directory: Path) -> str:
@@ -348,7 +365,7 @@ def sweep_text(result: SweepResult, recommended: Recommendation | None, director
             f"({rec.recommended.bound_by}) → {rec.recommended.predicted_throughput:.3g} "
             "predicted",
             *(f"{name:<21}{text}" for name, text in gpu_rows(rec)),
-            f"validated            {_validated(rec)}",
+            f"validated            {validated_text(rec, TERMINAL_VALIDATION)}",
             f"knee                 parallelism {rec.knee_parallelism:.0f}; 80% of peak "
             f"throughput from parallelism {smallest}",
             f"note                 {rec.note}",

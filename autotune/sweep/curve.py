@@ -30,7 +30,7 @@ from autotune.config import Study
 from autotune.errors import ServerStartupError
 from autotune.knee import TRUSTED_BATCHES, UNKNOWN_SPREAD, summarise_curve
 from autotune.probe import Probe, ProbeSettings
-from autotune.results import CurvePoint, CurveSummary
+from autotune.results import CurvePoint, TrialOutcome
 
 MIN_USABLE_POINTS = 2  # a curve needs two; a start above a configuration's peak may leave one
 SCREEN_LATENCIES = 2.5  # a screening rung's window: one batch (two rollout latencies) and room
@@ -51,24 +51,6 @@ class Launcher(Protocol):
     """
 
     def running(self, knobs: Mapping[str, Any]) -> AbstractAsyncContextManager[Probe]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class TrialOutcome:
-    """What one trial measured (stored in the trial's user attributes)."""
-
-    knobs: dict[str, Any]
-    points: list[CurvePoint]
-    curve: CurveSummary | None
-    value: float
-    p95_latency_s: float | None
-    error_rate: float
-    infeasible_reason: str | None
-    probe_s: float
-    wall_s: float
-    pruned_reason: str | None = None
-    min_p95_latency_s: float | None = None  # the lowest of any usable point (SLO constraint)
-    min_p95_ttft_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,11 @@ cannot shard (a tensor-parallel size that does not divide the attention heads) w
 only be refused after it. Such a configuration is rejected without a launch and recorded
 as an infeasible trial with the reason, so the sampler learns from it for free.
 
-The simulator's own start-up checks answer for `kind: sim`. For `kind: vllm` the model's
-`config.json` (a local model directory) gives the heads and the weights' size, and NVML
-the GPUs' memory; whatever cannot be read is not checked (vLLM's own refusal then
-decides).
+The simulator's own start-up checks (hardware/deployment.py) answer for `kind: sim`. For
+`kind: vllm` the model's `config.json` (a local model directory) gives the heads and the
+weights' size, and NVML the GPUs' memory; whatever cannot be read is not checked (vLLM's
+own refusal then decides). The checks themselves are hardware/fit.py's; this module puts
+them to a study's configurations.
 
 A study with `resources: {gpus: N}` also searches how the N GPUs are split into engines
 (replicas) × tensor-parallel size: `splits` lists the ones worth a trial, `parameters`
@@ -26,69 +27,44 @@ first trial lets every later one be pruned against it. Several engines hold thei
 
 Where the GPU and the model are known (the simulator's `--gpu`/`--model`, or
 `resources.gpu`/`model_profile`), `roofline_share` says how much of the hardware's
-ceiling (servers.sim.roofline) a trial's best output tokens/s reached.
+ceiling (hardware/roofline.py) a trial's best output tokens/s reached.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ENGINES, SPLIT, ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.config import ENGINES, SERVER_KNOBS, SPLIT, ChoiceSpace, FloatSpace, IntSpace, Study
 from autotune.errors import UsageError
+from autotune.hardware.deployment import SimConfig, SimConfigError, build_parser
+from autotune.hardware.fit import (
+    Batch,
+    GpuMemory,
+    Split,
+    batch_fit,
+    gpu_bytes,
+    model_profile,
+    tp_problem,
+    vllm_fit,
+    weights_fit,
+)
+from autotune.hardware.memory import InsufficientMemory
+from autotune.hardware.profiles import GPUS, GpuProfile, ModelProfile, find_model
+from autotune.hardware.roofline import roofline
 from autotune.results import CurvePoint
 from autotune.servers.flags import server_flags
-from autotune.servers.sim.perf_model import InsufficientMemory, kv_capacity_tokens
-from autotune.servers.sim.profiles import GPUS, GpuProfile, ModelProfile, find_model
-from autotune.servers.sim.roofline import roofline
-
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
-GpuMemory = Callable[[], int | None]  # bytes of one GPU, None when no GPU can be read
-
-
-@dataclass(frozen=True, slots=True)
-class Prelaunch:
-    """What is known of a configuration before it is started."""
-
-    problem: str | None  # why it cannot start, in the server's own words
-    ceiling: int | None  # the most requests it can run at once, if known
-    # The KV cache holds max_num_seqs whole rollouts: memory utilisation sizes nothing
-    # that limits a batch, so it changes nothing the sweep measures.
-    cache_to_spare: bool = False
-
 
 Space = IntSpace | FloatSpace | ChoiceSpace
-
-
-@dataclass(frozen=True, slots=True)
-class Split:
-    """A GPU budget spent as `engines` replicas of the model, each over `tp` GPUs."""
-
-    engines: int
-    tp: int
-
-    @property
-    def name(self) -> str:
-        """`4x2`: the sampler's categorical value and the report's label."""
-        return f"{self.engines}x{self.tp}"
-
-    @classmethod
-    def parse(cls, name: str) -> Split:
-        engines, tp = name.split("x")
-        return cls(int(engines), int(tp))
 
 
 def hardware(study: Study) -> tuple[GpuProfile | None, ModelProfile | None]:
     """The GPU and model profiles the study runs on, where known: the simulator's
     `--gpu`/`--model` (its defaults when unsaid); else `resources.gpu`/`model_profile`;
     else, for vLLM, the local model directory's config.json."""
-    from autotune.servers.sim.server import build_parser
-
     target, resources = study.target, study.resources
     gpu_name = resources.gpu if resources else None
     model_name = resources.model_profile if resources else None
@@ -101,23 +77,6 @@ def hardware(study: Study) -> tuple[GpuProfile | None, ModelProfile | None]:
     if model is None and target.kind == "vllm" and target.model:
         model = model_profile(Path(target.model))
     return gpu, model
-
-
-def tp_problem(model: ModelProfile, tp: int) -> str | None:
-    """Why vLLM cannot shard `model` over `tp` GPUs (its attention heads, or its KV
-    heads, which are split or replicated evenly), else None."""
-    if tp < 1 or model.attention_heads % tp:
-        return (
-            f"Total number of attention heads ({model.attention_heads}) must be divisible by "
-            f"tensor parallel size ({tp})."
-        )
-    kv = model.kv_heads
-    if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
-        return (
-            f"The {kv} KV heads of {model.name} cannot be split evenly over tensor parallel "
-            f"size {tp}: one must divide the other."
-        )
-    return None
 
 
 def splits(study: Study, gpu_memory: GpuMemory | None = None) -> list[Split]:
@@ -155,7 +114,11 @@ def splits(study: Study, gpu_memory: GpuMemory | None = None) -> list[Split]:
             )
         if why is not None:
             continue
-        if model is not None and memory is not None and not _weights_fit(study, model, memory, tp):
+        if (
+            model is not None
+            and memory is not None
+            and not weights_fit(model, memory, tp, _largest_utilisation(study))
+        ):
             too_big.append(tp)
             continue
         found.append(Split(gpus // tp, tp))
@@ -166,17 +129,6 @@ def splits(study: Study, gpu_memory: GpuMemory | None = None) -> list[Split]:
             "give the study more GPUs or a larger gpu_memory_utilization."
         )
     return found
-
-
-def _weights_fit(study: Study, model: ModelProfile, memory: int, tp: int) -> bool:
-    """The weights, runtime and one block of KV fit a GPU at the largest memory
-    utilisation the study allows."""
-    gpu = GpuProfile("this GPU", memory, 0.0, 0.0, 0.0, "NVML")
-    try:
-        kv_capacity_tokens(gpu, model, tp, _largest_utilisation(study), 16)
-    except InsufficientMemory:
-        return False
-    return True
 
 
 def _largest_utilisation(study: Study) -> float:
@@ -221,7 +173,7 @@ def knobs_of(params: Mapping[str, Any]) -> dict[str, Any]:
     return knobs
 
 
-def effective_knobs(knobs: Mapping[str, Any], known: Prelaunch) -> dict[str, Any]:
+def effective_knobs(knobs: Mapping[str, Any], known: Batch) -> dict[str, Any]:
     """The knobs that decide what a configuration runs: without gpu_memory_utilization
     when its KV cache has room to spare (two such configurations are measured once)."""
     if known.cache_to_spare:
@@ -229,9 +181,7 @@ def effective_knobs(knobs: Mapping[str, Any], known: Prelaunch) -> dict[str, Any
     return dict(knobs)
 
 
-def prelaunch(
-    study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None = None
-) -> Prelaunch:
+def prelaunch(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None = None) -> Batch:
     """Whether the configuration can start and how many requests it can run at once
     (every engine's together)."""
     engines = int(knobs.get(ENGINES, 1))
@@ -241,26 +191,25 @@ def prelaunch(
     return replace(one, ceiling=one.ceiling * engines)
 
 
-def _one_engine(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None) -> Prelaunch:
+def _one_engine(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None) -> Batch:
     settings = {**_flag_values(study.target.args), **knobs}
-    seqs = int(settings["max_num_seqs"]) if "max_num_seqs" in settings else None
     if study.target.kind == "sim":
-        from autotune.servers.sim.server import SimConfigError, load_config
-
         try:
-            config = load_config([*study.target.args, *server_flags(dict(knobs))])
+            config = SimConfig.from_args([*study.target.args, *server_flags(dict(knobs))])
         except SimConfigError as error:
-            return Prelaunch(str(error), None)
-        return _known(study, config.max_num_seqs, config.kv_capacity_tokens)
+            return Batch(str(error), None)
+        # Every knob as the simulator resolved it, its defaults included.
+        resolved = {name: getattr(config, name) for name in SERVER_KNOBS}
+        return _known(study, resolved, config.kv_capacity_tokens)
     if study.target.kind == "vllm":
         gpu, model = hardware(study)
         if model is not None:
             memory = gpu.memory_bytes if gpu else (gpu_memory or gpu_bytes)()
             problem, capacity = vllm_fit(model, settings, memory)
             if problem is not None:
-                return Prelaunch(problem, None)
-            return _known(study, seqs, capacity)
-    return Prelaunch(None, seqs)
+                return Batch(problem, None)
+            return _known(study, settings, capacity)
+    return _known(study, settings, None)
 
 
 def seed_configuration(study: Study, gpu_count: int = 0) -> dict[str, Any] | None:
@@ -289,77 +238,16 @@ def _ends(space: IntSpace | FloatSpace | ChoiceSpace) -> list[Any]:
     return [space.low, space.high]
 
 
-def _known(study: Study, seqs: int | None, kv_tokens: int | None) -> Prelaunch:
-    """The ceiling: max_num_seqs, or the rollouts the KV cache holds at once if fewer
-    (synthetic work only: a task file's lengths are not known before it runs)."""
-    if kv_tokens is None or study.workload.input is not None:
-        return Prelaunch(None, seqs)
-    prompt, output = study.workload.synthetic.prompt_tokens, study.workload.synthetic.output_tokens
-    held = max(1, kv_tokens // (prompt[0] + output[0] // 2))
-    if seqs is None:
-        return Prelaunch(None, held)
-    # Every sequence at its longest (mean + 3 std of both lengths) still fits.
-    longest = prompt[0] + 3 * prompt[1] + output[0] + 3 * output[1]
-    return Prelaunch(None, min(seqs, held), cache_to_spare=kv_tokens >= seqs * longest)
-
-
-def model_profile(directory: Path) -> ModelProfile | None:
-    """A local model's shape from its config.json and weight files; None if unreadable."""
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or "num_attention_heads" not in config:
-        return None
-    width = DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype")), 2)
-    weights = sum(
-        path.stat().st_size
-        for pattern in ("*.safetensors", "*.bin")
-        for path in directory.glob(pattern)
+def _known(study: Study, settings: Mapping[str, Any], kv_tokens: int | None) -> Batch:
+    """The hardware's batch for the study's rollouts (synthetic work only: a task file's
+    lengths are not known before it runs)."""
+    synthetic = study.workload.synthetic
+    lengths = (
+        None
+        if study.workload.input is not None
+        else (synthetic.prompt_tokens, synthetic.output_tokens)
     )
-    heads = int(config["num_attention_heads"])
-    hidden = int(config.get("hidden_size", 0))
-    return ModelProfile(
-        name=directory.name,
-        params=weights // width,
-        layers=int(config.get("num_hidden_layers", 0)),
-        hidden_size=hidden,
-        attention_heads=heads,
-        kv_heads=int(config.get("num_key_value_heads", heads)),
-        head_dim=int(config.get("head_dim") or (hidden // heads if heads else 0)),
-        max_position_embeddings=int(config.get("max_position_embeddings", 0)),
-        bytes_per_param=width,
-        source=str(directory / "config.json"),
-    )
-
-
-def vllm_fit(
-    model: ModelProfile, settings: Mapping[str, Any], gpu_memory: int | None
-) -> tuple[str | None, int | None]:
-    """vLLM's start-up refusals that the model's shape and the GPU's memory predict, and
-    the KV cache's tokens (None without a GPU to read)."""
-    tp = int(settings.get("tensor_parallel_size", 1))
-    refused = tp_problem(model, tp)
-    if refused is not None:
-        return refused, None
-    if gpu_memory is None or model.params == 0:
-        return None, None
-    gpu = GpuProfile("this GPU", gpu_memory, 0.0, 0.0, 0.0, "NVML")
-    block = int(settings.get("block_size", 16))
-    try:
-        capacity = kv_capacity_tokens(
-            gpu, model, tp, float(settings.get("gpu_memory_utilization", 0.9)), block
-        )
-    except InsufficientMemory as error:
-        return str(error), None
-    wanted = int(settings.get("max_model_len", model.max_position_embeddings))  # vLLM's default
-    if wanted > capacity:
-        return (
-            f"The model's max seq len ({wanted}) is larger than the maximum number of tokens "
-            f"that can be stored in KV cache ({capacity}). Try increasing "
-            "`gpu_memory_utilization` or decreasing `max_model_len`."
-        ), capacity
-    return None, capacity
+    return batch_fit(lengths, settings, kv_tokens)
 
 
 def _flag_values(args: list[str]) -> dict[str, str]:
@@ -374,14 +262,6 @@ def _flag_values(args: list[str]) -> dict[str, str]:
         if value:
             values[name.replace("-", "_")] = value
     return values
-
-
-def gpu_bytes() -> int | None:
-    """The smallest visible GPU's memory (what a tensor-parallel rank gets), via NVML."""
-    from autotune.telemetry.gpu import gpu_inventory
-
-    sizes = [gpu["memory_total_gib"] for gpu in gpu_inventory()]
-    return math.floor(min(sizes) * (1 << 30)) if sizes else None
 
 
 def caching_on(study: Study, knobs: Mapping[str, Any]) -> bool:

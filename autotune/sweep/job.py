@@ -21,8 +21,8 @@ import yaml
 
 from autotune.config import Study
 from autotune.errors import UsageError
-from autotune.results import SweepResult, Validation, machine_identity, save, to_json
-from autotune.sweep.curve import Launcher, TrialOutcome
+from autotune.results import SweepResult, TrialOutcome, Validation, machine_identity, save, to_json
+from autotune.sweep.curve import Launcher
 from autotune.sweep.launchers import agent_launcher, command_launcher, http_launcher
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import (
@@ -72,7 +72,7 @@ async def run_sweep(
     if launcher is not None:
         return await _search(study, optuna_study, launcher, gpus, on_trial, url, started, already)
     verifier = await load_verifier(
-        study.workload.verifier,
+        study.workload.verifier_for(study.workload.input),
         VerifierOptions(
             workers=study.workload.verifier_workers, cost_ms=study.workload.verifier_cost_ms
         ),
@@ -94,16 +94,28 @@ async def _search(
     started: float,
     already: int,
 ) -> SweepResult:
-    """The trials, then the validation runs of what they recommend."""
-    await optimise(study, optuna_study, launcher, gpus, on_trial)
-    await measure_caching_twin(study, optuna_study, launcher, gpus, on_trial)
+    """The trials, then the validation runs of what they recommend. A trial is reused
+    when this run did not measure it: finished before a resume (`already`), or copied
+    from a configuration the study had measured already."""
+    copied = 0
+
+    def told(number: int, outcome: TrialOutcome) -> None:
+        nonlocal copied
+        copied += outcome.copied_from is not None
+        if on_trial is not None:
+            reason = outcome.infeasible_reason
+            hidden = redact_text(reason) if reason else reason
+            on_trial(number, dataclasses.replace(outcome, infeasible_reason=hidden))
+
+    await optimise(study, optuna_study, launcher, gpus, told)
+    await measure_caching_twin(study, optuna_study, launcher, gpus, told)
     result = SweepResult(
         study=study.name,
         created_at=time.time(),
         started_at=started,
         simulated=study.target.kind == "sim",
         storage=url,  # its password hidden below
-        trials_reused=already,
+        trials_reused=already + copied,
         metric=study.objective.metric,
         max_error_rate=study.objective.max_error_rate,
         model=_model_name(study),

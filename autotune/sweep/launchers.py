@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, check_agent
 from autotune.backends.openai import OpenAIBackend
-from autotune.config import ENGINES, Study, SyntheticWorkload, TargetConfig
+from autotune.config import ENGINES, Study, SyntheticWorkload, TargetConfig, target_config
 from autotune.probe import ProbeSettings
 from autotune.probe.command import CommandProbe
 from autotune.probe.engine import EngineProbe
@@ -138,28 +138,20 @@ def _target_config(study: Study) -> TargetConfig:
     if extra_body is None:
         synthetic_on_sim = workload.input is None and study.target.kind == "sim"
         extra_body = {"ignore_eos": True} if synthetic_on_sim else {}
-    return TargetConfig(
-        base_url=study.target.base_url,
-        model=study.target.model if study.target.kind != "vllm" else None,
-        api=workload.api,
-        stream=workload.stream,
-        extra_body=extra_body,
-        api_key_env=study.target.api_key_env,
+    # vLLM is launched serving target.model: calls then name the model it lists.
+    server = (
+        study.target
+        if study.target.kind != "vllm"
+        else study.target.model_copy(update={"model": None})
     )
+    return target_config(workload, server, extra_body=extra_body)
 
 
 def _tasks(study: Study) -> list[Task]:
     """The probes' tasks in the order they are sent: with `num_repeats`, each task's
     rollouts one after another (a GRPO group sharing its prompt), as collect makes them."""
     workload = study.workload
-    synthetic = SyntheticWorkload(
-        num_tasks=workload.synthetic.num_tasks,
-        prompt_tokens_mean=workload.synthetic.prompt_tokens[0],
-        prompt_tokens_std=workload.synthetic.prompt_tokens[1],
-        output_tokens_mean=workload.synthetic.output_tokens[0],
-        output_tokens_std=workload.synthetic.output_tokens[1],
-        seed=workload.synthetic.seed,
-    )
+    synthetic = SyntheticWorkload.of(workload.synthetic)
     run = Workload(workload.input, synthetic, workload.limit, num_repeats=workload.num_repeats)
     return run.probe_tasks()
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config import ENGINES
+from autotune.config import ENGINES, SERVER_KNOBS, knob
 from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
 from autotune.results import (
     CurvePoint,
@@ -41,9 +41,7 @@ from autotune.servers.flags import server_flags
 # OpenRLHF's dotted flags for the vLLM knobs it exposes (a switch: given when true).
 OPENRLHF_FLAGS = {
     ENGINES: "--vllm.num_engines",
-    "tensor_parallel_size": "--vllm.tensor_parallel_size",
-    "gpu_memory_utilization": "--vllm.gpu_memory_utilization",
-    "enable_prefix_caching": "--vllm.enable_prefix_caching",
+    **{name: flag for name in SERVER_KNOBS if (flag := knob(name).openrlhf) is not None},
 }
 CACHING = "enable_prefix_caching"
 RULE = "80% of the peak parallelism (the NeMo Gym guide's headroom for stability)"

@@ -34,17 +34,16 @@ from typing import Any, Literal
 
 from autotune.config import ChoiceSpace, FloatSpace, IntSpace, Study
 from autotune.errors import UsageError
-from autotune.results import CurvePoint, CurveSummary, TrialRecord
-from autotune.servers.sim.profiles import GPUS, MODELS, find_model
+from autotune.hardware.fit import Batch
+from autotune.hardware.profiles import GPUS, MODELS, find_model
+from autotune.results import CurvePoint, CurveSummary, TrialOutcome, TrialRecord
 from autotune.sweep.curve import (
     Incumbent,
     Launcher,
-    TrialOutcome,
     run_trial,
     start_parallelism,
 )
 from autotune.sweep.fit import (
-    Prelaunch,
     effective_knobs,
     knobs_of,
     parameters,
@@ -339,7 +338,7 @@ async def _measure(
     launcher: Launcher,
     trial: Any,
     knobs: dict[str, Any],
-    known: Prelaunch,
+    known: Batch,
     best: Incumbent | None,
 ) -> TrialOutcome:
     """Reject a configuration known not to fit without launching it; else run the trial,
@@ -408,6 +407,7 @@ def _measured_before(
                 pruned_reason=attrs.get("pruned_reason"),
                 min_p95_latency_s=attrs.get("min_p95_latency_s"),
                 min_p95_ttft_s=attrs.get("min_p95_ttft_s"),
+                copied_from=trial.number,
             )
     return None
 

@@ -66,8 +66,8 @@ def test_usage_token_counts_match_the_servers_counters(
         "48,16",
         "--parallelism",
         "8",
-        "--output",
-        str(out),
+        "--output-dir",
+        str(tmp_path),
         "--json",
         "--quiet",
     )
@@ -119,8 +119,8 @@ def test_nemo_gym_examples_run_and_rows_match_the_reference(
         # The examples set no output limit; the random model would write to max_model_len.
         "--extra-body",
         '{"max_tokens": 48}',
-        "--output",
-        str(out),
+        "--output-dir",
+        str(tmp_path),
         "--json",
         "--quiet",
     )

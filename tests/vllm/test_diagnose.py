@@ -30,11 +30,11 @@ WORKLOAD = ("--synthetic", "200", "--prompt-tokens", "64,16", "--output-tokens",
 def test_verdict_follows_max_num_seqs(
     vllm_install: VllmInstall, tmp_path: Path, max_num_seqs: int, verdict: str
 ) -> None:
-    out = tmp_path / "diagnose.json"
+    out = tmp_path / "diagnose" / "diagnose.json"
     with running_vllm(vllm_install, {"max_num_seqs": max_num_seqs}, tmp_path) as server:
         result = autotune(
             "diagnose", "--base-url", server.base_url or "", *PROBES, *WORKLOAD,
-            "--extra-body", '{"ignore_eos": true}', "--json", str(out), timeout=420,
+            "--extra-body", '{"ignore_eos": true}', "--output-dir", str(out.parent), timeout=420,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr + server.log_tail()
     diagnosis = load_result(out)

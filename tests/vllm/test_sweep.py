@@ -75,8 +75,8 @@ def sweep(
         str(path),
         "--studies-dir",
         str(tmp_path / "studies"),
-        "--reports-dir",
-        str(reports),
+        "--output-dir",
+        str(reports / "vllm-cpu"),
         "--quiet",
         timeout=900,
     )

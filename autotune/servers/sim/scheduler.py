@@ -58,8 +58,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from types import TracebackType
 
-from autotune.servers.sim.perf_model import kv_capacity_tokens, step_time_s
-from autotune.servers.sim.profiles import GpuProfile, ModelProfile
+from autotune.hardware.memory import kv_capacity_tokens
+from autotune.hardware.profiles import GpuProfile, ModelProfile
+from autotune.servers.sim.perf_model import step_time_s
 
 _WAITING, _PREFILL, _DECODE, _DONE, _ABORTED = range(5)
 

@@ -1,0 +1,96 @@
+"""Flags read from the one configuration model (autotune.config).
+
+A spec field that declares an `Option` becomes a flag with the field's own default, and
+its text is checked by the field's own validation: `--synthetic 0` says "must be a whole
+number of at least 1, not 0", as `synthetic: {num_tasks: 0}` does in a study file.
+`spec_of` builds the spec back from the parsed flags, so the CLI, a study and a bench
+suite make the same objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Annotated, Any, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+
+from autotune.config import Option, SpecModel, option
+
+Spec = TypeVar("Spec", bound=SpecModel)
+
+
+def _dest(flags: tuple[str, ...]) -> str:
+    """The namespace key argparse itself would give the first long flag."""
+    long = next(flag for flag in flags if flag.startswith("--"))
+    return long.removeprefix("--").replace("-", "_")
+
+
+def _declared(spec: type[SpecModel], name: str) -> tuple[FieldInfo, Option]:
+    field = spec.model_fields[name]
+    declared = option(field)
+    if declared is None:
+        raise TypeError(f"{spec.__name__}.{name} declares no command-line flag")
+    return field, declared
+
+
+def _parser(field: FieldInfo, declared: Option) -> Any:
+    """An argparse type: the flag's text, validated as the field validates its value."""
+    annotated: Any = Annotated[(field.annotation, *field.metadata)]
+    adapter: TypeAdapter[Any] = TypeAdapter(annotated)
+
+    def parse(text: str) -> Any:
+        candidates = [text] if declared.text is None else []
+        candidates.append(_number(text) if declared.text is None else declared.text(text))
+        for value in candidates:
+            try:
+                return adapter.validate_python(value)
+            except ValidationError as error:
+                failure = error
+        first = failure.errors()[0]
+        ctx = first.get("ctx") or {}
+        if ctx.get("expected"):
+            raise argparse.ArgumentTypeError(f"must be {ctx['expected']}, not {text!r}")
+        raise argparse.ArgumentTypeError(first["msg"].removeprefix("Value error, "))
+
+    return parse
+
+
+def _number(text: str) -> Any:
+    """`5` → 5, `0.5` → 0.5, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def add_options(group: argparse._ActionsContainer, spec: type[SpecModel], *names: str) -> None:
+    """The flags of `spec`'s fields `names`, in that order, defaults from the spec."""
+    for name in names:
+        field, declared = _declared(spec, name)
+        if declared.switch:
+            group.add_argument(*declared.flags, dest=name, action="store_false", help=declared.help)
+            continue
+        group.add_argument(
+            *declared.flags,
+            type=_parser(field, declared),
+            default=field.default,
+            metavar=declared.metavar,
+            help=declared.help,
+        )
+
+
+def values_of(args: argparse.Namespace, spec: type[SpecModel], *names: str) -> dict[str, Any]:
+    """{field: the parsed flag} of `spec`'s fields `names`."""
+    values = {}
+    for name in names:
+        _, declared = _declared(spec, name)
+        values[name] = getattr(args, name if declared.switch else _dest(declared.flags))
+    return values
+
+
+def flagged(spec: type[SpecModel]) -> tuple[str, ...]:
+    """The fields of `spec` that declare a flag, in the spec's order."""
+    return tuple(name for name, field in spec.model_fields.items() if option(field) is not None)

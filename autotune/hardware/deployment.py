@@ -1,0 +1,288 @@
+"""The simulated server's command line as a validated configuration: the GPU and model
+profiles, the tensor- and data-parallel layout, vLLM's memory and batch limits and the KV
+cache they leave, checked as vLLM checks them at start-up, with the simulator's own flags.
+
+Here rather than in servers/sim because the sweep reads a `kind: sim` study's
+`target.args` (its --gpu and --model, and whether a configuration would start) without
+importing the simulator; servers/sim/server.py serves the configuration this gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn, Self
+
+from autotune.config import KNOBS, knob
+from autotune.hardware.memory import InsufficientMemory, kv_capacity_tokens
+from autotune.hardware.profiles import GPUS, MODELS, GpuProfile, ModelProfile, find_model
+from autotune.helpformat import DefaultsHelpFormatter
+
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+SIM_PREFIX = "sim/"
+
+
+class SimConfigError(ValueError):
+    """A flag value the simulator (like vLLM) refuses at start-up; str() is the error text."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises instead of printing usage and exiting 2, so errors stay one vLLM-like line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SimConfigError(message)
+
+
+def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.ArgumentParser:
+    """vLLM's flag names (those the simulator models) plus the simulator's own knobs."""
+    p = _Parser(
+        prog=prog,
+        description="Simulated vLLM-like OpenAI-compatible server (SIMULATED: no model runs).",
+        allow_abbrev=False,
+        formatter_class=DefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default="llama-3.1-8b", help=f"one of {', '.join(MODELS)}")
+    p.add_argument("--served-model-name", nargs="+", default=None, help="(default: sim/<model>)")
+    p.add_argument("--gpu", default="h100-80gb", help=f"one of {', '.join(GPUS)}")
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=KNOBS.tensor_parallel_size,
+        help=knob("tensor_parallel_size").help,
+    )
+    p.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="engines of --tensor-parallel-size GPUs each behind this one server "
+        "(requests go to the least loaded)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=KNOBS.enable_prefix_caching,
+        help=knob("enable_prefix_caching").help,
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=KNOBS.gpu_memory_utilization,
+        help=knob("gpu_memory_utilization").help,
+    )
+    p.add_argument(
+        "--max-num-seqs", type=int, default=KNOBS.max_num_seqs, help=knob("max_num_seqs").help
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=KNOBS.max_num_batched_tokens,
+        help=knob("max_num_batched_tokens").help,
+    )
+    p.add_argument("--block-size", type=int, default=16, help="KV cache block, in tokens")
+    p.add_argument("--max-model-len", type=int, default=8192, help="longest prompt + output")
+    p.add_argument("--host", default="127.0.0.1", help="the interface to listen on")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="real seconds per simulated second (0.05 runs 20x faster, 0 as fast as possible)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the fake outputs' lengths")
+    p.add_argument(
+        "--natural-output-tokens",
+        type=int,
+        default=400,
+        help="mean output length at which the fake model stops when ignore_eos is not set",
+    )
+    p.add_argument(
+        "--die-after-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit abruptly (os._exit(1)) once N requests have been accepted",
+    )
+    p.add_argument(
+        "--crash-above-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit abruptly (os._exit(1)) when more than N requests are in the server at "
+        "once, like a server that runs out of memory under load",
+    )
+    p.add_argument(
+        "--max-request-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="requests/s; past it answer 429 with Retry-After, like a hosted API",
+    )
+    p.add_argument(
+        "--tool-call-share",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of chat turns offered tools that call one instead of answering (0 to 1)",
+    )
+    p.add_argument(
+        "--slow-down-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="this many real seconds after the first request, every engine step takes "
+        "--slow-down-factor times longer, like a replica that slows mid-run (drift tests)",
+    )
+    p.add_argument(
+        "--slow-down-factor",
+        type=float,
+        default=2.0,
+        metavar="F",
+        help="how much slower each step gets after --slow-down-after (default: 2)",
+    )
+    return p
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """The validated server configuration."""
+
+    gpu: GpuProfile
+    model: ModelProfile
+    served_model_names: tuple[str, ...]
+    tensor_parallel_size: int
+    data_parallel_size: int
+    enable_prefix_caching: bool
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    max_model_len: int
+    host: str
+    port: int
+    time_scale: float
+    seed: int
+    natural_output_tokens: int
+    die_after_requests: int | None
+    crash_above_concurrency: int | None
+    max_request_rate: float | None
+    tool_call_share: float
+    slow_down_after_s: float | None
+    slow_down_factor: float
+    kv_capacity_tokens: int  # of one engine
+    ignored_flags: tuple[str, ...]
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0]
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str], prog: str | None = None) -> Self:
+        """Parse and validate flags the way vLLM does at start-up; raises SimConfigError.
+        `prog`: the command `--help` names (`autotune sim serve` when autotune forwards)."""
+        parser = build_parser() if prog is None else build_parser(prog)
+        ns, unknown = parser.parse_known_args(list(argv))
+        gpu = GPUS.get(ns.gpu)
+        if gpu is None:
+            raise SimConfigError(
+                f"Unknown GPU profile {ns.gpu!r}. Known profiles: {', '.join(GPUS)}; "
+                "pass one with --gpu."
+            )
+        model = find_model(ns.model)
+        if model is None:
+            raise SimConfigError(
+                f"Unknown model profile {ns.model!r}. Known profiles: {', '.join(MODELS)}; "
+                "pass one with --model."
+            )
+        tp = ns.tensor_parallel_size
+        if tp < 1 or model.attention_heads % tp:
+            raise SimConfigError(
+                f"Total number of attention heads ({model.attention_heads}) must be divisible by "
+                f"tensor parallel size ({tp})."
+            )
+        if ns.data_parallel_size < 1:
+            raise SimConfigError(
+                f"data_parallel_size ({ns.data_parallel_size}) must be at least 1."
+            )
+        if not 0 < ns.gpu_memory_utilization <= 1:
+            raise SimConfigError(
+                f"GPU memory utilization must be within (0, 1]. Got {ns.gpu_memory_utilization}."
+            )
+        if ns.block_size not in BLOCK_SIZES:
+            raise SimConfigError(
+                f"Invalid block size {ns.block_size}; choose one of "
+                f"{', '.join(map(str, BLOCK_SIZES))} with --block-size."
+            )
+        if ns.max_num_seqs < 1:
+            raise SimConfigError(f"max_num_seqs ({ns.max_num_seqs}) must be at least 1.")
+        if ns.max_num_batched_tokens < ns.max_num_seqs:
+            raise SimConfigError(
+                f"max_num_batched_tokens ({ns.max_num_batched_tokens}) must be greater than or "
+                f"equal to max_num_seqs ({ns.max_num_seqs})."
+            )
+        if not 1 <= ns.max_model_len <= model.max_position_embeddings:
+            raise SimConfigError(
+                f"User-specified max_model_len ({ns.max_model_len}) is outside 1.."
+                f"{model.max_position_embeddings} (max_position_embeddings in {model.name}'s "
+                "config.json)."
+            )
+        if ns.time_scale < 0 or not math.isfinite(ns.time_scale):
+            raise SimConfigError(f"--time-scale must be a finite number >= 0, got {ns.time_scale}.")
+        if ns.natural_output_tokens < 1:
+            raise SimConfigError("--natural-output-tokens must be at least 1.")
+        if ns.die_after_requests is not None and ns.die_after_requests < 1:
+            raise SimConfigError("--die-after-requests must be at least 1.")
+        if ns.crash_above_concurrency is not None and ns.crash_above_concurrency < 1:
+            raise SimConfigError("--crash-above-concurrency must be at least 1.")
+        if ns.max_request_rate is not None and not ns.max_request_rate > 0:
+            raise SimConfigError("--max-request-rate must be a positive number of requests/s.")
+        if not 0 <= ns.tool_call_share <= 1:
+            raise SimConfigError("--tool-call-share must be a share from 0 to 1.")
+        if ns.slow_down_after is not None and not (
+            math.isfinite(ns.slow_down_after) and ns.slow_down_after >= 0
+        ):
+            raise SimConfigError("--slow-down-after must be a finite number of seconds >= 0.")
+        if not (math.isfinite(ns.slow_down_factor) and ns.slow_down_factor > 0):
+            raise SimConfigError("--slow-down-factor must be a finite number above 0.")
+        try:
+            capacity = kv_capacity_tokens(gpu, model, tp, ns.gpu_memory_utilization, ns.block_size)
+        except InsufficientMemory as e:
+            raise SimConfigError(str(e)) from None
+        if ns.max_model_len > capacity - ns.block_size // 2:
+            raise SimConfigError(
+                f"The model's max seq len ({ns.max_model_len}) is larger than the maximum number "
+                f"of tokens that can be stored in KV cache ({capacity}). Try increasing "
+                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+                "engine."
+            )
+        names = ns.served_model_name if ns.served_model_name else [SIM_PREFIX + model.name]
+        names = [n if n.startswith(SIM_PREFIX) else SIM_PREFIX + n for n in names]
+        return cls(
+            gpu=gpu,
+            model=model,
+            served_model_names=tuple(names),
+            tensor_parallel_size=tp,
+            data_parallel_size=ns.data_parallel_size,
+            enable_prefix_caching=ns.enable_prefix_caching,
+            gpu_memory_utilization=ns.gpu_memory_utilization,
+            max_num_seqs=ns.max_num_seqs,
+            max_num_batched_tokens=ns.max_num_batched_tokens,
+            block_size=ns.block_size,
+            max_model_len=ns.max_model_len,
+            host=ns.host,
+            port=ns.port,
+            time_scale=ns.time_scale,
+            seed=ns.seed,
+            natural_output_tokens=ns.natural_output_tokens,
+            die_after_requests=ns.die_after_requests,
+            crash_above_concurrency=ns.crash_above_concurrency,
+            max_request_rate=ns.max_request_rate,
+            tool_call_share=ns.tool_call_share,
+            slow_down_after_s=ns.slow_down_after,
+            slow_down_factor=ns.slow_down_factor,
+            kv_capacity_tokens=capacity,
+            ignored_flags=tuple(unknown),
+        )
