@@ -651,6 +651,11 @@ class ServerKnobs(SpecModel):
             "--vllm.enable_prefix_caching",
         ),
     ] = True
+    # vLLM's own default is the model's context length; the simulator's models have long
+    # contexts, so it starts at 8192, enough for any synthetic rollout it is given.
+    max_model_len: Annotated[
+        Count, Knob("longest prompt + output, in tokens: bounds each sequence's KV blocks")
+    ] = 8192
 
 
 KNOBS = ServerKnobs()
@@ -764,6 +769,7 @@ class SearchSpace(SpecModel):
     max_num_batched_tokens: IntOrChoices | None = None
     # {choices: [true, false]}: whether the prefix cache pays (GRPO groups share a prompt)
     enable_prefix_caching: ChoiceSpace | None = None
+    max_model_len: IntOrChoices | None = None
     flags: dict[str, IntSpace | FloatSpace | ChoiceSpace] = {}
 
     @model_validator(mode="after")

@@ -83,7 +83,12 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         help=knob("max_num_batched_tokens").help,
     )
     p.add_argument("--block-size", type=int, default=16, help="KV cache block, in tokens")
-    p.add_argument("--max-model-len", type=int, default=8192, help="longest prompt + output")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=KNOBS.max_model_len,
+        help=knob("max_model_len").help,
+    )
     p.add_argument("--host", default="127.0.0.1", help="the interface to listen on")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument(

@@ -157,12 +157,25 @@ def batch_fit(lengths: Lengths | None, settings: Mapping[str, Any], kv_tokens: i
     the server's knobs as far as they are known; `lengths` None: a task file's lengths are
     not known before it runs)."""
     seqs = int(settings["max_num_seqs"]) if "max_num_seqs" in settings else None
+    context = int(settings["max_model_len"]) if "max_model_len" in settings else None
+    if lengths is not None and context is not None:
+        prompt, output = lengths
+        if prompt[0] + output[0] > context:
+            return Batch(
+                f"a mean rollout ({prompt[0]} prompt + {output[0]} output tokens) is longer "
+                f"than max_model_len ({context}): vLLM refuses such a request with a 400; "
+                "raise max_model_len",
+                None,
+            )
     if kv_tokens is None or lengths is None:
         return Batch(None, seqs)
     prompt, output = lengths
     held = max(1, kv_tokens // (prompt[0] + output[0] // 2))
     if seqs is None:
         return Batch(None, held)
-    # Every sequence at its longest (mean + 3 std of both lengths) still fits.
+    # Every sequence at its longest (mean + 3 std of both lengths) still fits; none is
+    # longer than max_model_len, whose KV blocks are all one sequence can hold.
     longest = prompt[0] + 3 * prompt[1] + output[0] + 3 * output[1]
+    if context is not None:
+        longest = min(longest, context)
     return Batch(None, min(seqs, held), cache_to_spare=kv_tokens >= seqs * longest)
