@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
 	bench-baseline bench-ab bench-rate-limit bench-drift clean vllm-cpu test-vllm \
-	nemo-gym test-nemo-gym bench-multiturn
+	nemo-gym test-nemo-gym bench-multiturn bench-progress
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +96,11 @@ bench-baseline: setup
 # single-turn ones, both on the null server.
 bench-multiturn: setup
 	$(BIN)/python benchmarks/multiturn_overhead.py
+
+# What the progress display costs the engine per rollout: our bar against rich's (rich is
+# optional: `pip install rich` to measure it beside ours).
+bench-progress: setup
+	$(BIN)/python benchmarks/progress_cost.py
 
 bench-sweep: setup
 	$(BIN)/python benchmarks/sweep_efficiency.py
