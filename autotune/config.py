@@ -1,12 +1,19 @@
-"""Validated configuration, built once by the CLI or read from a study file, passed down.
+"""The one configuration model: every default, range and error sentence of a flag, a
+study file and a bench suite lives here, once.
 
-Run configs (collect, diagnose) are frozen dataclasses the CLI fills; study files are the
-pydantic specs below (one clear error per mistake), whose JSON Schema
-`autotune sweep --schema` prints. A study file:
+A spec field that a flag shares declares an `Option` (cli/options.py adds the flag with the
+field's default and checks its text with the field's validation); a study and a suite read
+the same fields, so `--synthetic 0`, `synthetic: {num_tasks: 0}` and `synthetic: 0` in a
+suite all say "must be a whole number of at least 1". `target_config` and `collect_config`
+are the one translator from specs to a run's frozen configs (TargetConfig, CollectConfig,
+whose defaults are the specs'). `ServerKnobs` holds vLLM's knobs (type, range, default,
+meaning, OpenRLHF's flag): a knob added there is the simulator's flag default, a search
+space field, a checked suite server_arg and a recommended flag. A study file, whose JSON
+Schema `autotune sweep --schema` prints:
 
     name: my-study
     target: {kind: sim, args: [--gpu, h100-80gb, --model, llama-3.1-70b]}
-    workload: {verifier: synthetic, synthetic: {num_tasks: 500}}
+    workload: {verifier: synthetic, synthetic: {num_tasks: 400}}
     search_space:
       parallelism: {low: 4, high: 512}
       tensor_parallel_size: {choices: [2, 4, 8]}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Are this checkout's outputs byte-identical to those of an earlier commit? For a change
+# that should move code, not behaviour (a refactor).
+#
+#   bash scripts/same_outputs.sh REF
+#
+# With REF's code: a diagnose, a collect with its report and a two-trial sweep on the
+# simulator, each into its own folder. Then both REF's code and this checkout's rebuild
+# every output from those saved results (`autotune report`, and the terminal summaries),
+# and print every command's --help; any byte that differs is shown and the exit is 1.
+# Measured figures move from run to run, so each job runs once; what is compared is what
+# each version makes of the same saved results.
+set -euo pipefail
+ref=${1:?usage: scripts/same_outputs.sh REF}
+here=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-$here/.venv/bin/python}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git -C "$here" worktree add --detach -q "$work/base" "$ref"
+trap 'git -C "$here" worktree remove --force "$work/base"; rm -rf "$work"' EXIT
+
+jobs() {  # the saved results, made once with REF's code
+    cd "$work/base"
+    local run=(env PYTHONPATH="$work/base" "$python" -m autotune)
+    "${run[@]}" diagnose --synthetic 200 --min-s 1 --max-s 4 -q --output-dir "$work/saved/diagnose" >/dev/null
+    "${run[@]}" collect --synthetic 300 --parallelism 32 -q --output-dir "$work/saved/collect" --report >/dev/null
+    cat >"$work/study.yaml" <<'YAML'
+name: same
+target: {kind: sim, args: [--time-scale, "0.05"]}
+workload: {synthetic: {num_tasks: 200, output_tokens: [64, 8]}}
+search_space: {parallelism: {low: 4, high: 64}, max_num_seqs: {choices: [8, 32]}}
+probe: {min_s: 0.5, max_s: 2}
+budget: {trials: 2}
+YAML
+    "${run[@]}" sweep "$work/study.yaml" --studies-dir "$work/studies" --output-dir "$work/saved/sweep" -q >/dev/null
+}
+
+outputs() {  # every output rebuilt by the code at $1, into $2 (paths made relative)
+    local src=$1 out=$2
+    mkdir -p "$out"
+    cd "$src"
+    for kind in diagnose collect sweep; do
+        cp -r "$work/saved/$kind" "$out/$kind"
+        rm -f "$out/$kind"/index.html "$out/$kind"/trials.csv "$out/$kind"/recommendation.*
+        PYTHONPATH="$src" "$python" -m autotune report "$out/$kind" | sed "s#$out/##" >"$out/$kind.printed"
+    done
+    PYTHONPATH="$src" "$python" - "$out" >"$out/terminal.txt" <<'PY'
+import sys
+from pathlib import Path
+
+from autotune.report import terminal
+from autotune.results import load_result
+from autotune.sweep.recommend import recommendation
+
+out = Path(sys.argv[1])
+print(terminal.diagnose_text(load_result(out / "diagnose")))
+print(terminal.collect_summary_text(load_result(out / "collect").summary))
+sweep = load_result(out / "sweep")
+print(terminal.sweep_text(sweep, recommendation(sweep), Path("reports/same")))
+PY
+    local command
+    for command in "" collect diagnose sweep report merge "bench run" "bench compare" \
+        "bench ab" "bench update-baseline" "sim serve"; do
+        # shellcheck disable=SC2086
+        COLUMNS=100 PYTHONPATH="$src" "$python" -m autotune $command --help \
+            >"$out/help-${command// /-}.txt" 2>&1 || true
+    done
+}
+
+jobs
+outputs "$work/base" "$work/before"
+outputs "$here" "$work/after"
+if diff -r "$work/before" "$work/after"; then
+    echo "every output is byte-identical to $ref's ($(find "$work/after" -type f | wc -l) files)"
+else
+    exit 1
+fi
