@@ -53,11 +53,15 @@ def test_a_planted_slowdown_of_100_us_a_rollout_is_flagged(tmp_path: Path) -> No
     record = comparison["ab"]
     assert overhead["ratio"] < 0.8 and overhead["p_value"] < 0.01 / record["looks"]
     # 8 looks (pairs 5 to 12) test at 0.01 / 8: 7 against 7 is the first count that can
-    # reach it, and a slowdown this size is clear at once.
-    assert record["looks"] == 8 and record["pairs"] == 7
+    # reach it, and only with no pair out of order. Identical code's pairs of this CPU-time
+    # ratio spread x0.58-x1.16 on a 2-core machine (CI's gate), so a pair or more of the
+    # 100 us slowdown can overlap: this run stops at its first significant look (8, 10 and
+    # 11 pairs seen at this commit and at the one before it), never at its cap.
+    assert record["looks"] == 8 and 7 <= record["pairs"] < 12
     assert "git HEAD" in record["baseline"]
     assert record["candidate"] == "this autotune"
-    assert len(record["pair_ratios"]["engine-overhead/engine_over_bare"]) == 7
+    pairs = record["pair_ratios"]["engine-overhead/engine_over_bare"]
+    assert len(pairs) == record["pairs"]
 
 
 @pytest.mark.slow
