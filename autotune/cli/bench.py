@@ -18,9 +18,9 @@ from autotune.cli.common import (
     add_output_dir,
     add_quiet,
     count,
-    deprecated,
     inner_share,
     json_choice,
+    old_spelling,
     positive_int,
 )
 from autotune.errors import AutotuneError, UsageError
@@ -82,12 +82,8 @@ def _bench_run(args: argparse.Namespace) -> int:
 
 def _old_out(args: argparse.Namespace, old: str, file: str) -> Path | None:
     """The path a deprecated `--out` gave (with its note), else None."""
-    if args.out is None:
-        return None
-    if args.output_dir is not None:
-        raise UsageError("--out is the old spelling of --output-dir; pass only one.")
-    deprecated(old, f"--output-dir DIR (it gets DIR/{file})")
-    return Path(args.out)
+    given = old_spelling(args, "out", "--out", (old, f"--output-dir DIR (it gets DIR/{file})"))
+    return Path(given) if given is not None else None
 
 
 def _bench_compare(args: argparse.Namespace) -> int:

@@ -91,7 +91,6 @@ def add_parser(commands: Any) -> None:
         parallelism=None,
         output=None,
         resume=False,
-        num_repeats=1,
         adaptive_concurrency=RUN_DEFAULTS.adaptive_concurrency,
         max_failure_rate=RUN_DEFAULTS.max_failure_rate,
     )

@@ -89,8 +89,3 @@ def values_of(args: argparse.Namespace, spec: type[SpecModel], *names: str) -> d
         _, declared = _declared(spec, name)
         values[name] = getattr(args, name if declared.switch else _dest(declared.flags))
     return values
-
-
-def flagged(spec: type[SpecModel]) -> tuple[str, ...]:
-    """The fields of `spec` that declare a flag, in the spec's order."""
-    return tuple(name for name, field in spec.model_fields.items() if option(field) is not None)
