@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -539,6 +540,29 @@ def test_idle_workers_ignore_ctrl_c() -> None:
     before, after = done.stdout.split()
     assert before == after  # the same worker answered: Ctrl-C did not kill it
     assert "KeyboardInterrupt" not in done.stderr
+
+
+WORKER_BIRTH_HANDLER = """
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from autotune.servers.lifeline import forkserver_context
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=forkserver_context()) as pool:
+        print(pool.submit(signal.getsignal, signal.SIGINT).result())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the forkserver start method")
+def test_workers_are_born_ignoring_ctrl_c() -> None:
+    # No initializer has run yet while a new worker imports: a Ctrl-C then must not
+    # print a KeyboardInterrupt traceback from inside the worker.
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_BIRTH_HANDLER],
+        capture_output=True, text=True, timeout=60, cwd=FIXTURES.parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(signal.SIG_IGN)
 
 
 # --- http ----------------------------------------------------------------------------

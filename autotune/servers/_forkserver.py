@@ -1,9 +1,15 @@
 """Imported first by the verifier pool's forkserver (see lifeline): it dies with
-autotune, and every process it forks (a pool worker) dies with it."""
+autotune, and every process it forks (a pool worker) dies with it.
+
+It also ignores SIGINT: the forkserver gives each worker the handlers it found when it
+started, and a worker born with Python's default one turns a Ctrl-C that reaches the
+terminal's whole process group, while it is still importing, into a traceback. autotune
+stops its workers itself."""
 
 from __future__ import annotations
 
 import os
+import signal
 
 from autotune.servers.lifeline import die_with_parent
 
@@ -21,5 +27,6 @@ def _die_with_forking_parent() -> None:
         os._exit(1)
 
 
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 die_with_parent()
 os.register_at_fork(before=_note_forking, after_in_child=_die_with_forking_parent)
