@@ -20,9 +20,11 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
+from autotune.batch import BatchRunner
 from autotune.config import CollectConfig
 from autotune.engine import Engine, EngineObserver
 from autotune.errors import CollectionError
+from autotune.groups import GroupTracker
 from autotune.live import load_expectation, open_monitor
 from autotune.live.figures import Sources
 from autotune.live.monitor import REPORT_EVERY_S, LiveMonitor
@@ -115,14 +117,26 @@ async def _collect(
                 parallelism=slots,
                 observer=monitor.observer(progress),
                 extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
-                adaptive_concurrency=config.adaptive_concurrency,
+                adaptive_concurrency=config.adaptive_concurrency and config.batch is None,
+                groups=GroupTracker(repeats) if repeats > 1 or config.batch else None,
             )
             sources = Sources.of(engine, pipeline, todo)
             monitor.attach(sources, pipeline, slots)
             counters = ReplicaCounters(pipeline.session, pipeline.backend.counters.replicas)
             await counters.start()
+            items = work_items(workload, start, stop, sink.done)
+            batch = None
             try:
-                stats = await engine.run(work_items(workload, start, stop, sink.done))
+                if config.batch is None:
+                    stats = await engine.run(items)
+                else:
+                    sampler = PrometheusSampler(
+                        pipeline.session,
+                        _metrics_urls(pipeline.target, pipeline.backend.counters.replicas),
+                    )
+                    runner = BatchRunner(engine, config.batch, repeats, config.parallelism, sampler)
+                    batch = await runner.run(items)
+                    stats = engine.stats
             except OSError as error:  # the rollout file cannot take another row
                 raise CollectionError(
                     f"cannot write rollouts to {config.output} ({error.strerror or error}); "
@@ -132,7 +146,14 @@ async def _collect(
     finally:
         sink.close()
     summary = _summarise(sources, pipeline.target, config, skipped)
-    summary = replace(summary, replicas=replicas)
+    groups = engine.groups
+    summary = replace(
+        summary,
+        replicas=replicas,
+        cancelled=stats.cancelled,
+        groups=groups.summary(stats.elapsed_s) if groups is not None and repeats > 1 else None,
+        batch=batch,
+    )
     await monitor.finish(summary)
     if live.report is not None:
         _write_report(live.report, summary, monitor, config)
@@ -177,6 +198,14 @@ class ReplicaCounters:
         values = await self._sampler.sample()
         if values is not None:
             self._samples.append(Sample(time.time(), PrometheusSampler.name, values))
+
+
+def _metrics_urls(target: Target, replicas: ReplicaSet | None) -> list[str]:
+    """The model server's /metrics: every replica's when several serve it."""
+    chosen = several(replicas)
+    if chosen is not None:
+        return [metrics_url(replica.url) for replica in chosen.replicas]
+    return [metrics_url(target.base_url)]
 
 
 def _stderr_line(line: str) -> None:

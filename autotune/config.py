@@ -264,7 +264,8 @@ class Option:
     # The flag's text → the value the field validates (default: a number when it reads as
     # one, else the text); `256,64` → [256, 64] for a token count.
     text: Callable[[str], Any] | None = None
-    switch: bool = False  # a `--no-X` flag: present means False
+    switch: bool = False  # a `--no-X` flag: present means False (a flag without `--no-`
+    # on a field whose default is False means True when present)
 
 
 def _numbers(text: str) -> Any:
@@ -567,6 +568,7 @@ class CollectConfig:
     # succeeded); what it collected is kept either way.
     max_failure_rate: float = 0.05
     live: LiveConfig = field(default_factory=LiveConfig)
+    batch: BatchSpec | None = None  # None: rollouts flow freely (no training steps)
 
     def __post_init__(self) -> None:
         if self.live.stats_every_s is not None and self.output is None:
@@ -590,6 +592,17 @@ class CollectConfig:
             raise UsageError("--resume needs --output-dir, the run to continue.")
         if not 0 <= self.max_failure_rate <= 1:
             raise UsageError("--max-failure-rate must be a share from 0 to 1, e.g. 0.05.")
+        if self.batch is not None:
+            if self.resume:
+                raise UsageError(
+                    "--batch-groups runs whole groups in steps and --resume would leave some "
+                    "groups part-done; collect into a new --output-dir."
+                )
+            if self.batch.over_sample and self.num_repeats < 2:
+                raise UsageError(
+                    "--over-sample ends a step at B informative groups, and a group of one "
+                    "sample is never informative: add --num-repeats 2 or more."
+                )
 
 
 def target_config(request: RequestFields, server: ServerFields, **more: Any) -> TargetConfig:
@@ -855,6 +868,49 @@ class TargetSpec(ServerFields):
             why = _launcher_flag(flag) if flag.startswith("-") else None
             if why is not None and (self.kind == "vllm" or _flag_name(flag) != "model"):
                 raise ValueError(f"{'args' if flag in self.args else 'command'} {why}")
+        return self
+
+
+class BatchSpec(SpecModel):
+    """Batch-synchronous collection: steps of `batch_groups` GRPO groups, as a synchronous
+    trainer consumes them between weight syncs, and the remedies for their stragglers."""
+
+    what: ClassVar[str] = "a batch setting"
+    batch_groups: Annotated[
+        Count | None,
+        Option(
+            ("--batch-groups",),
+            "collect in training steps of B groups (of --num-repeats samples), each step "
+            "ending when its groups are complete, as a synchronous trainer waits",
+            "B",
+        ),
+    ] = None
+    over_sample: Annotated[
+        NonNegative,
+        Option(
+            ("--over-sample",),
+            "start ceil(B*(1+R)) groups a step and end it at B informative groups; the rest "
+            "are cancelled on the server (default: 0)",
+            "R",
+        ),
+    ] = 0.0
+    carry_over: Annotated[
+        Flag,
+        Option(
+            ("--carry-over",),
+            "samples still running when a step ends go on into the next (partial rollouts), "
+            "counted to the step in which they finish",
+            switch=True,
+        ),
+    ] = False
+
+    @model_validator(mode="after")
+    def _needs_batches(self) -> BatchSpec:
+        if self.batch_groups is None and (self.over_sample or self.carry_over):
+            raise ValueError(
+                "over-sampling and carry-over act on batch steps: give batch_groups "
+                "(--batch-groups) too"
+            )
         return self
 
 

@@ -20,7 +20,7 @@ import asyncio
 import math
 import numbers
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ import orjson
 
 from autotune.backends import Generation, ModelBackend, ModelCallError
 from autotune.concurrency import AdaptiveConcurrency
+from autotune.groups import GroupTracker
 from autotune.responses import build_response
 from autotune.results import StageSamples, stage_durations
 from autotune.store import RolloutSink
@@ -63,6 +64,7 @@ class RunStats:
     taken: int = 0  # rollouts a worker has begun: taken − completed − failed are in flight
     completed: int = 0
     failed: int = 0
+    cancelled: int = 0  # by a batch step's end (Engine.one), neither completed nor failed
     input_tokens: int = 0
     output_tokens: int = 0
     reward_sum: float = 0.0
@@ -90,6 +92,7 @@ class Engine:
         observer: EngineObserver | None = None,
         extra_row_fields: dict[str, Any] | None = None,
         adaptive_concurrency: bool = False,
+        groups: GroupTracker | None = None,
     ) -> None:
         self._backend = backend
         self._verifier = verifier
@@ -104,6 +107,10 @@ class Engine:
         # None: exactly `parallelism` calls in flight, as a probe needs.
         self.limiter = AdaptiveConcurrency(parallelism) if adaptive_concurrency else None
         self._refusals_seen = 0
+        # Told of every sample's end when rollouts come in GRPO groups (--num-repeats > 1).
+        self.groups = groups
+        # More `_autotune` fields for a row as it is written (a batch step's number).
+        self.annotate: Callable[[WorkItem], dict[str, Any]] | None = None
 
     async def run(self, items: Iterator[WorkItem]) -> RunStats:
         """Make every rollout `items` yields; returns the run's totals."""
@@ -160,6 +167,47 @@ class Engine:
             else:
                 assert self._queue is not None
                 await self._queue.put((item, generation, row, queued))
+
+    async def one(self, item: WorkItem) -> None:
+        """Make one rollout, model call and verification inline: a batch step launches each
+        of its samples as a task of this. A sample cancelled when its step ends is written
+        to the failures file as `cancelled` and counted apart from failures."""
+        self.stats.taken += 1
+        queued = time.time()
+        try:
+            try:
+                generation = await self._backend.generate(item.task)
+            except ModelCallError as error:
+                self._model_failed(item, error, queued)
+                return
+            self._consecutive_connection_failures = 0
+            await self._verify(item, generation, self._row(item, generation), queued)
+        except asyncio.CancelledError:
+            self._cancelled(item, queued)
+            raise
+
+    def _cancelled(self, item: WorkItem, queued: float) -> None:
+        now = time.time()
+        self.stats.cancelled += 1
+        cancelled: dict[str, Any] = {
+            "_ng_task_index": item.task.index,
+            "_ng_rollout_index": item.rollout_index,
+            "failure_class": "cancelled",
+            "message": "cancelled: its batch step ended, or the run stopped",
+            "responses_create_params": item.task.create_params,
+            "_autotune": self._autotune_fields(item, {"queued": queued, "cancelled": now}, 1),
+        }
+        self._sink.write_failure(cancelled)
+        if self.groups is not None:
+            self.groups.ended(item.task.index, queued, now, completed=False)
+
+    def _autotune_fields(
+        self, item: WorkItem, timings: dict[str, float | None], attempts: int
+    ) -> dict[str, Any]:
+        fields = {**self._extra, "timings": timings, "attempts": attempts}
+        if self.annotate is not None:
+            fields.update(self.annotate(item))
+        return fields
 
     def _call_ended(self, limiter: AdaptiveConcurrency, rtt_s: float | None) -> None:
         """Frees a call's slot after stepping the limit: down if the server refused any
@@ -243,7 +291,7 @@ class Engine:
         row.update(result)
         row["agent_ref"] = AGENT_REF
         timings = _timings(queued, generation, verify_start, verify_end)
-        row["_autotune"] = {**self._extra, "timings": timings, "attempts": generation.attempts}
+        row["_autotune"] = self._autotune_fields(item, timings, generation.attempts)
         if generation.turns is not None:
             row["_autotune"]["turns"] = generation.turns
         self._sink.write(row)
@@ -259,6 +307,8 @@ class Engine:
         add = stats.samples.add
         for stage, seconds in stage_durations(timings):
             add(stage, seconds)
+        if self.groups is not None:
+            self.groups.ended(item.task.index, queued, verify_end, reward, generation.output_tokens)
         if self._observer is not None:
             self._observer.rollout_done(timings, generation.output_tokens)
 
@@ -301,11 +351,14 @@ class Engine:
             "failure_class": failure_class,
             "message": message,
             "responses_create_params": item.task.create_params,
-            "_autotune": {**self._extra, "timings": timings, "attempts": attempts},
+            "_autotune": self._autotune_fields(item, timings, attempts),
         }
         if response is not None:
             failure["response"] = response
         self._sink.write_failure(failure)
+        if self.groups is not None:
+            start = timings["queued"] or 0.0
+            self.groups.ended(item.task.index, start, time.time(), completed=False)
         if self._observer is not None:
             self._observer.rollout_failed(failure_class)
 

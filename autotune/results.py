@@ -219,6 +219,56 @@ class ReplicaStats(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class GroupSummary(Record):
+    """A run's GRPO groups (the `--num-repeats` samples of one prompt), what an RL trainer
+    consumes. A group is complete when each sample completed with a reward, informative
+    when those rewards differ (zero advantage otherwise: dynamic sampling drops it)."""
+
+    size: int
+    complete: int
+    informative: int
+    incomplete: int  # a sample failed or was cancelled
+    informative_share: float | None  # of complete groups
+    informative_groups_per_s: float  # RL goodput
+    informative_tokens_per_s: float  # their output tokens
+    completion_s: StageLatency  # first sample's start to last sample's end
+    straggler_ratio: StageLatency  # slowest sample ÷ the median one
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStep(Record):
+    """One training step's generation, as a synchronous trainer waits for it."""
+
+    index: int
+    generation_s: float
+    tail_share: float | None  # the share of the step after 90% of its samples ended
+    busy_share: float | None  # mean running requests ÷ capacity over the step
+    groups: int  # complete groups handed to the trainer
+    informative: int
+    cancelled: int  # samples cancelled when the step ended
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSummary(Record):
+    """Batch-synchronous collection (`collect --batch-groups`) and its remedies."""
+
+    batch_groups: int
+    over_sample: float
+    carry_over: bool
+    capacity: int  # the busy share's denominator: --parallelism, else samples launched
+    busy_source: str  # "server" (its /metrics running gauge) or "client" (its own calls)
+    steps: list[BatchStep]
+    step_s: StageLatency
+    tail_share: float | None  # mean over steps
+    busy_share: float | None
+    informative_groups_per_s: float
+    cancelled_samples: int
+    cancelled_tokens: int | None  # generated for nothing: the server's count less kept rows'
+    staleness_mean: float | None  # steps between a used group's launch and its step
+    staleness_max: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class CollectSummary(Record):
     """What a collection run did; `--json` prints exactly this."""
 
@@ -246,6 +296,9 @@ class CollectSummary(Record):
     concurrency_limit_min: int | None = None
     concurrency_limit_final: int | None = None
     replicas: list[ReplicaStats] = field(default_factory=list)  # several --base-url only
+    cancelled: int = 0  # samples cancelled by a batch step's end (--over-sample)
+    groups: GroupSummary | None = None  # --num-repeats above 1
+    batch: BatchSummary | None = None  # --batch-groups
     schema_version: int = SCHEMA_VERSION
 
 

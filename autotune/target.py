@@ -24,6 +24,7 @@ from autotune.errors import ServerUnreachable, UsageError
 log = logging.getLogger("autotune")
 
 PREFLIGHT_TIMEOUT_S = 5.0
+SAMPLED_LENGTHS = "--output-length-sigma"  # the simulator's flag: lengths are its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,8 @@ def synthetic_defaults(target: TargetConfig, synthetic_workload: bool) -> Target
     its output length and the simulated model honours it. Anywhere else extra fields are
     sent only when the user asks (some servers reject unknown fields)."""
     if target.base_url is None and synthetic_workload and not target.extra_body:
+        if any(arg.startswith(SAMPLED_LENGTHS) for arg in target.sim_args):
+            return target  # the simulated policy draws each sample's length (sim/policy.py)
         return replace(target, extra_body={"ignore_eos": True})
     return target
 

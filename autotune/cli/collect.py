@@ -28,6 +28,7 @@ from autotune.cli.common import (
 )
 from autotune.cli.run_args import (
     RUN_DEFAULTS,
+    add_batch_arguments,
     add_live_arguments,
     add_target_arguments,
     add_workload_arguments,
@@ -49,6 +50,7 @@ def add_parser(commands: Any) -> None:
     )
     add_workload_arguments(collect)
     add_target_arguments(collect)
+    add_batch_arguments(collect)
     run = collect.add_argument_group("run")
     run.add_argument(
         "--parallelism",

@@ -70,8 +70,9 @@ def add_options(group: argparse._ActionsContainer, spec: type[SpecModel], *names
     """The flags of `spec`'s fields `names`, in that order, defaults from the spec."""
     for name in names:
         field, declared = _declared(spec, name)
-        if declared.switch:
-            group.add_argument(*declared.flags, dest=name, action="store_false", help=declared.help)
+        if declared.switch:  # --no-X turns a True default off; --X turns a False one on
+            action = "store_false" if field.default else "store_true"
+            group.add_argument(*declared.flags, dest=name, action=action, help=declared.help)
             continue
         group.add_argument(
             *declared.flags,

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from autotune.cli.common import non_negative, positive, positive_int
 from autotune.cli.options import add_options, values_of
 from autotune.config import (
+    BatchSpec,
     CollectConfig,
     LiveConfig,
     RequestFields,
@@ -26,6 +28,7 @@ from autotune.config import (
     TargetConfig,
     WorkloadSpec,
     collect_config,
+    spec_problem,
     target_config,
 )
 from autotune.errors import UsageError
@@ -35,6 +38,11 @@ RUN_DEFAULTS = CollectConfig()
 _SYNTHETIC = ("num_tasks", "prompt_tokens", "output_tokens", "seed")
 _VERIFIER = ("verifier", "verifier_workers", "verifier_cost_ms")
 _REQUEST = ("timeout_s", "max_retries")
+
+
+def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training steps (RL)")
+    add_options(group, BatchSpec, *BatchSpec.model_fields)
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -318,6 +326,17 @@ def _replica_gpus(values: list[str], replicas: int) -> tuple[tuple[int, ...], ..
     return tuple(groups)
 
 
+def batch_spec(args: argparse.Namespace) -> BatchSpec | None:
+    """--batch-groups and its remedies, checked together; None when not given."""
+    if not hasattr(args, "batch_groups"):  # a command without batch steps (diagnose)
+        return None
+    try:
+        spec = BatchSpec(**values_of(args, BatchSpec, *BatchSpec.model_fields))
+    except ValidationError as error:
+        raise UsageError(spec_problem(BatchSpec, error).removeprefix("the file: ") + ".") from None
+    return spec if spec.batch_groups is not None else None
+
+
 def run_config(args: argparse.Namespace) -> CollectConfig:
     """The one validated config of a run, from its flags (the same objects a study and a
     bench suite build)."""
@@ -339,6 +358,7 @@ def run_config(args: argparse.Namespace) -> CollectConfig:
     return collect_config(
         workload,
         _target_config(args, request),
+        batch=batch_spec(args),
         shard=Shard.parse(args.shard) if args.shard else None,
         parallelism=args.parallelism,
         adaptive_concurrency=args.adaptive_concurrency,

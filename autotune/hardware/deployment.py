@@ -105,6 +105,22 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         help="mean output length at which the fake model stops when ignore_eos is not set",
     )
     p.add_argument(
+        "--output-length-sigma",
+        type=float,
+        default=None,
+        metavar="S",
+        help="RL sampling: each sample of a prompt draws its own length, lognormal with median "
+        "--natural-output-tokens and shape S (p99/p50 = e^(2.33 S)), longer for harder prompts",
+    )
+    p.add_argument(
+        "--uninformative-share",
+        type=float,
+        default=None,
+        metavar="U",
+        help="RL grading: answers end in \\boxed{}; a share U of prompts is solved by every "
+        "sample or by none (half each), the rest by alternate samples",
+    )
+    p.add_argument(
         "--die-after-requests",
         type=int,
         default=None,
@@ -171,6 +187,8 @@ class SimConfig:
     time_scale: float
     seed: int
     natural_output_tokens: int
+    output_length_sigma: float | None
+    uninformative_share: float | None
     die_after_requests: int | None
     crash_above_concurrency: int | None
     max_request_rate: float | None
@@ -238,6 +256,10 @@ class SimConfig:
             raise SimConfigError(f"--time-scale must be a finite number >= 0, got {ns.time_scale}.")
         if ns.natural_output_tokens < 1:
             raise SimConfigError("--natural-output-tokens must be at least 1.")
+        if ns.output_length_sigma is not None and not 0 <= ns.output_length_sigma <= 5:
+            raise SimConfigError("--output-length-sigma must be a number from 0 to 5.")
+        if ns.uninformative_share is not None and not 0 <= ns.uninformative_share <= 1:
+            raise SimConfigError("--uninformative-share must be a share from 0 to 1.")
         if ns.die_after_requests is not None and ns.die_after_requests < 1:
             raise SimConfigError("--die-after-requests must be at least 1.")
         if ns.crash_above_concurrency is not None and ns.crash_above_concurrency < 1:
@@ -282,6 +304,8 @@ class SimConfig:
             time_scale=ns.time_scale,
             seed=ns.seed,
             natural_output_tokens=ns.natural_output_tokens,
+            output_length_sigma=ns.output_length_sigma,
+            uninformative_share=ns.uninformative_share,
             die_after_requests=ns.die_after_requests,
             crash_above_concurrency=ns.crash_above_concurrency,
             max_request_rate=ns.max_request_rate,

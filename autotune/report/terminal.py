@@ -255,10 +255,12 @@ def collect_summary_text(summary: CollectSummary) -> str:
         f"model {summary.model} at {summary.base_url}"
         + (f" and {len(summary.replicas) - 1} more replica(s)" if summary.replicas else ""),
         f"rollouts      {summary.completed:,} done, {summary.failed:,} failed"
+        + (f", {summary.cancelled:,} cancelled" if summary.cancelled else "")
         + (f", {summary.skipped:,} already on disk" if summary.skipped else ""),
         f"throughput    {summary.rollouts_per_s:,.2f} rollouts/s, "
         f"{summary.output_tokens_per_s:,.1f} output tokens/s over {summary.elapsed_s:,.1f} s",
         f"mean reward   {reward}",
+        *group_lines(summary),
         "",
         f"{'stage':<12}{'p50 ms':>12}{'p95 ms':>12}{'mean ms':>12}",
     ]
@@ -287,6 +289,52 @@ def collect_summary_text(summary: CollectSummary) -> str:
     if summary.output:
         lines.append(f"output        {summary.output}")
     return "\n".join(lines)
+
+
+def group_lines(summary: CollectSummary) -> list[str]:
+    """GRPO groups and batch steps, what an RL trainer sees (none for single rollouts)."""
+    lines = []
+    groups = summary.groups
+    if groups is not None:
+        share = "-" if groups.informative_share is None else f"{groups.informative_share:.0%}"
+        lines += [
+            f"groups        {groups.complete:,} complete ({groups.size} samples each), "
+            f"{groups.informative:,} informative ({share})"
+            + (f", {groups.incomplete:,} incomplete" if groups.incomplete else ""),
+            f"RL goodput    {groups.informative_groups_per_s:,.2f} informative groups/s, "
+            f"{groups.informative_tokens_per_s:,.1f} of their output tokens/s",
+            f"stragglers    group completion p50 {_seconds(groups.completion_s.p50)}, "
+            f"p95 {_seconds(groups.completion_s.p95)}; slowest/median sample p50 "
+            f"{_ratio(groups.straggler_ratio.p50)}, p95 {_ratio(groups.straggler_ratio.p95)}",
+        ]
+    batch = summary.batch
+    if batch is not None:
+        remedies = [f"over-sample {batch.over_sample:g}"] if batch.over_sample else []
+        remedies += ["carry-over"] if batch.carry_over else []
+        wasted = "-" if batch.cancelled_tokens is None else f"{batch.cancelled_tokens:,}"
+        lines += [
+            f"batch steps   {len(batch.steps):,} of {batch.batch_groups} groups"
+            + (f" ({', '.join(remedies)})" if remedies else "")
+            + f": step p50 {_seconds(batch.step_s.p50)}, p95 {_seconds(batch.step_s.p95)}",
+            f"              tail {_share(batch.tail_share)} of a step, server busy "
+            f"{_share(batch.busy_share)} of {batch.capacity} ({batch.busy_source}'s count)",
+            f"              {batch.cancelled_samples:,} samples cancelled ({wasted} tokens); "
+            f"staleness mean {_ratio(batch.staleness_mean)} steps, max "
+            f"{'-' if batch.staleness_max is None else batch.staleness_max}",
+        ]
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f} s"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def diagnose_text(result: DiagnoseResult) -> str:

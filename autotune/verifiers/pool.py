@@ -234,8 +234,14 @@ def _warm_up(seconds: float) -> int:
 # --- synthetic ---------------------------------------------------------------------
 
 
-def synthetic_reward(text: str) -> float:
-    """0.0 or 1.0, fixed by the text (crc32: the same in every process, unlike hash())."""
+def synthetic_reward(text: str, expected: Any = None) -> float:
+    """1.0 when the text ends in `\\boxed{<expected>}`, 0.0 when in another boxed answer
+    (the simulated policy answers so: servers/sim/policy.py); otherwise 0.0 or 1.0 fixed
+    by the text (crc32: the same in every process, unlike hash())."""
+    if expected is not None and text.endswith("}"):
+        start = text.rfind("\\boxed{", max(0, len(text) - 64))
+        if start >= 0:
+            return 1.0 if text[start + 7 : -1] == str(expected) else 0.0
     return float(zlib.crc32(text.encode("utf-8", "surrogatepass")) & 1)
 
 
@@ -246,9 +252,9 @@ def burn_cpu(seconds: float) -> None:
         pass
 
 
-def _synthetic_in_worker(text: str, seconds: float) -> dict[str, Any]:
+def _synthetic_in_worker(text: str, expected: Any, seconds: float) -> dict[str, Any]:
     burn_cpu(seconds)
-    return {"reward": synthetic_reward(text)}
+    return {"reward": synthetic_reward(text, expected)}
 
 
 class SyntheticVerifier(PoolVerifier):
@@ -270,9 +276,12 @@ class SyntheticVerifier(PoolVerifier):
 
     async def verify(self, row: dict[str, Any]) -> dict[str, Any]:
         text = response_text(row.get("response"))
+        expected = row.get("expected_answer")
         if self.capacity is None:
-            return {"reward": synthetic_reward(text)}
-        result: dict[str, Any] = await self._run(_synthetic_in_worker, text, self._seconds)
+            return {"reward": synthetic_reward(text, expected)}
+        result: dict[str, Any] = await self._run(
+            _synthetic_in_worker, text, expected, self._seconds
+        )
         return result
 
 

@@ -7,9 +7,11 @@ and /metrics exports `autotune_simulated 1`: nothing measured here can pass for 
 Token accounting: a prompt is ceil(characters / 4) tokens (all message contents for chat);
 the output is `max_tokens` (or `max_completion_tokens`, default 256) with `ignore_eos`, else
 the shorter of that and a deterministic draw (exponential, mean `--natural-output-tokens`)
-keyed on the prompt text and `--seed`, which is where the fake model "emits EOS". Output
-text is "tok " per token. Streams send the first token at once, then coalesce tokens into
-at most one chunk per STREAM_INTERVAL_S of real time per request.
+keyed on the prompt text and `--seed`, which is where the fake model "emits EOS" (with
+`--output-length-sigma` or `--uninformative-share`, samples of one prompt differ in length
+and answer as an RL policy's do: policy.py). Output text is "tok " per token. Streams
+send the first token at once, then coalesce tokens into at most one chunk per
+STREAM_INTERVAL_S of real time per request.
 
 Replicas and prefix caching: `--data-parallel-size N` runs N engines of
 `--tensor-parallel-size` GPUs each behind this one front end, like `vllm serve
@@ -48,6 +50,7 @@ from aiohttp import web
 
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
+from autotune.servers.sim.policy import Policy, uniform
 from autotune.servers.sim.scheduler import EngineConfig, Histogram, Request, SimEngine
 
 log = logging.getLogger(__name__)
@@ -87,15 +90,9 @@ def load_config(argv: Sequence[str], prog: str | None = None) -> ServerConfig:
     return ServerConfig.from_args(argv, prog)
 
 
-def _uniform(text: str, key: str) -> float:
-    """A draw in (0, 1] fixed by `text` and `key`."""
-    digest = hashlib.blake2b(text.encode(), digest_size=8, key=key.encode()).digest()
-    return (int.from_bytes(digest, "big") + 1) / 2.0**64
-
-
 def natural_output_tokens(text: str, seed: int, mean: int) -> int:
     """Where the fake model stops on its own: exponential with `mean`, fixed by text and seed."""
-    return max(1, round(-mean * math.log(_uniform(text, str(seed)))))
+    return max(1, round(-mean * math.log(uniform(text, str(seed)))))
 
 
 _PLACEHOLDERS: dict[Any, Any] = {"string": "sim", "integer": 1, "number": 1.0, "boolean": True}
@@ -111,7 +108,7 @@ def simulated_tool_call(tools: Any, text: str, seed: int) -> dict[str, Any] | No
     named = [f for f in functions if isinstance(f.get("name"), str) and f["name"]]
     if not named:
         return None
-    function = named[int(_uniform(text, f"{seed}/tool") * len(named)) % len(named)]
+    function = named[int(uniform(text, f"{seed}/tool") * len(named)) % len(named)]
     schema = function.get("parameters")
     properties = schema.get("properties") if isinstance(schema, dict) else None
     arguments = {
@@ -210,6 +207,14 @@ class _Service:
         self._burst = max(1.0, rate) if rate else 0.0
         self._bucket = self._burst
         self._bucket_at = time.monotonic()
+        self._policy = Policy(
+            config.seed,
+            config.natural_output_tokens,
+            config.output_length_sigma,
+            config.uninformative_share,
+        )
+        # Per engine, requests that ended by vLLM's finished_reason (abort: the client left).
+        self._finished = [dict.fromkeys(("stop", "length", "abort"), 0) for _ in self.engines]
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -308,32 +313,38 @@ class _Service:
                 "BadRequestError",
                 "max_tokens" if explicit else None,
             )
+        seed_text = text if body.get("seed") is None else f"{body['seed']}\x00{text}"
+        natural, answer = self._policy.sample(seed_text) if self._policy.active else (None, "")
         if body.get("ignore_eos"):
             output = max_tokens
         else:
-            seed_text = text if body.get("seed") is None else f"{body['seed']}\x00{text}"
-            natural = natural_output_tokens(
-                seed_text, self.config.seed, self.config.natural_output_tokens
-            )
+            if natural is None:
+                natural = natural_output_tokens(
+                    seed_text, self.config.seed, self.config.natural_output_tokens
+                )
             output = min(max_tokens, natural)
         finish = "length" if output == max_tokens else "stop"
         call = self._tool_call(body, text) if chat else None
         if call is not None:
             length = math.ceil(len(call["function"]["arguments"] + call["function"]["name"]) / 4)
-            output, finish = min(max_tokens, max(1, length)), "tool_calls"
+            output, finish, answer = min(max_tokens, max(1, length)), "tool_calls", ""
         self._accept()
         key = _prefix_key(body, chat) if self.config.enable_prefix_caching else None
-        req = self._engine().submit(prompt_tokens, output, key)
+        engine = self._engine()
+        req = engine.submit(prompt_tokens, output, key)
         try:
             if body.get("stream"):
                 options = body.get("stream_options") or {}
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
-                return await self._stream(request, req, chat, finish, usage, call)
+                return await self._stream(request, req, chat, finish, usage, call, answer)
             await req.finished
-            return self._full_response(req, chat, finish, call)
+            return self._full_response(req, chat, finish, call, answer)
         finally:
-            if not req.done:
+            aborted = not req.done
+            if aborted:
                 req.abort()
+            reason = "abort" if aborted else "length" if finish == "length" else "stop"
+            self._finished[self.engines.index(engine)][reason] += 1
 
     def _engine(self) -> SimEngine:
         """The engine for the next request: vLLM's DP load balancer picks the lowest
@@ -352,7 +363,7 @@ class _Service:
             or body.get("tool_choice") == "none"
         ):
             return None
-        if _uniform(text, f"{self.config.seed}/call") > share:
+        if uniform(text, f"{self.config.seed}/call") > share:
             return None
         return simulated_tool_call(tools, text, self.config.seed)
 
@@ -376,9 +387,14 @@ class _Service:
         }
 
     def _full_response(
-        self, req: Request, chat: bool, finish: str, call: dict[str, Any] | None = None
+        self,
+        req: Request,
+        chat: bool,
+        finish: str,
+        call: dict[str, Any] | None = None,
+        answer: str = "",
     ) -> web.Response:
-        text = TOKEN_TEXT * req.output_tokens
+        text = TOKEN_TEXT * req.output_tokens + answer
         name = self.config.served_model_name
         choice: dict[str, Any]
         if call is not None:
@@ -410,6 +426,7 @@ class _Service:
         finish: str,
         include_usage: bool,
         call: dict[str, Any] | None = None,
+        answer: str = "",
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -423,7 +440,7 @@ class _Service:
         }
 
         def chunk(tokens: int, first: bool, reason: str | None) -> bytes:
-            text = TOKEN_TEXT * tokens
+            text = TOKEN_TEXT * tokens + (answer if reason is not None else "")
             choice: dict[str, Any]
             if chat:
                 delta = {"role": "assistant", "content": text} if first else {"content": text}
@@ -520,6 +537,17 @@ class _Service:
             "counter",
             "Generation tokens processed.",
             [s.generation_tokens_total for s in stats],
+        )
+        lines.extend(
+            (
+                "# HELP vllm:request_success Requests that ended, by finished_reason (SIMULATED)",
+                "# TYPE vllm:request_success counter",
+            )
+        )
+        lines.extend(
+            f'vllm:request_success_total{{{label},finished_reason="{reason}"}} {n}'
+            for label, finished in zip(labels, self._finished, strict=True)
+            for reason, n in finished.items()
         )
         metric(
             "vllm:prefix_cache_queries_total",

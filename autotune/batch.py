@@ -1,0 +1,285 @@
+"""Batch-synchronous collection: rollouts in training steps of B GRPO groups.
+
+A synchronous RL trainer (GRPO in OpenRLHF, verl, NeMo RL) asks for B groups, waits
+until the last of their samples is done, trains, syncs weights and asks again. The
+server idles while a step's stragglers drain; the runner measures how much (each
+step's tail share and busy share) and runs the two remedies RL stacks use:
+
+- over-sampling (`over_sample` R): start ceil(B*(1+R)) groups and end the step at B
+  informative groups (DAPO's dynamic sampling wants those); the samples still running
+  are cancelled: their connections close, which makes vLLM abort them;
+- carry-over (partial rollouts, as in Kimi k1.5 and slime's APRIL): samples still
+  running at a step's end go on into the next step instead, and a new group starts as
+  soon as one completes, so ceil(B*(1+R)) groups are always in flight and the server
+  never drains; each group is counted to the step in which it completes, its age in
+  steps (launch to use) being the staleness it costs.
+
+Busy share: running requests over the step ÷ capacity (the samples a step launches,
+or --parallelism when that is fewer). Running is the server's own gauge
+(`vllm:num_requests_running`) where it serves /metrics, else this client's calls in
+flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from autotune.config import BatchSpec
+from autotune.engine import Engine
+from autotune.groups import ClosedGroup, GroupTracker, tail_share
+from autotune.results import BatchStep, BatchSummary, StageLatency
+from autotune.telemetry.prometheus import PrometheusSampler
+from autotune.workload import WorkItem
+
+POLL_S = 0.1  # how often the server's running gauge is read during a step
+RUNNING = "vllm:num_requests_running"
+GENERATED = "vllm:generation_tokens_total"
+
+
+def grouped(items: Iterator[WorkItem]) -> Iterator[list[WorkItem]]:
+    """Consecutive work items of one task as one group (work_items yields task-major)."""
+    group: list[WorkItem] = []
+    for item in items:
+        if group and item.task.index != group[0].task.index:
+            yield group
+            group = []
+        group.append(item)
+    if group:
+        yield group
+
+
+class Occupancy:
+    """A level over time (requests running) and its time integral, so the mean over any
+    window is two readings of `area` apart."""
+
+    def __init__(self, now: float) -> None:
+        self.level = 0.0
+        self._area = 0.0
+        self._since = now
+
+    def set(self, level: float, now: float) -> None:
+        self._area += self.level * (now - self._since)
+        self.level, self._since = level, now
+
+    def area(self, now: float) -> float:
+        return self._area + self.level * (now - self._since)
+
+
+@dataclass(slots=True)
+class _Group:
+    launched_step: int
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class BatchRunner:
+    """Runs an engine's rollouts in steps; see the module's docstring."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        spec: BatchSpec,
+        group_size: int,
+        parallelism: int | None,
+        sampler: PrometheusSampler | None = None,
+    ) -> None:
+        assert spec.batch_groups is not None
+        assert engine.groups is not None, "the engine must track groups"
+        self._engine = engine
+        self._tracker: GroupTracker = engine.groups
+        self._batch = spec.batch_groups
+        self._launch = math.ceil(spec.batch_groups * (1 + spec.over_sample) - 1e-9)
+        self._filter = spec.over_sample > 0  # the step wants informative groups
+        self._carry = spec.carry_over
+        self._spec = spec
+        self._slots = asyncio.Semaphore(parallelism) if parallelism is not None else None
+        launched = self._launch * group_size
+        self.capacity = min(parallelism, launched) if parallelism is not None else launched
+        self._groups: Iterator[list[WorkItem]] = iter(())
+        self._sampler = sampler
+        self._step = 0
+        self._running: dict[int, _Group] = {}  # task index → its group in flight
+        self._usable = 0  # groups the current step can hand to the trainer
+        self._ends: list[float] = []  # the current step's sample end times
+        self._ages: list[int] = []
+        self._wake = asyncio.Event()
+        self._client = Occupancy(time.perf_counter())
+        self._server: Occupancy | None = None
+        self.steps: list[BatchStep] = []
+        self._informative_used = 0
+        self._step_groups = 0  # complete groups of the current step
+        self._step_informative = 0
+
+    def annotate(self, item: WorkItem) -> dict[str, int]:
+        """The `_autotune` fields of a row: the step it is counted to, and its age in steps."""
+        group = self._running.get(item.task.index)
+        launched = group.launched_step if group is not None else self._step
+        return {"step": self._step, "age_steps": self._step - launched}
+
+    async def run(self, items: Iterator[WorkItem]) -> BatchSummary:
+        """Every group `items` holds, in steps, to the end (or until the server is gone)."""
+        self._tracker.on_close = self._closed
+        self._engine.annotate = self.annotate
+        self._groups = grouped(items)
+        stats = self._engine.stats
+        started = stats.started = time.perf_counter()
+        generated_before = await self._read()
+        poller = asyncio.create_task(self._poll()) if self._sampler is not None else None
+        try:
+            while not self._engine.stats.stopped_early:  # else the server is gone
+                launched = self._top_up()
+                if not launched and not self._running:
+                    break
+                await self._one_step()
+        finally:
+            if poller is not None:
+                poller.cancel()
+            await self._cancel(list(self._running))  # an error or interrupt: none left running
+            self._tracker.on_close = None
+            self._engine.annotate = None
+        stats.finished = time.perf_counter()
+        elapsed = stats.finished - started
+        generated = await self._read()
+        return self._summary(elapsed, generated_before, generated)
+
+    def _top_up(self) -> int:
+        """Launch groups until `launch` are in flight; how many were launched."""
+        launched = 0
+        while len(self._running) < self._launch:
+            group = next(self._groups, None)
+            if group is None:
+                break
+            running = self._running[group[0].task.index] = _Group(self._step)
+            running.tasks = [asyncio.create_task(self._sample(item)) for item in group]
+            launched += 1
+        return launched
+
+    async def _sample(self, item: WorkItem) -> None:
+        if self._slots is not None:
+            await self._slots.acquire()
+        self._client.set(self._client.level + 1, time.perf_counter())
+        try:
+            await self._engine.one(item)
+        finally:
+            self._client.set(self._client.level - 1, time.perf_counter())
+            self._ends.append(time.perf_counter())
+            if self._slots is not None:
+                self._slots.release()
+
+    def _closed(self, group: ClosedGroup) -> None:
+        running = self._running.pop(group.task_index, None)
+        if running is not None and group.complete:  # not cancelled, no sample failed
+            if group.informative or not self._filter:
+                self._usable += 1
+                self._ages.append(self._step - running.launched_step)
+            if group.informative:
+                self._informative_used += 1
+                self._step_informative += 1
+            self._step_groups += 1
+        if self._carry and running is not None:  # keep the server full: the next starts now
+            self._top_up()
+        self._wake.set()
+
+    async def _one_step(self) -> None:
+        start = time.perf_counter()
+        client_before = self._client.area(start)
+        server_before = self._server.area(start) if self._server is not None else None
+        self._usable = self._step_groups = self._step_informative = 0
+        self._ends = []
+        while self._usable < self._batch and self._running:
+            self._wake.clear()
+            await self._wake.wait()
+        end = time.perf_counter()
+        ends = [t for t in self._ends if t <= end]
+        cancelled = 0
+        if not self._carry and self._running:
+            cancelled = await self._cancel(list(self._running))
+        span = max(end - start, 1e-9)
+        if self._server is not None and server_before is not None:
+            busy = (self._server.area(end) - server_before) / span
+        else:
+            busy = (self._client.area(end) - client_before) / span
+        self.steps.append(
+            BatchStep(
+                index=self._step,
+                generation_s=end - start,
+                tail_share=tail_share(ends, start, end),
+                busy_share=busy / self.capacity,
+                groups=self._step_groups,
+                informative=self._step_informative,
+                cancelled=cancelled,
+            )
+        )
+        self._step += 1
+
+    async def _cancel(self, task_indices: list[int]) -> int:
+        """Cancel these groups' samples still running; how many were cancelled."""
+        tasks = [
+            task
+            for index in task_indices
+            for task in self._running[index].tasks
+            if not task.done() and task.cancel()
+        ]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for index in task_indices:
+            self._running.pop(index, None)
+        return len(tasks)
+
+    async def _poll(self) -> None:
+        """The server's running gauge, held between reads (gives up with the sampler)."""
+        assert self._sampler is not None
+        while True:
+            values = await self._sampler.sample()
+            now = time.perf_counter()
+            if values is None or RUNNING not in values:
+                if not self._sampler.available:
+                    self._server = None
+                    return
+            else:
+                if self._server is None:
+                    self._server = Occupancy(now)
+                self._server.set(values[RUNNING], now)
+            await asyncio.sleep(POLL_S)
+
+    async def _read(self) -> float | None:
+        """The server's generated-token count (None without /metrics); the first read
+        also starts the server's running gauge, so every step is measured alike."""
+        if self._sampler is None:
+            return None
+        values = await self._sampler.sample()
+        if not values:
+            return None
+        if self._server is None and RUNNING in values:
+            self._server = Occupancy(time.perf_counter())
+            self._server.set(values[RUNNING], time.perf_counter())
+        return values.get(GENERATED)
+
+    def _summary(
+        self, elapsed_s: float, generated_before: float | None, generated: float | None
+    ) -> BatchSummary:
+        steps = self.steps
+        stats = self._engine.stats
+        wasted = None
+        if generated is not None and generated_before is not None:
+            wasted = max(0, round(generated - generated_before - stats.output_tokens))
+        tails = [s.tail_share for s in steps if s.tail_share is not None]
+        busy = [s.busy_share for s in steps if s.busy_share is not None]
+        return BatchSummary(
+            batch_groups=self._batch,
+            over_sample=self._spec.over_sample,
+            carry_over=self._carry,
+            capacity=self.capacity,
+            busy_source="server" if self._server is not None else "client",
+            steps=steps,
+            step_s=StageLatency.of([s.generation_s for s in steps]),
+            tail_share=sum(tails) / len(tails) if tails else None,
+            busy_share=sum(busy) / len(busy) if busy else None,
+            informative_groups_per_s=self._informative_used / max(elapsed_s, 1e-9),
+            cancelled_samples=stats.cancelled,
+            cancelled_tokens=wasted,
+            staleness_mean=sum(self._ages) / len(self._ages) if self._ages else None,
+            staleness_max=max(self._ages) if self._ages else None,
+        )

@@ -1,0 +1,239 @@
+"""GRPO groups: hand-worked figures, the simulated policy, and batch steps on the simulator.
+
+The figures: a group's completion time and straggler ratio, a batch's informative share
+and goodput, a step's tail share. Then collect --batch-groups end to end: plain steps,
+over-sampling (cancelled samples stop on the server and are written, none lost) and
+carry-over (samples finish in a later step, their age recorded).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from autotune.batch import Occupancy, grouped
+from autotune.collect import collect
+from autotune.config import BatchSpec, CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.errors import UsageError
+from autotune.groups import GroupTracker, completion_s, is_informative, straggler_ratio, tail_share
+from autotune.results import percentile
+from autotune.servers.sim.policy import RIGHT, WRONG, Policy
+from autotune.store import failures_path
+from autotune.verifiers.pool import synthetic_reward
+from autotune.workload import Task, WorkItem
+from tests.helpers import SimProcess, read_rows
+
+# A group of 8: when each sample started and ended (seconds).
+STARTS = [0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 1.0, 1.0]
+ENDS = [2.0, 3.0, 3.0, 4.0, 4.5, 5.5, 7.0, 13.0]
+# durations 2 3 3 4 4 5 6 12: median (4 + 4) / 2 = 4, slowest 12
+
+
+def test_a_group_of_eight_by_hand() -> None:
+    assert completion_s(STARTS, ENDS) == 13.0  # first start 0 to last end 13
+    durations = [end - start for start, end in zip(STARTS, ENDS, strict=True)]
+    assert straggler_ratio(durations) == 3.0  # 12 / 4
+    tracker = GroupTracker(8)
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    closed = [
+        tracker.ended(7, start, end, reward, output_tokens=10)
+        for start, end, reward in zip(STARTS, ENDS, rewards, strict=True)
+    ]
+    assert closed[:-1] == [None] * 7  # open until its eighth sample ends
+    last = closed[-1]
+    assert last is not None and last.complete and last.informative
+    assert last.completion_s == 13.0 and last.output_tokens == 80
+    summary = tracker.summary(elapsed_s=13.0)
+    assert summary.straggler_ratio.p50 == 3.0 and summary.completion_s.p50 == 13.0
+
+
+def test_a_batch_of_all_pass_and_all_fail_groups_by_hand() -> None:
+    groups = [
+        [1.0, 1.0, 1.0, 1.0],  # all pass: zero advantage
+        [0.0, 0.0, 0.0, 0.0],  # all fail: zero advantage
+        [1.0, 0.0, 1.0, 0.0],
+        [0.0, 0.0, 0.0, 1.0],
+        [1.0, 1.0, 1.0, 1.0],
+    ]
+    tracker = GroupTracker(4)
+    for task, rewards in enumerate(groups):
+        for sample, reward in enumerate(rewards):
+            tracker.ended(task, 0.0, 1.0 + sample, reward, output_tokens=100)
+    summary = tracker.summary(elapsed_s=4.0)
+    assert (summary.complete, summary.informative, summary.incomplete) == (5, 2, 0)
+    assert summary.informative_share == 0.4  # 2 of 5
+    assert summary.informative_groups_per_s == 0.5  # 2 groups in 4 s
+    assert summary.informative_tokens_per_s == 200.0  # 2 groups x 4 samples x 100 tokens / 4 s
+
+
+def test_a_failed_or_single_sample_group_is_never_informative() -> None:
+    tracker = GroupTracker(2)
+    tracker.ended(0, 0.0, 1.0, 1.0)
+    closed = tracker.ended(0, 0.0, 2.0, completed=False)
+    assert closed is not None and not closed.complete and not closed.informative
+    assert tracker.summary(2.0).incomplete == 1
+    assert not is_informative([1.0]) and is_informative([0.0, 0.5])
+
+
+def test_a_steps_tail_share_by_hand() -> None:
+    # 10 samples: the 9th (90%) ended at 9 s, the step ended at 20 s: 11 of its 20 s are tail
+    ends = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 20.0]
+    assert tail_share(ends, 0.0, 20.0) == pytest.approx(0.55)
+    assert tail_share([2.0, 2.0], 0.0, 2.0) == 0.0  # no straggler, no tail
+    assert tail_share([], 0.0, 1.0) is None
+
+
+def test_occupancy_means_a_level_over_a_window() -> None:
+    level = Occupancy(0.0)
+    level.set(4, 1.0)  # 0 for 1 s, then 4
+    window_start = level.area(1.0)
+    level.set(2, 3.0)  # 4 for 2 s, then 2
+    assert level.area(5.0) == 12.0  # 0 + 8 + 4
+    assert (level.area(5.0) - window_start) / (5.0 - 1.0) == 3.0  # the mean over [1 s, 5 s]
+
+
+def test_work_items_group_by_task() -> None:
+    tasks = [Task(i, {}, [], "", {}) for i in range(3)]
+    items = [WorkItem(task, r) for task in tasks for r in range(2)]
+    assert [[item.task.index for item in group] for group in grouped(iter(items))] == [
+        [0, 0],
+        [1, 1],
+        [2, 2],
+    ]
+
+
+def test_the_simulated_policy_has_the_tail_and_the_uninformative_share_it_is_set_to() -> None:
+    policy = Policy(seed=0, median_tokens=100, sigma=1.0, uninformative=0.4)
+    lengths, uninformative, prompts = [], 0, 1000
+    for prompt in range(prompts):
+        text = f"[{prompt}] what is six times seven?"
+        answers = []
+        for _ in range(4):
+            length, answer = policy.sample(text)
+            assert length is not None and answer.strip() in (RIGHT, WRONG)
+            lengths.append(length)
+            answers.append(synthetic_reward(answer, "42"))
+        uninformative += not is_informative(answers)
+    p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
+    assert p50 is not None and p99 is not None
+    assert 80 <= p50 <= 125 and 8 <= p99 / p50 <= 13  # e^(2.33) = 10.2 with sigma 1
+    assert abs(uninformative / prompts - 0.4) < 0.05
+    plain = Policy(seed=0, median_tokens=100, sigma=None, uninformative=None)
+    assert not plain.active
+
+
+def test_the_synthetic_verifier_grades_a_boxed_answer() -> None:
+    assert synthetic_reward("tok tok " + RIGHT, "42") == 1.0
+    assert synthetic_reward("tok tok " + WRONG, "42") == 0.0
+    assert synthetic_reward("tok tok", "42") in (0.0, 1.0)  # no answer: the text's hash
+
+
+# -- collect --batch-groups on the simulator ----------------------------------------------
+
+RL_SIM = ("--output-length-sigma", "1", "--uninformative-share", "0.4")
+RL_SIM += ("--natural-output-tokens", "64", "--max-num-seqs", "64", "--time-scale", "0.02")
+
+
+def _collect(base_url: str, out: Path, batch: BatchSpec, tasks: int = 24) -> CollectConfig:
+    return CollectConfig(
+        target=TargetConfig(base_url=base_url),
+        synthetic=SyntheticWorkload(num_tasks=tasks, output_tokens_mean=2048, output_tokens_std=0),
+        num_repeats=4,
+        verifier="synthetic",
+        parallelism=64,
+        output=out / "rollouts.jsonl",
+        progress=False,
+        batch=batch,
+    )
+
+
+async def _ended(base_url: str) -> dict[str, float]:
+    """The server's ended requests by finished_reason, and its running gauge, as vLLM
+    names them."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(base_url.removesuffix("/v1") + "/metrics") as response,
+    ):
+        text = await response.text()
+    ended: dict[str, float] = {}
+    pattern = r'^vllm:request_success_total\{[^}]*finished_reason="(\w+)"[^}]*\} (\S+)$'
+    for reason, value in re.findall(pattern, text, re.MULTILINE):
+        ended[reason] = ended.get(reason, 0.0) + float(value)
+    running = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    ended["running"] = sum(map(float, running))
+    return ended
+
+
+@pytest.mark.slow
+async def test_plain_batch_steps_wait_for_every_group(
+    sim_process: SimProcess, tmp_path: Path
+) -> None:
+    async with sim_process(*RL_SIM) as sim:
+        config = _collect(sim.base_url, tmp_path, BatchSpec(batch_groups=4))
+        summary = await collect(config)
+    batch = summary.batch
+    assert batch is not None and summary.groups is not None
+    assert [step.groups for step in batch.steps] == [4] * 6  # 24 tasks, 4 groups a step
+    assert batch.cancelled_samples == 0 and batch.staleness_max == 0
+    assert batch.busy_source == "server" and batch.capacity == 16
+    assert all(0 <= (step.tail_share or 0) <= 1 for step in batch.steps)
+    rows = read_rows(tmp_path / "rollouts.jsonl")
+    assert len(rows) == 96
+    steps = {row["_ng_task_index"]: row["_autotune"]["step"] for row in rows}  # type: ignore[index]
+    assert sorted(steps.values()) == sorted(i // 4 for i in range(24))  # four groups a step
+    share = summary.groups.informative_share
+    assert share is not None and 0.3 < share < 0.9
+
+
+@pytest.mark.slow
+async def test_over_sampling_cancels_on_the_server_and_loses_nothing(
+    sim_process: SimProcess, tmp_path: Path
+) -> None:
+    async with sim_process(*RL_SIM) as sim:
+        config = _collect(sim.base_url, tmp_path, BatchSpec(batch_groups=2, over_sample=1.0))
+        summary = await collect(config)
+        server = await _ended(sim.base_url)
+    batch = summary.batch
+    assert batch is not None
+    # A step ends at B = 2 informative groups, cancelling the rest; only a step whose
+    # four groups held fewer ran them all.
+    assert all(step.informative >= 2 or not step.cancelled for step in batch.steps)
+    assert any(step.cancelled for step in batch.steps)
+    assert summary.cancelled == batch.cancelled_samples > 0
+    # Cancelled samples stopped on the server: aborted there, none left running. (One whose
+    # answer was already on its way when its step ended is cancelled here, done there.)
+    assert 0 < server["abort"] <= summary.cancelled and server["running"] == 0
+    assert batch.cancelled_tokens is not None and batch.cancelled_tokens > 0
+    rows = read_rows(tmp_path / "rollouts.jsonl")
+    failures = read_rows(failures_path(tmp_path / "rollouts.jsonl"))
+    assert {row["failure_class"] for row in failures} == {"cancelled"}
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows + failures]
+    assert len(keys) == len(set(keys)) == 4 * 24  # every launched sample, once
+    assert server["stop"] + server["length"] + server["abort"] == 4 * 24
+
+
+@pytest.mark.slow
+async def test_carry_over_finishes_samples_in_later_steps(
+    sim_process: SimProcess, tmp_path: Path
+) -> None:
+    async with sim_process(*RL_SIM) as sim:
+        config = _collect(sim.base_url, tmp_path, BatchSpec(batch_groups=2, carry_over=True))
+        summary = await collect(config)
+    batch = summary.batch
+    assert batch is not None and batch.cancelled_samples == 0
+    rows = read_rows(tmp_path / "rollouts.jsonl")
+    ages = [row["_autotune"]["age_steps"] for row in rows]  # type: ignore[index]
+    assert len(rows) == 96 and max(ages) >= 1 and batch.staleness_max == max(ages)
+    assert batch.staleness_mean is not None and batch.staleness_mean > 0
+
+
+def test_batch_settings_are_checked_together() -> None:
+    with pytest.raises(ValueError, match="give batch_groups"):
+        BatchSpec(over_sample=0.5)
+    with pytest.raises(UsageError, match="a group of one sample is never informative"):
+        CollectConfig(batch=BatchSpec(batch_groups=2, over_sample=0.5))
+    with pytest.raises(UsageError, match="collect into a new --output-dir"):
+        CollectConfig(batch=BatchSpec(batch_groups=2), output=Path("x.jsonl"), resume=True)
