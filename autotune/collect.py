@@ -118,7 +118,7 @@ async def _collect(
                 observer=monitor.observer(progress),
                 extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
                 adaptive_concurrency=config.adaptive_concurrency and config.batch is None,
-                groups=GroupTracker(repeats) if repeats > 1 or config.batch else None,
+                groups=GroupTracker(repeats) if _tracks_groups(config) else None,
             )
             sources = Sources.of(engine, pipeline, todo)
             monitor.attach(sources, pipeline, slots)
@@ -198,6 +198,10 @@ class ReplicaCounters:
         values = await self._sampler.sample()
         if values is not None:
             self._samples.append(Sample(time.time(), PrometheusSampler.name, values))
+
+
+def _tracks_groups(config: CollectConfig) -> bool:
+    return config.batch is not None or (config.num_repeats > 1 and config.track_groups)
 
 
 def _metrics_urls(target: Target, replicas: ReplicaSet | None) -> list[str]:

@@ -569,6 +569,9 @@ class CollectConfig:
     max_failure_rate: float = 0.05
     live: LiveConfig = field(default_factory=LiveConfig)
     batch: BatchSpec | None = None  # None: rollouts flow freely (no training steps)
+    # Group figures with --num-repeats above 1; the overhead benchmark turns them off to
+    # measure what they cost the engine.
+    track_groups: bool = True
 
     def __post_init__(self) -> None:
         if self.live.stats_every_s is not None and self.output is None:

@@ -8,16 +8,19 @@ retries, verification, timings and a JSONL writer, and must keep most of that ce
 
 The engine runs a second time per round "metered": with everything a production collect
 watches on (/metrics scraped every second, a stats line every second, a drift watch;
-autotune/live/), which must keep 95% of the plain engine's rate.
+autotune/live/), which must keep 95% of the plain engine's rate. Then twice as GRPO
+groups of 8 samples a prompt (`--num-repeats 8`): "repeated" without the group figures,
+"grouped" with them (autotune/groups.py), which must keep 97% of the repeated rate (the
+same requests and tasks: only the bookkeeping differs).
 
-The three alternate for R rounds (the order rotating each round) and the medians are
+The five alternate for R rounds (the order rotating each round) and the medians are
 compared, so machine noise and drift hit them alike.
 
     python benchmarks/overhead.py [--requests 20000] [--concurrency 64] [--rounds 3]
                                   [--json] [--check]
 
 Targets: engine >= 3,000 rollouts/s and >= 60% of the bare loop; metered >= 95% of the
-engine. Exit status is 0 unless --check is given and a target is missed.
+engine; grouped >= 97% of repeated. Exit status is 0 unless --check is given and a target is missed.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ except ImportError:  # pragma: no cover
 ENGINE_MIN_RPS = 3000.0
 ENGINE_MIN_RATIO = 0.60
 METERED_MIN_RATIO = 0.95  # issue 17: live metering costs the engine at most 5%
-KINDS = ("bare", "engine", "metered")
+GROUPED_MIN_RATIO = 0.97  # issue 23: group bookkeeping costs the engine at most 3%
+GROUP_SIZE = 8
+KINDS = ("bare", "engine", "metered", "repeated", "grouped")
 
 
 def engine_available() -> str | None:
@@ -77,11 +82,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             file=sys.stderr,
         )
 
-        def try_engine(total: int, label: str, metered: bool = False) -> Run | None:
+        def try_engine(total: int, label: str, kind: str = "engine") -> Run | None:
             # An engine that crashes is reported beside the bare figures; the run goes on.
             nonlocal use_engine, why_no_engine
+            grouped = kind in ("repeated", "grouped")
             try:
-                return engine_run(server.base_url, args.concurrency, total, out_dir, metered)
+                return engine_run(
+                    server.base_url,
+                    args.concurrency,
+                    total,
+                    out_dir,
+                    metered=kind == "metered",
+                    group_size=GROUP_SIZE if grouped else 1,
+                    track_groups=kind == "grouped",
+                )
             except Exception as error:
                 why_no_engine = f"the engine failed: {type(error).__name__}: {error}"
                 use_engine = False
@@ -93,26 +107,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if use_engine:
                 try_engine(args.warmup, "warm-up")
         for index in range(args.rounds):
-            order = KINDS[index % 3 :] + KINDS[: index % 3]
+            shift = index % len(KINDS)
+            order = KINDS[shift:] + KINDS[:shift]
             label = f"round {index + 1}/{args.rounds}"
             for kind in order:
                 if kind == "bare":
                     note(bare_loop(server.base_url, args.concurrency, args.requests), label)
-                elif (
-                    use_engine
-                    and (run := try_engine(args.requests, label, metered=kind == "metered"))
-                    is not None
-                ):
+                elif use_engine and (run := try_engine(args.requests, label, kind)) is not None:
                     note(run, label)
 
     bare = [r.per_s for r in runs if r.kind == "bare"]
     engine = [r.per_s for r in runs if r.kind == "engine"]
     metered = [r.per_s for r in runs if r.kind == "metered"]
+    repeated = [r.per_s for r in runs if r.kind == "repeated"]
+    grouped = [r.per_s for r in runs if r.kind == "grouped"]
     bare_median = _common.median(bare)
     engine_median = _common.median(engine) if engine else None
     metered_median = _common.median(metered) if metered else None
     ratio = engine_median / bare_median if engine_median is not None else None
     metered_ratio = metered_median / engine_median if metered_median and engine_median else None
+    repeated_median = _common.median(repeated) if repeated else None
+    grouped_median = _common.median(grouped) if grouped else None
+    grouped_ratio = grouped_median / repeated_median if grouped_median and repeated_median else None
     # CPU seconds a request costs the client: unlike a rate, untouched by other processes
     # taking the client's core (on a shared machine the cleaner measure of metering's cost).
     cpu_us = {
@@ -128,6 +144,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_ok": ratio is not None and ratio >= ENGINE_MIN_RATIO,
         "metered_min_ratio": METERED_MIN_RATIO,
         "metered_ok": metered_ratio is not None and metered_ratio >= METERED_MIN_RATIO,
+        "grouped_min_ratio": GROUPED_MIN_RATIO,
+        "grouped_ok": grouped_ratio is not None and grouped_ratio >= GROUPED_MIN_RATIO,
         "no_failures": failed == 0,
     }
     return {
@@ -148,6 +166,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "metered_rollouts_per_s": metered,
         "metered_median": metered_median,
         "metered_ratio": metered_ratio,
+        "repeated_rollouts_per_s": repeated,
+        "repeated_median": repeated_median,
+        "grouped_rollouts_per_s": grouped,
+        "grouped_median": grouped_median,
+        "grouped_ratio": grouped_ratio,
         "cpu_us_per_request": cpu_us,
         "runs": [asdict(r) for r in runs],
         "targets": targets,
@@ -181,14 +204,22 @@ def render(result: dict[str, Any]) -> str:
             metered = result["metered_rollouts_per_s"]
             lines.append(row("metered rollouts/s", metered, result["metered_median"]))
             lines.append(f"{'metered / engine':28}{'':{10 * rounds}}{metered_ratio:>10.1%}")
+        grouped_ratio = result.get("grouped_ratio")
+        if grouped_ratio is not None:
+            repeated = result["repeated_rollouts_per_s"]
+            lines.append(row("repeated rollouts/s", repeated, result["repeated_median"]))
+            grouped = result["grouped_rollouts_per_s"]
+            lines.append(row("grouped rollouts/s", grouped, result["grouped_median"]))
+            lines.append(f"{'grouped / repeated':28}{'':{10 * rounds}}{grouped_ratio:>10.1%}")
         cpu = result["cpu_us_per_request"]
         per_request = ", ".join(f"{kind} {us:.1f}" for kind, us in cpu.items())
         lines.append(f"client CPU µs a request (median): {per_request}")
-        if "metered" in cpu and "engine" in cpu:
-            lines.append(
-                f"{'metered / engine (CPU)':28}{'':{10 * rounds}}"
-                f"{cpu['metered'] / cpu['engine']:>10.1%}"
-            )
+        for kind, base in (("metered", "engine"), ("grouped", "repeated")):
+            if kind in cpu and base in cpu:
+                lines.append(
+                    f"{kind + ' / ' + base + ' (CPU)':28}{'':{10 * rounds}}"
+                    f"{cpu[kind] / cpu[base]:>10.1%}"
+                )
     else:
         lines.append(f"engine: not measured ({result['engine']}); targets not judged")
         return "\n".join(lines)
@@ -201,7 +232,8 @@ def render(result: dict[str, Any]) -> str:
         f"targets: engine >= {t['engine_min_rollouts_per_s']:,.0f} rollouts/s "
         f"{verdict(t['engine_rps_ok'])}; engine >= {t['engine_min_ratio']:.0%} of bare "
         f"{verdict(t['ratio_ok'])}; metered >= {t['metered_min_ratio']:.0%} of engine "
-        f"{verdict(t['metered_ok'])}; no failed requests {verdict(t['no_failures'])}"
+        f"{verdict(t['metered_ok'])}; grouped >= {t['grouped_min_ratio']:.0%} of repeated "
+        f"{verdict(t['grouped_ok'])}; no failed requests {verdict(t['no_failures'])}"
     )
     return "\n".join(lines)
 

@@ -159,13 +159,21 @@ def bare_loop(base_url: str, concurrency: int, total: int) -> Run:
 
 
 def engine_run(
-    base_url: str, concurrency: int, total: int, out_dir: Path, metered: bool = False
+    base_url: str,
+    concurrency: int,
+    total: int,
+    out_dir: Path,
+    metered: bool = False,
+    group_size: int = 1,
+    track_groups: bool = True,
 ) -> Run:
     """autotune's engine: synthetic tasks, `exact` verifier, rows written to a JSONL file.
 
     `metered`: with everything a production run watches on (autotune/live/): /metrics
     scraped every second by a thread (Prometheus' default is 15 s), a stats line every
-    second, and a drift watch with one-second windows."""
+    second, and a drift watch with one-second windows. `group_size` above 1: the same
+    requests as GRPO groups of that many samples a prompt, their figures kept unless
+    `track_groups` is off."""
     from autotune.collect import run_collect
     from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
 
@@ -178,7 +186,9 @@ def engine_run(
         live = LiveConfig(metrics_port=port, stats_every_s=1.0, expect_rate=1.0, drift_window_s=1.0)
     config = CollectConfig(
         target=TargetConfig(base_url=base_url, model="null", stream=False),
-        synthetic=SyntheticWorkload(num_tasks=total),
+        synthetic=SyntheticWorkload(num_tasks=max(1, total // group_size)),
+        num_repeats=group_size,
+        track_groups=track_groups,
         parallelism=concurrency,
         verifier="exact",
         output=output,
@@ -200,7 +210,13 @@ def engine_run(
             path.unlink(missing_ok=True)
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     return Run(
-        "metered" if metered else "engine",
+        "metered"
+        if metered
+        else "engine"
+        if group_size == 1
+        else "grouped"
+        if track_groups
+        else "repeated",
         int(summary.completed) + int(summary.failed),
         int(summary.failed),
         float(summary.elapsed_s),
