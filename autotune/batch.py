@@ -23,6 +23,7 @@ flight.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from collections.abc import Iterator
@@ -54,19 +55,32 @@ def grouped(items: Iterator[WorkItem]) -> Iterator[list[WorkItem]]:
 
 class Occupancy:
     """A level over time (requests running) and its time integral, so the mean over any
-    window is two readings of `area` apart."""
+    window since the last `forget_before` is two readings of `area` apart."""
 
     def __init__(self, now: float) -> None:
         self.level = 0.0
-        self._area = 0.0
-        self._since = now
+        self._times = [now]  # each change: when, the integral then, the level from then
+        self._areas = [0.0]
+        self._levels = [0.0]
 
     def set(self, level: float, now: float) -> None:
-        self._area += self.level * (now - self._since)
-        self.level, self._since = level, now
+        self._areas.append(self.area(now))
+        self._times.append(now)
+        self._levels.append(level)
+        self.level = level
 
-    def area(self, now: float) -> float:
-        return self._area + self.level * (now - self._since)
+    def area(self, when: float) -> float:
+        """The integral up to `when` (at or after the oldest change kept)."""
+        i = bisect.bisect_right(self._times, when) - 1
+        return self._areas[i] + self._levels[i] * (when - self._times[i])
+
+    def mean(self, start: float, end: float) -> float | None:
+        return (self.area(end) - self.area(start)) / (end - start) if end > start else None
+
+    def forget_before(self, when: float) -> None:
+        """Drop the changes no window from `when` on needs (a step's start)."""
+        keep = max(0, bisect.bisect_right(self._times, when) - 1)
+        del self._times[:keep], self._areas[:keep], self._levels[:keep]
 
 
 @dataclass(slots=True)
@@ -185,8 +199,9 @@ class BatchRunner:
 
     async def _one_step(self) -> None:
         start = time.perf_counter()
-        client_before = self._client.area(start)
-        server_before = self._server.area(start) if self._server is not None else None
+        for level in (self._client, self._server):
+            if level is not None:
+                level.forget_before(start)
         self._usable = self._step_groups = self._step_informative = 0
         self._ends = []
         while self._usable < self._batch and self._running:
@@ -197,17 +212,17 @@ class BatchRunner:
         cancelled = 0
         if not self._carry and self._running:
             cancelled = await self._cancel(list(self._running))
-        span = max(end - start, 1e-9)
-        if self._server is not None and server_before is not None:
-            busy = (self._server.area(end) - server_before) / span
-        else:
-            busy = (self._client.area(end) - client_before) / span
+        running = self._server if self._server is not None else self._client
+        busy = running.mean(start, end)
+        tail = tail_share(ends, start, end)
+        tail_busy = running.mean(end - tail * (end - start), end) if tail else None
         self.steps.append(
             BatchStep(
                 index=self._step,
                 generation_s=end - start,
-                tail_share=tail_share(ends, start, end),
-                busy_share=busy / self.capacity,
+                tail_share=tail,
+                busy_share=None if busy is None else busy / self.capacity,
+                tail_busy_share=None if tail_busy is None else tail_busy / self.capacity,
                 groups=self._step_groups,
                 informative=self._step_informative,
                 cancelled=cancelled,

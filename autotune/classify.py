@@ -21,13 +21,21 @@ lies between and the next step. Every verdict says how sure it is.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from autotune.results import Evidence, ProbeResult, ReplicaStats, Thresholds, Verdict
-from autotune.stats import RatioInterval, ratio_interval
+from autotune.results import (
+    BatchSummary,
+    Evidence,
+    ProbeResult,
+    ReplicaStats,
+    Thresholds,
+    Verdict,
+)
+from autotune.stats import RatioInterval, mean_interval, ratio_interval
 
 RATE_LIMIT_CLASSES = frozenset({"rate_limited"})  # failure classes a rate limit causes
 
@@ -36,6 +44,7 @@ VERDICTS = (
     "model-bound",
     "verifier-bound",
     "environment-bound",
+    "tail-bound",
     "rate-limited",
     "client-bound",
     "unstable",
@@ -693,3 +702,64 @@ def _replica_notes(high: ProbeResult) -> list[str]:
                 "fewer calls; it has a slower GPU, a smaller batch or other work on it."
             )
     return notes
+
+
+def tail_bound(batch: BatchSummary, pair: Verdict, th: Thresholds | None = None) -> Verdict:
+    """`tail-bound` when the batch steps spend a large share waiting on stragglers while
+    the server idles (both sure over the steps: the tail share's interval above its
+    threshold, the busy share's during the tail below its own), else the pair's verdict
+    with this evidence beside it."""
+    th = th or Thresholds()
+    tails = [s.tail_share for s in batch.steps if s.tail_share is not None]
+    idle = [s.tail_busy_share for s in batch.steps if s.tail_busy_share is not None]
+    tail_ci, busy_ci = mean_interval(tails), mean_interval(idle)
+    if tail_ci is None or busy_ci is None:
+        return pair
+    tail, busy = sum(tails) / len(tails), sum(idle) / len(idle)
+    evidence = [
+        Evidence(
+            "tail share of a step (95% low)",
+            tail_ci[0],
+            th.tail_share,
+            ">=",
+            tail_ci[0] >= th.tail_share,
+            "the step waits on its last 10% of samples for this share of its time",
+            "share",
+        ),
+        Evidence(
+            "server busy during the tail (95% high)",
+            busy_ci[1],
+            th.tail_busy_share,
+            "<",
+            busy_ci[1] < th.tail_busy_share,
+            f"running requests ÷ {batch.capacity} ({batch.busy_source}'s count) while "
+            "the stragglers finish",
+            "share",
+        ),
+    ]
+    if not all(e.met for e in evidence):
+        return replace(pair, evidence=[*pair.evidence, *evidence])
+    faster = 1 / (1 - tail) if tail < 1 else math.inf
+    step = (
+        f"Each step of {batch.batch_groups} groups waits {tail:.0%} of its time on stragglers "
+        f"while the server runs {busy:.0%} of its capacity: without that tail steps would "
+        f"be up to ×{faster:.2f} faster. Measure the remedies with `autotune collect "
+        f"--batch-groups {batch.batch_groups}` and `--over-sample 0.5` (cancels the last "
+        "groups: DAPO-style over-sampling), `--carry-over` (partial rollouts: stragglers "
+        f"finish in the next step, at a staleness cost) or a larger batch (`--batch-groups "
+        f"{2 * batch.batch_groups}`), or run `make bench-groups` to see all of them."
+    )
+    low, high = tail_ci
+    return Verdict(
+        "tail-bound",
+        False,
+        pair.speedup,
+        pair.parallelism_ratio,
+        evidence,
+        step,
+        pair.notes,
+        speedup_interval=pair.speedup_interval,
+        clear_of_threshold=True,
+        confidence=f"sure: the tail share's 95% interval {low:.0%}–{high:.0%} over "
+        f"{len(tails)} steps lies above {th.tail_share:.0%}",
+    )

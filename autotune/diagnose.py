@@ -19,16 +19,20 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from autotune.classify import classify, speedup_interval
+from autotune.batch import BatchRunner
+from autotune.classify import classify, speedup_interval, tail_bound
 from autotune.config import HIGH_PARALLELISM, LOW_PARALLELISM, PROBE_DEFAULTS, CollectConfig
+from autotune.engine import Engine
 from autotune.errors import CollectionError, UsageError
-from autotune.pipeline import open_pipeline
+from autotune.groups import GroupTracker
+from autotune.pipeline import Pipeline, open_pipeline
 from autotune.probe import ProbeSettings
 from autotune.probe.command import run_command_probe
 from autotune.probe.engine import ProbeRun, cycle_work
 from autotune.probe.status import ProbeStatus
 from autotune.probe.timescale import in_simulated_time
 from autotune.results import (
+    BatchSummary,
     DiagnoseResult,
     DiagnoseSettings,
     DiagnoseTarget,
@@ -39,7 +43,9 @@ from autotune.results import (
     save,
 )
 from autotune.stats import RateEstimate, RatioInterval
-from autotune.workload import Workload
+from autotune.store import RolloutSink
+from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
+from autotune.workload import Task, WorkItem, Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds;
 # its figures are converted to simulated time (probe.timescale).
@@ -52,6 +58,7 @@ FIRST_PASS_HALFWIDTH = 0.15
 RESULT_FILE = "diagnose.json"
 DiagnoseWatch = Callable[[int, ProbeStatus], None]  # (which probe, its status): progress
 COMMAND_LIMIT_PER_SLOT = 10  # a --command run's default {limit}: 10 rollouts per high slot
+BATCH_PROBE_STEPS = 12  # training steps the tail-bound rule measures (--batch-groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +129,7 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
                     "workload with `autotune collect --limit 5` first."
                 )
         probes = await _extend_while_straddling(config, runs, probes)
+        batch = await _batch_probe(collect, pipeline, tasks) if collect.batch else None
     scale = target.time_scale if target.simulated else None
     if scale:
         probes = [in_simulated_time(probe, scale, began) for probe in probes]
@@ -140,7 +148,36 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
         verifier=collect.verifier,
         verifier_workers=collect.verifier_workers,
     )
-    return _saved(config, probes, target_record, workload_record)
+    return _saved(config, probes, target_record, workload_record, batch)
+
+
+async def _batch_probe(
+    collect: CollectConfig, pipeline: Pipeline, tasks: list[Task]
+) -> BatchSummary:
+    """BATCH_PROBE_STEPS training steps of the workload's groups, as a synchronous trainer
+    makes them (`collect --batch-groups`): what the tail-bound rule reads. Each group gets
+    its own index, so a prompt sent again is another group."""
+    spec, size = collect.batch, collect.num_repeats
+    assert spec is not None and spec.batch_groups is not None
+    prompts = tasks[::size]
+    launched = math.ceil(spec.batch_groups * (1 + spec.over_sample) - 1e-9)
+    items = (
+        WorkItem(replace(prompts[group % len(prompts)], index=group), sample)
+        for group in range(BATCH_PROBE_STEPS * launched)
+        for sample in range(size)
+    )
+    engine = Engine(
+        pipeline.backend,
+        pipeline.verifier,
+        RolloutSink(None, resume=False),
+        parallelism=1,  # unused: the runner launches the samples
+        groups=GroupTracker(size),
+    )
+    sampler = PrometheusSampler(
+        pipeline.session,
+        pipeline.target_config.metrics_url or metrics_url(pipeline.target.base_url),
+    )
+    return await BatchRunner(engine, spec, size, collect.parallelism, sampler).run(items)
 
 
 async def _extend_while_straddling(
@@ -216,11 +253,16 @@ def _saved(
     probes: list[ProbeResult],
     target: DiagnoseTarget,
     workload: DiagnoseWorkload,
+    batch: BatchSummary | None = None,
 ) -> DiagnoseResult:
-    """The verdict for the probe pair and everything needed to rebuild its report."""
+    """The verdict for the probe pair (and the batch steps, when measured) and everything
+    needed to rebuild its report."""
+    verdict = classify(probes[0], probes[1], config.thresholds)
+    if batch is not None:
+        verdict = tail_bound(batch, verdict, config.thresholds)
     return DiagnoseResult(
         created_at=time.time(),
-        verdict=classify(probes[0], probes[1], config.thresholds),
+        verdict=verdict,
         probes=probes,
         target=target,
         workload=workload,
@@ -233,6 +275,7 @@ def _saved(
             thresholds=config.thresholds,
         ),
         machine=machine_identity(),
+        batch=batch,
     )
 
 

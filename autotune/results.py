@@ -243,6 +243,7 @@ class BatchStep(Record):
     generation_s: float
     tail_share: float | None  # the share of the step after 90% of its samples ended
     busy_share: float | None  # mean running requests ÷ capacity over the step
+    tail_busy_share: float | None  # ... over its tail: the server idling on stragglers
     groups: int  # complete groups handed to the trainer
     informative: int
     cancelled: int  # samples cancelled when the step ended
@@ -521,6 +522,11 @@ class Thresholds(Record):
     gpu_busy_pct: float = 80.0
     timeout_share: float = 0.02  # timed-out model calls per rollout in the high probe
     dispersion_growth: float = 2.0  # latency p95/p50 at the high probe ÷ at the low one
+    # tail-bound (batch steps): the tail is at least this share of a step (lower bound of
+    # its 95% interval over the steps) while the server runs at most this share of its
+    # capacity during it (upper bound)
+    tail_share: float = 0.20
+    tail_busy_share: float = 0.5
     # A speedup within this share of the parallelism-bound threshold is on it: the
     # interval must clear the threshold by this much, or no probe length could decide.
     threshold_margin: float = 0.03
@@ -644,6 +650,7 @@ class DiagnoseResult(Record):
     workload: DiagnoseWorkload
     settings: DiagnoseSettings
     machine: dict[str, str]
+    batch: BatchSummary | None = None  # --batch-groups: the training-step probe
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -67,6 +67,16 @@ def batch_means_rate(
     return RateEstimate(mean, max(0.0, mean - halfwidth), mean + halfwidth, events, window, batches)
 
 
+def mean_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """The 95% t-interval of the mean of `values` (None for fewer than two)."""
+    if len(values) < 2:
+        return None
+    centre = sum(values) / len(values)
+    variance = sum((v - centre) ** 2 for v in values) / (len(values) - 1)
+    halfwidth = t95(len(values) - 1) * math.sqrt(variance / len(values))
+    return centre - halfwidth, centre + halfwidth
+
+
 def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 

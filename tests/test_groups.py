@@ -9,6 +9,7 @@ carry-over (samples finish in a later step, their age recorded).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +18,7 @@ import pytest
 from autotune.batch import Occupancy, grouped
 from autotune.collect import collect
 from autotune.config import BatchSpec, CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.diagnose import BATCH_PROBE_STEPS, DiagnoseConfig, diagnose
 from autotune.errors import UsageError
 from autotune.groups import GroupTracker, completion_s, is_informative, straggler_ratio, tail_share
 from autotune.results import percentile
@@ -89,10 +91,12 @@ def test_a_steps_tail_share_by_hand() -> None:
 def test_occupancy_means_a_level_over_a_window() -> None:
     level = Occupancy(0.0)
     level.set(4, 1.0)  # 0 for 1 s, then 4
-    window_start = level.area(1.0)
     level.set(2, 3.0)  # 4 for 2 s, then 2
     assert level.area(5.0) == 12.0  # 0 + 8 + 4
-    assert (level.area(5.0) - window_start) / (5.0 - 1.0) == 3.0  # the mean over [1 s, 5 s]
+    assert level.mean(1.0, 5.0) == 3.0  # (8 + 4) / 4
+    assert level.mean(2.0, 4.0) == 3.0  # 4 for 1 s, 2 for 1 s
+    level.forget_before(3.5)
+    assert level.mean(3.5, 5.0) == 2.0
 
 
 def test_work_items_group_by_task() -> None:
@@ -237,3 +241,33 @@ def test_batch_settings_are_checked_together() -> None:
         CollectConfig(batch=BatchSpec(batch_groups=2, over_sample=0.5))
     with pytest.raises(UsageError, match="collect into a new --output-dir"):
         CollectConfig(batch=BatchSpec(batch_groups=2), output=Path("x.jsonl"), resume=True)
+
+
+# -- diagnose: tail-bound ------------------------------------------------------------------
+
+
+async def _diagnoses(sim_process: SimProcess, sigma: str, runs: int) -> list[str]:
+    flags = ("--output-length-sigma", sigma, "--uninformative-share", "0.4")
+    flags += ("--natural-output-tokens", "128", "--max-num-seqs", "256", "--time-scale", "0.05")
+    verdicts = []
+    async with sim_process(*flags) as sim:
+        collect_config = _collect(sim.base_url, Path("unused"), BatchSpec(batch_groups=4))
+        collect_config = replace(collect_config, output=None, num_repeats=8, parallelism=None)
+        for _ in range(runs):
+            config = DiagnoseConfig(collect_config, low=2, high=8, min_s=1.0, max_s=3.0)
+            result = await diagnose(config)
+            assert result.batch is not None and len(result.batch.steps) == BATCH_PROBE_STEPS
+            verdicts.append(result.verdict.verdict)
+    return verdicts
+
+
+@pytest.mark.slow
+async def test_diagnose_says_tail_bound_on_a_long_tail_five_times_of_five(
+    sim_process: SimProcess,
+) -> None:
+    assert await _diagnoses(sim_process, sigma="1.0", runs=5) == ["tail-bound"] * 5
+
+
+@pytest.mark.slow
+async def test_diagnose_never_says_tail_bound_on_a_short_tail(sim_process: SimProcess) -> None:
+    assert "tail-bound" not in await _diagnoses(sim_process, sigma="0.1", runs=5)

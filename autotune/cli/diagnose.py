@@ -23,6 +23,7 @@ from autotune.cli.common import (
 from autotune.cli.options import add_options
 from autotune.cli.run_args import (
     RUN_DEFAULTS,
+    add_batch_arguments,
     add_target_arguments,
     add_workload_arguments,
     run_config,
@@ -56,6 +57,7 @@ def add_parser(commands: Any) -> None:
     )
     add_workload_arguments(diagnose)
     add_target_arguments(diagnose)
+    add_batch_arguments(diagnose)
     probes = diagnose.add_argument_group("probes")
     probes.add_argument(
         "--low", type=positive_int, default=LOW_PARALLELISM, help="low probe parallelism"

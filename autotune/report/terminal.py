@@ -313,7 +313,7 @@ def group_lines(summary: CollectSummary) -> list[str]:
         remedies += ["carry-over"] if batch.carry_over else []
         wasted = "-" if batch.cancelled_tokens is None else f"{batch.cancelled_tokens:,}"
         lines += [
-            f"batch steps   {len(batch.steps):,} of {batch.batch_groups} groups"
+            f"batch steps   {len(batch.steps):,} steps of {batch.batch_groups} groups"
             + (f" ({', '.join(remedies)})" if remedies else "")
             + f": step p50 {_seconds(batch.step_s.p50)}, p95 {_seconds(batch.step_s.p95)}",
             f"              tail {_share(batch.tail_share)} of a step, server busy "

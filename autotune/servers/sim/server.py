@@ -213,7 +213,8 @@ class _Service:
             config.output_length_sigma,
             config.uninformative_share,
         )
-        # Per engine, requests that ended by vLLM's finished_reason (abort: the client left).
+        # Per engine, requests that ended by vLLM's finished_reason (abort: the client left;
+        # vLLM 0.32 itself leaves client aborts out of this count, upstream issue #31503).
         self._finished = [dict.fromkeys(("stop", "length", "abort"), 0) for _ in self.engines]
 
     # -- admission ---------------------------------------------------------------------------
