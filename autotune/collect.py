@@ -150,7 +150,6 @@ async def _collect(
     summary = replace(
         summary,
         replicas=replicas,
-        cancelled=stats.cancelled,
         groups=groups.summary(stats.elapsed_s) if groups is not None and repeats > 1 else None,
         batch=batch,
     )
@@ -347,6 +346,7 @@ def _summarise(
         concurrency_decreases=limiter.decreases if limiter else 0,
         concurrency_limit_min=limiter.lowest if limiter else None,
         concurrency_limit_final=totals.concurrency_limit,
+        cancelled=totals.cancelled,
     )
 
 

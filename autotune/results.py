@@ -361,6 +361,10 @@ class LiveSample(Record):
     window_output_tokens_per_s: float
     window_latency_s: dict[str, StageLatency]
     steady_rollouts_per_s: tuple[float, float, float] | None = None  # rate, 95% low, high
+    cancelled: int = 0  # samples a batch step's end cancelled (--over-sample)
+    groups_complete: int | None = None  # GRPO groups (--num-repeats above 1)
+    groups_informative: int | None = None
+    window_informative_groups_per_s: float | None = None  # RL goodput since the last sample
     drift: DriftWarning | None = None  # on the first sample after the warning
     summary: CollectSummary | None = None  # the last sample only
 

@@ -17,7 +17,7 @@ import pytest
 
 from autotune.batch import Occupancy, grouped
 from autotune.collect import collect
-from autotune.config import BatchSpec, CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config import BatchSpec, CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
 from autotune.diagnose import BATCH_PROBE_STEPS, DiagnoseConfig, diagnose
 from autotune.errors import UsageError
 from autotune.groups import GroupTracker, completion_s, is_informative, straggler_ratio, tail_share
@@ -225,6 +225,7 @@ async def test_carry_over_finishes_samples_in_later_steps(
 ) -> None:
     async with sim_process(*RL_SIM) as sim:
         config = _collect(sim.base_url, tmp_path, BatchSpec(batch_groups=2, carry_over=True))
+        config = replace(config, live=LiveConfig(report=tmp_path / "report"))
         summary = await collect(config)
     batch = summary.batch
     assert batch is not None and batch.cancelled_samples == 0
@@ -232,6 +233,8 @@ async def test_carry_over_finishes_samples_in_later_steps(
     ages = [row["_autotune"]["age_steps"] for row in rows]  # type: ignore[index]
     assert len(rows) == 96 and max(ages) >= 1 and batch.staleness_max == max(ages)
     assert batch.staleness_mean is not None and batch.staleness_mean > 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "RL goodput: informative groups/s" in page and "staleness max (steps)" in page
 
 
 def test_batch_settings_are_checked_together() -> None:

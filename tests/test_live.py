@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -27,6 +28,7 @@ from autotune.concurrency import AdaptiveConcurrency
 from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
 from autotune.engine import RunStats
 from autotune.errors import UsageError
+from autotune.groups import GroupTracker
 from autotune.knee import summarise_curve
 from autotune.live.drift import DriftWatch, WindowFigures, auto_window_s, window_rate
 from autotune.live.expect import diagnose_command, from_recommendation, load_expectation
@@ -114,12 +116,18 @@ def assert_one_reading(summary: dict[str, Any], last: dict[str, Any], scraped: S
         "limiter_wait_s": scraped["autotune_limiter_wait_seconds_total"][()],
         "pool_wait_s": scraped["autotune_connection_pool_wait_seconds_total"][()],
         "concurrency_limit": scraped.get("autotune_concurrency_limit", {}).get(()),
+        "cancelled": scraped["autotune_rollouts_cancelled_total"][()],
+        "groups_complete": scraped.get("autotune_groups_completed_total", {}).get(()),
+        "groups_informative": scraped.get("autotune_groups_informative_total", {}).get(()),
     }
     assert set(served) == {field.name for field in dataclasses.fields(Totals)}
     for name, value in served.items():
         assert last[name] == value, name
         if SUMMARY_NAMES.get(name, name) in summary:
             assert summary[SUMMARY_NAMES.get(name, name)] == value, name
+    groups = summary.get("groups") or {}
+    assert groups.get("complete") == served["groups_complete"]
+    assert groups.get("informative") == served["groups_informative"]
     assert last["summary"] == summary
     assert last["t_s"] == summary["elapsed_s"]
     assert summary["rollouts_per_s"] == summary["completed"] / summary["elapsed_s"]
@@ -203,7 +211,7 @@ def test_every_total_non_zero_agrees_in_the_summary_the_stats_line_and_a_scrape(
     """The totals a run above leaves at zero or unset (retries, 429s, the limiters' waits,
     an adaptive concurrency limit), each non-zero, agree in all three outputs too."""
     stats = RunStats(
-        taken=60, completed=50, failed=7, input_tokens=12345, output_tokens=6789,
+        taken=64, completed=50, failed=7, cancelled=4, input_tokens=12345, output_tokens=6789,
         reward_sum=31.0, reward_count=40, errors_by_class={"verifier_error": 5, "timeout": 2},
         started=100.0, finished=112.5,
     )  # fmt: skip
@@ -212,10 +220,14 @@ def test_every_total_non_zero_agrees_in_the_summary_the_stats_line_and_a_scrape(
     counters = CallCounters(retries={"timeout": 3}, rate_limited_responses=4, limiter_wait_s=1.25)
     limiter = AdaptiveConcurrency(16)
     pool = cast(MeteredConnector, SimpleNamespace(acquire_s=0.75))
-    sources = Sources(stats, counters, limiter, pool, planned=80)
+    groups = GroupTracker(2)
+    for task, rewards in enumerate([(1.0, 0.0), (1.0, 1.0), (0.0, 1.0)]):
+        for reward in rewards:
+            groups.ended(task, 100.0, 101.0, reward)
+    sources = Sources(stats, counters, limiter, pool, planned=80, groups=groups)
     target = cast(Target, SimpleNamespace(model="m", base_url="http://h/v1", simulated=True))
     config = cast(CollectConfig, SimpleNamespace(parallelism=16, output=None))
-    summary = _summarise(sources, target, config, skipped=0)
+    summary = replace(_summarise(sources, target, config, skipped=0), groups=groups.summary(12.5))
     last = Sampler(sources, 1e9).take(stats.finished, summary=summary)
     state = RunState(None)
     state.sources, state.histograms, state.finished = sources, StageHistograms(stats.samples), True

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from autotune.backends import CallCounters
 from autotune.concurrency import AdaptiveConcurrency
 from autotune.engine import Engine, RunStats
+from autotune.groups import GroupTracker
 from autotune.results import STAGES, Expectation, StageSamples
 from autotune.target import MeteredConnector
 
@@ -48,6 +49,9 @@ class Totals:
     limiter_wait_s: float  # waiting for --rpm/--tpm
     pool_wait_s: float  # getting a connection from the pool
     concurrency_limit: int | None  # the adaptive limit now; None at a fixed parallelism
+    cancelled: int = 0  # samples a batch step's end cancelled (--over-sample)
+    groups_complete: int | None = None  # GRPO groups (--num-repeats above 1)
+    groups_informative: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,7 @@ class Sources:
     limiter: AdaptiveConcurrency | None
     connector: MeteredConnector | None
     planned: int  # rollouts this run is to make (those already on disk not counted)
+    groups: GroupTracker | None = None
 
     @classmethod
     def of(cls, engine: Engine, pipeline: Pipeline, planned: int) -> Sources:
@@ -71,6 +76,7 @@ class Sources:
             limiter=engine.limiter,
             connector=connector if isinstance(connector, MeteredConnector) else None,
             planned=planned,
+            groups=engine.groups,
         )
 
     def totals(self) -> Totals:
@@ -79,7 +85,7 @@ class Sources:
         return Totals(
             completed=stats.completed,
             failed=stats.failed,
-            in_flight=stats.taken - stats.completed - stats.failed,
+            in_flight=stats.taken - stats.completed - stats.failed - stats.cancelled,
             input_tokens=stats.input_tokens,
             output_tokens=stats.output_tokens,
             mean_reward=stats.reward_sum / stats.reward_count if stats.reward_count else None,
@@ -89,6 +95,9 @@ class Sources:
             limiter_wait_s=counters.limiter_wait_s,
             pool_wait_s=self.connector.acquire_s if self.connector is not None else 0.0,
             concurrency_limit=limiter.limit if limiter is not None else None,
+            cancelled=stats.cancelled,
+            groups_complete=self.groups.complete if self.groups is not None else None,
+            groups_informative=self.groups.informative if self.groups is not None else None,
         )
 
     @property

@@ -80,6 +80,22 @@ class RunCollector(Collector):
             "autotune_rollouts_in_flight", "Rollouts begun and not yet ended.", totals.in_flight
         )
         yield CounterMetricFamily(
+            "autotune_rollouts_cancelled",
+            "Samples cancelled when their batch step ended (--over-sample).",
+            value=totals.cancelled,
+        )
+        if totals.groups_complete is not None:
+            yield CounterMetricFamily(
+                "autotune_groups_completed",
+                "GRPO groups whose every sample completed with a reward.",
+                value=totals.groups_complete,
+            )
+            yield CounterMetricFamily(
+                "autotune_groups_informative",
+                "Completed groups whose rewards differ (RL goodput counts these).",
+                value=totals.groups_informative or 0,
+            )
+        yield CounterMetricFamily(
             "autotune_input_tokens", "Prompt tokens of completed rollouts.", totals.input_tokens
         )
         yield CounterMetricFamily(

@@ -33,6 +33,7 @@ class Sampler:
         self._last_t = 0.0
         self._last_completed = 0
         self._last_output_tokens = 0
+        self._last_informative = 0
 
     def take(
         self,
@@ -71,11 +72,18 @@ class Sampler:
             window_output_tokens_per_s=(totals.output_tokens - self._last_output_tokens) / window,
             window_latency_s=latency,
             steady_rollouts_per_s=steady,
+            cancelled=totals.cancelled,
+            groups_complete=totals.groups_complete,
+            groups_informative=totals.groups_informative,
+            window_informative_groups_per_s=None
+            if totals.groups_informative is None
+            else (totals.groups_informative - self._last_informative) / window,
             drift=drift,
             summary=summary,
         )
         self._last_t, self._last_completed = t, totals.completed
         self._last_output_tokens = totals.output_tokens
+        self._last_informative = totals.groups_informative or 0
         return sample
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, html_table
-from autotune.results import STAGES, CollectResult, LiveSample
+from autotune.results import STAGES, CollectResult, LiveSample, StageLatency
 
 SERIES_STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify")
 
@@ -125,7 +125,32 @@ def _totals(result: CollectResult) -> str:
         rows.append(["seconds getting a pooled connection", last.pool_wait_s])
     if summary.concurrency_limit_final is not None:
         rows.append(["adaptive concurrency limit at the end", summary.concurrency_limit_final])
+    if summary.cancelled:
+        rows.append(["samples cancelled by a batch step's end", summary.cancelled])
+    groups = summary.groups
+    if groups is not None:
+        rows += [
+            [f"groups complete ({groups.size} samples each)", groups.complete],
+            ["informative groups (rewards differ)", groups.informative],
+            ["RL goodput: informative groups/s", groups.informative_groups_per_s],
+            ["group completion p50 / p95 (s)", _pair(groups.completion_s)],
+            ["straggler ratio p50 / p95", _pair(groups.straggler_ratio)],
+        ]
+    batch = summary.batch
+    if batch is not None:
+        rows += [
+            [f"batch steps of {batch.batch_groups} groups", len(batch.steps)],
+            ["step tail share (mean)", batch.tail_share],
+            [f"server busy share ({batch.busy_source}'s count)", batch.busy_share],
+            ["staleness mean (steps)", batch.staleness_mean],
+            ["staleness max (steps)", batch.staleness_max],
+        ]
     return html.table(["figure", "value"], rows)
+
+
+def _pair(latency: StageLatency) -> str:
+    """`p50 / p95` of a distribution, two decimals each."""
+    return " / ".join("-" if v is None else f"{v:.2f}" for v in (latency.p50, latency.p95))
 
 
 def _stage_table(result: CollectResult) -> str:
