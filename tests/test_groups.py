@@ -257,7 +257,7 @@ async def _diagnoses(sim_process: SimProcess, sigma: str, runs: int) -> list[str
         collect_config = _collect(sim.base_url, Path("unused"), BatchSpec(batch_groups=4))
         collect_config = replace(collect_config, output=None, num_repeats=8, parallelism=None)
         for _ in range(runs):
-            config = DiagnoseConfig(collect_config, low=2, high=8, min_s=1.0, max_s=3.0)
+            config = DiagnoseConfig(collect_config, low=2, high=8, min_s=0.5, max_s=1.5)
             result = await diagnose(config)
             assert result.batch is not None and len(result.batch.steps) == BATCH_PROBE_STEPS
             verdicts.append(result.verdict.verdict)

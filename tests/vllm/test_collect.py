@@ -1,20 +1,24 @@
-"""`autotune collect` against real vLLM: token counts and NeMo Gym rows.
+"""`autotune collect` against real vLLM: token counts, NeMo Gym rows, batch steps.
 
 Every finished request's `usage` must add up to exactly what vLLM counted itself in
 /metrics, for streaming and non-streaming calls to both APIs; every NeMo Gym example
-must run and come back as rows with the reference rollouts' keys and types.
+must run and come back as rows with the reference rollouts' keys and types; samples
+that over-sampling cancels stop on vLLM and none is lost. One vLLM serves them all.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autotune.servers.vllm import VllmServer
+from autotune.store import failures_path
 from tests.helpers import autotune, read_rows
 from tests.vllm.conftest import server_counters
 
@@ -153,3 +157,127 @@ def test_nemo_gym_examples_run_and_rows_match_the_reference(
         for key, types in response_types.items():
             if key in row["response"] and types != {"null"}:  # null there: an optional field
                 assert json_type(row["response"][key]) in types | {"null"}, (key, types)
+
+
+# -- collect --batch-groups --over-sample ----------------------------------------------------
+# collect --batch-groups --over-sample against real vLLM (its CPU build): the samples a
+# step's end cancels stop on the server, and every launched sample is written once.
+#
+# tests/test_groups.py proves the same on the simulator. Here vLLM itself must see each
+# cancelled call's connection close and abort the request: it generated tokens for it,
+# yet never finished it (neither `stop` nor `length`), and nothing is left running.
+# vLLM 0.32 does not count such a client abort in `vllm:request_success_total` (its
+# OutputProcessor.abort_requests drops the request without recording a finish; upstream
+# vllm-project/vllm#31503), so its `abort` count is checked only as an upper bound: no
+# more than the requests that never finished.
+#
+# The tiny model writes random text, which the synthetic verifier grades 0 or 1 by its
+# hash, so a group of 4 is informative by chance (7 in 8). Output lengths (max_tokens,
+# 160 ± 120 with --seed 62) give each step of 6 groups one far longer than the other five,
+# by 170 tokens or more: 1 11 81 100 108 282, 41 98 100 110 119 314, 1 1 19 38 132 300,
+# 1 126 129 132 225 383. A step whose five shorter groups hold four informative ones
+# ends while that one is still generating; all four steps missing that is about 1 in
+# 5000 (0.12 ** 4).
+
+GROUP_TASKS, REPEATS, BATCH = 24, 4, 4  # ceil(4 x 1.5) = 6 groups (24 samples) start a step
+ENDED = re.compile(
+    r'^vllm:request_success_total\{[^}]*finished_reason="(\w+)"[^}]*\} (\S+)$', re.MULTILINE
+)
+RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
+GENERATED = re.compile(r"^vllm:generation_tokens_total(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
+SETTLE_S = 10.0
+
+
+def server_requests(server: VllmServer) -> dict[str, float]:
+    """vLLM's ended requests by finished_reason (stop, length, abort, ...), its running
+    gauge (`running`) and its generated tokens (`generated`), from its /metrics."""
+    root = (server.base_url or "").removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    figures: dict[str, float] = {}
+    for reason, value in ENDED.findall(text):
+        figures[reason] = figures.get(reason, 0.0) + float(value)
+    for name, pattern in (("running", RUNNING), ("generated", GENERATED)):
+        values = pattern.findall(text)
+        assert values, f"vLLM's /metrics has no {pattern.pattern}"
+        figures[name] = sum(map(float, values))
+    return figures
+
+
+def settled_requests(server: VllmServer) -> dict[str, float]:
+    """The server's figures once nothing runs and two reads in a row agree (vLLM sets
+    its gauge and counters as its engine loop turns), else the last read after SETTLE_S."""
+    last = server_requests(server)
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = server_requests(server)
+        if now == last and now["running"] == 0:
+            return now
+        last = now
+    return last
+
+
+def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
+    vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    before = settled_requests(vllm_server)
+    assert before["running"] == 0
+    started = time.monotonic()
+    result = autotune(
+        "collect", "--base-url", vllm_server.base_url or "",
+        "--synthetic", str(GROUP_TASKS), "--seed", "62",
+        "--prompt-tokens", "32,8", "--output-tokens", "160,120",
+        "--num-repeats", str(REPEATS), "--verifier", "synthetic",
+        "--batch-groups", str(BATCH), "--over-sample", "0.5", "--parallelism", "64",
+        "--output-dir", str(tmp_path), "--json", "--quiet",
+    )  # fmt: skip
+    wall_s = time.monotonic() - started
+    assert result.returncode == 0, result.stderr + vllm_server.log_tail()
+    after = settled_requests(vllm_server)
+    summary = json.loads(result.stdout)
+    batch = summary["batch"]
+    cancelled, completed, failed = summary["cancelled"], summary["completed"], summary["failed"]
+    change = {key: after[key] - before.get(key, 0.0) for key in after}
+    # Requests that ended on the server other than by abort (stop, length, ...).
+    finished = sum(n for key, n in change.items() if key not in ("abort", "running", "generated"))
+    out = tmp_path / "rollouts.jsonl"
+    rows = read_rows(out)
+    failures = read_rows(failures_path(out))
+    print(
+        f"cancelled {cancelled}, completed {completed}, failed {failed}; vLLM: "
+        f"abort +{change['abort']:.0f}, finished +{finished:.0f}, running {after['running']:.0f}, "
+        f"generated +{change['generated']:.0f} (the completed: {summary['output_tokens']}); "
+        f"steps (groups, informative, cancelled) "
+        f"{[(s['groups'], s['informative'], s['cancelled']) for s in batch['steps']]}; "
+        f"collect {wall_s:.1f} s"
+    )
+
+    # Over-sampling cancelled samples, and the summary counts them once.
+    assert cancelled > 0 and cancelled == batch["cancelled_samples"]
+    assert sum(step["cancelled"] for step in batch["steps"]) == cancelled
+    assert batch["busy_source"] == "server"  # vLLM's running gauge
+
+    # Every launched sample ends in a file exactly once: whole groups, every task.
+    assert failed == 0 and {row["failure_class"] for row in failures} == {"cancelled"}
+    assert len(rows) == completed and len(failures) == cancelled
+    keys = [(row["_ng_task_index"], row["_ng_rollout_index"]) for row in rows + failures]
+    assert len(keys) == len(set(keys)) == completed + cancelled + failed
+    assert len(keys) % REPEATS == 0
+    assert set(keys) == {(task, sample) for task in range(GROUP_TASKS) for sample in range(REPEATS)}
+
+    # The cancelled samples stopped on vLLM. Each completed sample finished there; of the
+    # cancelled, at least one (a sample whose answer was already on its way when its step
+    # ended is cancelled here, done there) never did, though vLLM generated tokens for
+    # them, fewer than they asked for; none is left running. vLLM's abort counter counts
+    # no more than that (vLLM 0.32 counts none: see the module's docstring).
+    stopped = len(keys) - finished
+    assert finished >= completed and 1 <= stopped <= cancelled, (finished, completed, cancelled)
+    assert change["abort"] <= stopped
+    assert after["running"] == 0
+    wasted = change["generated"] - summary["output_tokens"]
+    asked = sum(
+        row["responses_create_params"]["max_output_tokens"]  # type: ignore[index]
+        for row in failures
+    )
+    assert 0 < wasted < asked, (wasted, asked)
