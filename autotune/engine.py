@@ -189,17 +189,29 @@ class Engine:
     def _cancelled(self, item: WorkItem, queued: float) -> None:
         now = time.time()
         self.stats.cancelled += 1
-        cancelled: dict[str, Any] = {
-            "_ng_task_index": item.task.index,
-            "_ng_rollout_index": item.rollout_index,
-            "failure_class": "cancelled",
-            "message": "cancelled: its batch step ended, or the run stopped",
-            "responses_create_params": item.task.create_params,
-            "_autotune": self._autotune_fields(item, {"queued": queued, "cancelled": now}, 1),
-        }
-        self._sink.write_failure(cancelled)
+        message = "cancelled: its batch step ended, or the run stopped"
+        timings: dict[str, float | None] = {"queued": queued, "cancelled": now}
+        self._sink.write_failure(self._failure_row(item, "cancelled", message, timings, 1))
         if self.groups is not None:
             self.groups.ended(item.task.index, queued, now, completed=False)
+
+    def _failure_row(
+        self,
+        item: WorkItem,
+        failure_class: str,
+        message: str,
+        timings: dict[str, float | None],
+        attempts: int,
+    ) -> dict[str, Any]:
+        """A row of the failures file: a failed or a cancelled rollout."""
+        return {
+            "_ng_task_index": item.task.index,
+            "_ng_rollout_index": item.rollout_index,
+            "failure_class": failure_class,
+            "message": message,
+            "responses_create_params": item.task.create_params,
+            "_autotune": self._autotune_fields(item, timings, attempts),
+        }
 
     def _autotune_fields(
         self, item: WorkItem, timings: dict[str, float | None], attempts: int
@@ -345,14 +357,7 @@ class Engine:
         stats = self.stats
         stats.failed += 1
         stats.errors_by_class[failure_class] = stats.errors_by_class.get(failure_class, 0) + 1
-        failure: dict[str, Any] = {
-            "_ng_task_index": item.task.index,
-            "_ng_rollout_index": item.rollout_index,
-            "failure_class": failure_class,
-            "message": message,
-            "responses_create_params": item.task.create_params,
-            "_autotune": self._autotune_fields(item, timings, attempts),
-        }
+        failure = self._failure_row(item, failure_class, message, timings, attempts)
         if response is not None:
             failure["response"] = response
         self._sink.write_failure(failure)
