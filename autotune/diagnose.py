@@ -27,7 +27,7 @@ from autotune.errors import CollectionError, UsageError
 from autotune.groups import GroupTracker
 from autotune.pipeline import Pipeline, open_pipeline
 from autotune.probe import ProbeSettings
-from autotune.probe.command import run_command_probe
+from autotune.probe.command import rollouts_per_run, run_command_probe
 from autotune.probe.engine import ProbeRun, cycle_work
 from autotune.probe.status import ProbeStatus
 from autotune.probe.timescale import in_simulated_time
@@ -57,7 +57,6 @@ EXTEND_UNTIL = 0.95  # a probe that has measured this share of --max-s is not ex
 FIRST_PASS_HALFWIDTH = 0.15
 RESULT_FILE = "diagnose.json"
 DiagnoseWatch = Callable[[int, ProbeStatus], None]  # (which probe, its status): progress
-COMMAND_LIMIT_PER_SLOT = 10  # a --command run's default {limit}: 10 rollouts per high slot
 BATCH_PROBE_STEPS = 12  # training steps the tail-bound rule measures (--batch-groups)
 
 
@@ -233,7 +232,6 @@ async def _diagnose_command(
     config: DiagnoseConfig, template: str, watch: DiagnoseWatch | None
 ) -> DiagnoseResult:
     """Both probes run the user's collector command; its rows are timed as they land."""
-    limit = config.collect.limit or COMMAND_LIMIT_PER_SLOT * config.high
     workdir = Path(tempfile.mkdtemp(prefix="autotune-command-"))
     probes = []
     for index, parallelism in enumerate((config.low, config.high)):
@@ -242,6 +240,7 @@ async def _diagnose_command(
                 "running the command", parallelism, 0, 0.0, config.max_s, config.target_halfwidth
             )
             watch(index, status)
+        limit = rollouts_per_run(config.collect.limit, parallelism)
         probes.append(await run_command_probe(template, parallelism, limit, workdir))
     shutil.rmtree(workdir)  # kept when a run failed: the error names its log there
     target = DiagnoseTarget(base_url=None, model=None, simulated=False, command=template)

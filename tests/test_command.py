@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import CollectionError, UsageError
-from autotune.probe.command import run_command_probe
+from autotune.probe.command import ROLLOUTS_PER_SLOT, CommandProbe, run_command_probe
 from autotune.results import DiagnoseResult, load_result
 from autotune.servers.command import command_argv
 from tests.helpers import COLLECTOR_TEMPLATE, autotune, read_rows
@@ -51,6 +51,22 @@ async def test_probe_times_the_rows_as_they_land(tmp_path: Path) -> None:
     assert probe.error_rate == 0 and probe.token_check is None
     rows = read_rows(tmp_path / "rollouts-p4.jsonl")
     assert sorted(r["_ng_task_index"] for r in rows) == list(range(40))
+
+
+async def test_each_run_makes_ten_rollouts_a_slot_unless_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default keeps the high probe's run as many waves long as the low one's, so
+    both steady windows hold rows; a --limit too small for a run's slots is warned about."""
+    probe = CommandProbe(f"{TEMPLATE} --latency 0.01", None, tmp_path)
+    for parallelism in (2, 6):
+        await probe.measure(parallelism)
+        rows = read_rows(tmp_path / f"rollouts-p{parallelism}.jsonl")
+        assert len(rows) == ROLLOUTS_PER_SLOT * parallelism
+    assert "rollouts a slot" not in caplog.text
+    await CommandProbe(f"{TEMPLATE} --latency 0.01", 12, tmp_path).measure(6)
+    assert len(read_rows(tmp_path / "rollouts-p6.jsonl")) == 12
+    assert "--limit 12 gives parallelism 6 only 2.0 rollouts a slot" in caplog.text
 
 
 async def test_a_failing_command_ends_in_its_own_error_line(tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def add_parser(commands: Any) -> None:
         metavar="TEMPLATE",
         help="diagnose your own collector instead: a command with {parallelism} and "
         "{output} (the rollout JSONL it writes), optionally {limit} (--limit, default "
-        "10 × --high), e.g. 'ng_collect_rollouts ... +num_samples_in_parallel={parallelism} "
+        "10 rollouts a slot), e.g. 'ng_collect_rollouts ... +num_samples_in_parallel={parallelism} "
         "+output_jsonl_fpath={output} +limit={limit}'",
     )
     diagnose.set_defaults(

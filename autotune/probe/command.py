@@ -4,7 +4,10 @@ autotune fills in the command's `{parallelism}`, `{output}` and `{limit}`, runs 
 (servers.command) and watches the rollout JSONL it writes. Each row's arrival is timed,
 so the rate is measured in the same steady-state window as any probe's, leaving the
 command's own start-up and wind-down out; a command that writes its rows only at the end
-is timed as a whole instead (`stop_reason` says which).
+is timed as a whole instead (`stop_reason` says which). That window lies between the
+first wave of completions and the drain, so a run of a few waves leaves it a handful of
+rows: unless the user fixes it, `{limit}` grows with parallelism (ROLLOUTS_PER_SLOT a
+slot), where a fixed limit that suits the low probe would starve the high one.
 """
 
 from __future__ import annotations
@@ -23,6 +26,24 @@ from autotune.stats import batch_means_rate
 from autotune.telemetry import GpuSampler, TelemetryRecorder, summarise
 
 log = logging.getLogger("autotune")
+
+ROLLOUTS_PER_SLOT = 10  # a run's default {limit}: ten waves of completions to time
+FEW_PER_SLOT = 5  # below this, a run's steady window holds too few rows to time it
+
+
+def rollouts_per_run(limit: int | None, parallelism: int) -> int:
+    """A run's `{limit}`: the user's, or ROLLOUTS_PER_SLOT for each slot."""
+    if limit is None:
+        return ROLLOUTS_PER_SLOT * parallelism
+    if limit < FEW_PER_SLOT * parallelism:
+        log.warning(
+            "--limit %d gives parallelism %d only %.1f rollouts a slot: the rate is timed "
+            "after every slot's first rollout and before the drain, which leaves few rows; "
+            "omit --limit (%d a slot) or raise it to at least %d.",
+            limit, parallelism, limit / parallelism, ROLLOUTS_PER_SLOT,
+            FEW_PER_SLOT * parallelism,
+        )  # fmt: skip
+    return limit
 
 
 class _RowWatcher:
@@ -103,7 +124,7 @@ async def run_command_probe(
 
 @dataclass(slots=True)
 class CommandProbe:
-    """Runs the collector once per measured parallelism, `limit` rollouts a run.
+    """Runs the collector once per measured parallelism.
 
     `tolerate_failures`: a run that fails (the command exits non-zero or writes nothing)
     becomes a point with every rollout failed, so a sweep can go on past it; otherwise
@@ -111,15 +132,16 @@ class CommandProbe:
     """
 
     template: str
-    limit: int
+    limit: int | None  # rollouts a run; None: ROLLOUTS_PER_SLOT a slot
     workdir: Path
     tolerate_failures: bool = False
 
     async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
-        """One run of `limit` rollouts: a finished run is timed whole, so `settings`
-        (how long to measure) do not apply."""
+        """One run of the collector: a finished run is timed whole, so `settings` (how
+        long to measure) do not apply."""
+        limit = rollouts_per_run(self.limit, parallelism)
         try:
-            return await run_command_probe(self.template, parallelism, self.limit, self.workdir)
+            return await run_command_probe(self.template, parallelism, limit, self.workdir)
         except CollectionError as error:
             if not self.tolerate_failures:
                 raise

@@ -26,8 +26,6 @@ from autotune.target import api_key, open_session, resolve_target
 from autotune.verifiers import Verifier
 from autotune.workload import Task, Workload
 
-COMMAND_ROLLOUTS = 200  # rollouts per run of a user's collector, unless workload.limit says
-
 
 @dataclass(slots=True)
 class HttpLauncher:
@@ -79,7 +77,7 @@ class CommandLauncher:
     """No server to start: the command is the whole collection stack, run per point."""
 
     template: str
-    limit: int
+    limit: int | None  # rollouts a run; None: the probe's default for each parallelism
     workdir: Path
 
     @asynccontextmanager
@@ -121,7 +119,7 @@ def agent_launcher(study: Study) -> AgentLauncher:
 def command_launcher(study: Study, studies_dir: Path) -> CommandLauncher:
     return CommandLauncher(
         study.target.template or "",
-        study.workload.limit or COMMAND_ROLLOUTS,
+        study.workload.limit,
         studies_dir / "runs" / study.name,
     )
 
