@@ -209,8 +209,13 @@ class NemoGymStack:
             f"+output_jsonl_fpath={output}", f"+num_samples_in_parallel={parallelism}",
             f"+head_server.port={self.head_port}",
         ]  # fmt: skip
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=self.install.env(), timeout=300
+        done = subprocess.run(  # from output's folder: Hydra writes its outputs/ there
+            argv,
+            capture_output=True,
+            text=True,
+            env=self.install.env(),
+            timeout=300,
+            cwd=output.parent,
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         return read_rows(output)

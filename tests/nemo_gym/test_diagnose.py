@@ -24,15 +24,17 @@ pytestmark = [pytest.mark.nemo_gym, pytest.mark.slow]
 CAPPED = ("--time-scale", "1", "--natural-output-tokens", "100000", "--max-num-seqs", "2")
 
 
-def diagnose(*args: str) -> dict[str, Any]:
-    done = autotune("diagnose", *args, "--max-s", "20", "--quiet", "--json", timeout=400)
+def diagnose(*args: str, cwd: Path) -> dict[str, Any]:
+    """`autotune diagnose ARGS` from `cwd` (ng_collect_rollouts, a Hydra app, writes its
+    outputs/ folder there)."""
+    done = autotune("diagnose", *args, "--max-s", "20", "--quiet", "--json", timeout=400, cwd=cwd)
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = orjson.loads(done.stdout)
     return result
 
 
 def test_the_agent_and_ng_collect_rollouts_get_the_same_verdict(
-    nemo_gym_stack: NemoGymStack, probe_tasks: Path
+    nemo_gym_stack: NemoGymStack, probe_tasks: Path, tmp_path: Path
 ) -> None:
     agent = nemo_gym_stack.url(MCQA_AGENT)
     with nemo_gym_stack.sim(*WIDE):
@@ -43,9 +45,11 @@ def test_the_agent_and_ng_collect_rollouts_get_the_same_verdict(
             nemo_gym_stack.metrics_url,
             "--input",
             str(probe_tasks),
+            cwd=tmp_path,
         )
         template = nemo_gym_stack.collect_command(MCQA_AGENT, probe_tasks)
-        through_command = diagnose("--command", template)  # 50 rollouts at 5, 200 at 20
+        # 50 rollouts at parallelism 5, 200 at 20
+        through_command = diagnose("--command", template, cwd=tmp_path)
     assert through_agent["verdict"]["verdict"] == "parallelism-bound"
     assert through_command["verdict"]["verdict"] == through_agent["verdict"]["verdict"]
     assert through_agent["target"]["simulated"] is True
@@ -56,7 +60,7 @@ def test_the_agent_and_ng_collect_rollouts_get_the_same_verdict(
 
 
 def test_a_model_server_capped_at_two_sequences_is_model_bound(
-    nemo_gym_stack: NemoGymStack, probe_tasks: Path
+    nemo_gym_stack: NemoGymStack, probe_tasks: Path, tmp_path: Path
 ) -> None:
     agent = nemo_gym_stack.url(MCQA_AGENT)
     with nemo_gym_stack.sim(*CAPPED):
@@ -67,6 +71,7 @@ def test_a_model_server_capped_at_two_sequences_is_model_bound(
             nemo_gym_stack.metrics_url,
             "--input",
             str(probe_tasks),
+            cwd=tmp_path,
         )
     verdict = result["verdict"]
     assert verdict["verdict"] == "model-bound"

@@ -1,13 +1,16 @@
 """`autotune sweep` with `kind: vllm`: the real server relaunched per configuration.
 
-A small study over max_num_seqs and max_num_batched_tokens must relaunch vLLM for
-each configuration, write its report and recommendation, and leave no vLLM process
-and no shared-memory segment behind; a configuration vLLM refuses must be recorded as
-infeasible with vLLM's own error line.
+A small study over tensor_parallel_size, max_num_seqs and max_num_batched_tokens must
+relaunch vLLM for each configuration, prune one that cannot reach the best, reject one
+that cannot shard without a launch, validate its recommendation under load, write its
+report, and leave no vLLM process and no shared-memory segment behind (one study shows
+all of it: each vLLM start costs half a minute here); a configuration vLLM refuses must
+be recorded as infeasible with vLLM's own error line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Sequence
@@ -98,36 +101,57 @@ def processes_marked(mark: str) -> list[int]:
     return found
 
 
-def test_sweep_relaunches_vllm_per_configuration_and_cleans_up(
+BEST = {"tensor_parallel_size": 1, "max_num_seqs": 16, "max_num_batched_tokens": 4096}
+BEST_SMALLER_STEPS = {**BEST, "max_num_batched_tokens": 2048}
+SLOW = {**BEST, "max_num_seqs": 2}  # at most 2 at once: out of the best's reach
+UNSHARDABLE = {**BEST, "tensor_parallel_size": 3}  # the model has 4 attention heads
+
+
+def test_a_sweep_relaunches_prunes_rejects_validates_and_cleans_up(
     vllm_install: VllmInstall, tmp_path: Path
 ) -> None:
+    """One study shows the whole life of a `kind: vllm` sweep: every configuration gets
+    its own vLLM, one that cannot reach the best is pruned after its first rung, one that
+    cannot shard is rejected without a launch, the recommendation is validated under
+    load before it is written, and no process or shared-memory segment is left."""
     mark = f"AUTOTUNE_TEST_MARK={uuid.uuid4().hex}"
     shm_before = shm_entries()
     space = {
-        "parallelism": {"low": 2, "high": 8},
-        "max_num_seqs": {"choices": [4, 16]},
+        "parallelism": {"low": 2, "high": 16},
+        "tensor_parallel_size": {"choices": [1, 3]},
+        "max_num_seqs": {"choices": [2, 16]},
         "max_num_batched_tokens": {"choices": [2048, 4096]},
     }
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", mark.split("=")[0]: mark.split("=")[1]}
     args = [*FIXED_ARGS, "--block-size", "32"]
-    every = [
-        {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
-        for seqs in (16, 4)
-        for tokens in (4096, 2048)
-    ]
+    enqueue = [BEST, BEST_SMALLER_STEPS, SLOW, UNSHARDABLE]
     result, saved, directory = sweep(
-        vllm_install, tmp_path, space, env, trials=4, args=args, enqueue=every
+        vllm_install, tmp_path, space, env, trials=len(enqueue), args=args, enqueue=enqueue
     )
     assert result.returncode == 0, result.stderr
-    assert saved is not None
+    assert saved is not None and saved.simulated is False
     measured = [t for t in saved.trials if t.probe_s]  # complete or pruned, each launched
-    assert {t.knobs["max_num_seqs"] for t in measured} == {4, 16}
+    assert {t.knobs["max_num_seqs"] for t in measured} == {2, 16}
     assert {t.knobs["max_num_batched_tokens"] for t in measured} == {2048, 4096}
-    assert all(t.feasible and t.points for t in saved.completed)
-    assert saved.simulated is False
+    # SLOW is stopped at its first rung; the best's twin with smaller steps runs the same
+    # batches here (tiny prompts), so it may be stopped too, just short of the best.
+    pruned = {tuple(sorted(t.knobs.items())): t for t in saved.pruned}
+    assert set(pruned) <= {tuple(sorted(SLOW.items())), tuple(sorted(BEST_SMALLER_STEPS.items()))}
+    slow = pruned[tuple(sorted(SLOW.items()))]
+    assert slow.pruned_reason is not None and len(slow.points) == 1
+    (rejected,) = [t for t in saved.completed if t.knobs == UNSHARDABLE]
+    assert rejected.infeasible_reason is not None and rejected.probe_s == 0.0
+    assert "must be divisible by tensor parallel size (3)" in rejected.infeasible_reason
+    assert all(t.feasible and t.points for t in saved.completed if t is not rejected)
     assert recommendation(saved) is not None
     for name in ("index.html", "trials.csv", "recommendation.json", "recommendation.yaml"):
         assert (directory / name).exists(), name
+    recommended = json.loads((directory / "recommendation.json").read_text())
+    assert recommended["server"] in (BEST, BEST_SMALLER_STEPS)
+    assert recommended["validated"] is True, recommended["validations"]
+    last = recommended["validations"][-1]
+    assert last["parallelism"] == recommended["recommended"]["parallelism"]
+    assert last["completed"] > 0 and last["error_rate"] == 0.0
     assert processes_marked(mark) == []
     leftovers = {n for n in shm_entries() - shm_before if n.startswith(("psm_", "sem.mp-"))}
     assert leftovers == set()
