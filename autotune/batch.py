@@ -26,15 +26,20 @@ import asyncio
 import bisect
 import math
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
+import aiohttp
+
+from autotune.backends import ModelBackend
 from autotune.config import BatchSpec
 from autotune.engine import Engine
 from autotune.groups import ClosedGroup, GroupTracker, tail_share
 from autotune.results import BatchStep, BatchSummary, StageLatency
+from autotune.store import RolloutSink
 from autotune.telemetry.prometheus import PrometheusSampler
-from autotune.workload import WorkItem
+from autotune.verifiers import Verifier
+from autotune.workload import Task, WorkItem
 
 POLL_S = 0.1  # how often the server's running gauge is read during a step
 RUNNING = "vllm:num_requests_running"
@@ -51,6 +56,43 @@ def grouped(items: Iterator[WorkItem]) -> Iterator[list[WorkItem]]:
         group.append(item)
     if group:
         yield group
+
+
+def launched_groups(batch_groups: int, over_sample: float) -> int:
+    """Groups a step starts: ceil(B*(1+R))."""
+    return math.ceil(batch_groups * (1 + over_sample) - 1e-9)
+
+
+async def run_steps(
+    backend: ModelBackend,
+    verifier: Verifier,
+    session: aiohttp.ClientSession,
+    metrics: str,
+    tasks: Sequence[Task],
+    spec: BatchSpec,
+    group_size: int,
+    steps: int,
+    parallelism: int | None = None,
+) -> BatchSummary:
+    """`steps` training steps of `tasks`' groups (every `group_size`-th task is a prompt,
+    as work_items repeats them), nothing saved: what `diagnose --batch-groups` and a
+    goodput study's trial measure. Each group gets its own index, so a prompt sent
+    again is another group."""
+    prompts = tasks[::group_size]
+    items = (
+        WorkItem(replace(prompts[group % len(prompts)], index=group), sample)
+        for group in range(steps * launched_groups(spec.batch_groups or 1, spec.over_sample))
+        for sample in range(group_size)
+    )
+    engine = Engine(
+        backend,
+        verifier,
+        RolloutSink(None, resume=False),
+        parallelism=1,  # unused: the runner launches the samples
+        groups=GroupTracker(group_size),
+    )
+    sampler = PrometheusSampler(session, metrics)
+    return await BatchRunner(engine, spec, group_size, parallelism, sampler).run(items)
 
 
 class Occupancy:
@@ -105,7 +147,7 @@ class BatchRunner:
         self._engine = engine
         self._tracker: GroupTracker = engine.groups
         self._batch = spec.batch_groups
-        self._launch = math.ceil(spec.batch_groups * (1 + spec.over_sample) - 1e-9)
+        self._launch = launched_groups(spec.batch_groups, spec.over_sample)
         self._filter = spec.over_sample > 0  # the step wants informative groups
         self._carry = spec.carry_over
         self._spec = spec
@@ -297,4 +339,6 @@ class BatchRunner:
             cancelled_tokens=wasted,
             staleness_mean=sum(self._ages) / len(self._ages) if self._ages else None,
             staleness_max=max(self._ages) if self._ages else None,
+            completed_samples=stats.completed,
+            failed_samples=stats.failed,
         )

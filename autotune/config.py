@@ -47,7 +47,7 @@ spells it (`cases[0].probe.max_s`).
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
@@ -369,6 +369,9 @@ class ProbeSpec(SpecModel):
     min_s: Annotated[Positive, Option(("--min-s",), "shortest steady-state window")] = 3.0
     max_s: Annotated[Positive, Option(("--max-s",), "time cap per probe")] = 20.0
     target_halfwidth: Share = 0.05  # stop once the 95% interval is within ± this share
+    # Training steps a batch measurement runs (`diagnose --batch-groups`, and each trial
+    # of a study whose objective is informative_groups_per_s).
+    steps: Count = 12
 
     @model_validator(mode="after")
     def _ordered(self) -> ProbeSpec:
@@ -794,6 +797,11 @@ class SearchSpace(SpecModel):
     enable_prefix_caching: ChoiceSpace | None = None
     max_model_len: IntOrChoices | None = None
     flags: dict[str, IntSpace | FloatSpace | ChoiceSpace] = {}
+    # The trainer's side, for objective informative_groups_per_s: groups per training
+    # step, over-sampling share, and whether unfinished samples carry over ([true, false]).
+    batch_groups: IntOrChoices | None = None
+    over_sample: FloatOrChoices | None = None
+    carry_over: ChoiceSpace | None = None
 
     @model_validator(mode="after")
     def _no_launcher_flags(self) -> SearchSpace:
@@ -806,12 +814,16 @@ class SearchSpace(SpecModel):
                     f"flags sets {flag}, which resources.gpus decides (engines × "
                     "tensor_parallel_size); remove it"
                 )
-        caching = self.enable_prefix_caching
-        if caching is not None and not all(isinstance(c, bool) for c in caching.choices):
-            raise problem(
-                "[true, false] or one of them", caching.choices, "enable_prefix_caching.choices"
-            )
+        for name in ("enable_prefix_caching", "carry_over"):
+            switch = getattr(self, name)
+            if switch is not None and not all(isinstance(c, bool) for c in switch.choices):
+                raise problem("[true, false] or one of them", switch.choices, f"{name}.choices")
         return self
+
+    def batch_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
+        """Every searched batch setting (BATCH_KNOBS) by name."""
+        spaces = {name: getattr(self, name) for name in BATCH_KNOBS}
+        return {name: space for name, space in spaces.items() if space is not None}
 
     def server_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
         """Every searched server flag by its knob name (vLLM's, with underscores)."""
@@ -929,20 +941,39 @@ class WorkloadSpec(VerifierFields, RequestFields):
     ] = None
     synthetic: SyntheticSpec = SYNTHETIC
     limit: Annotated[Count0 | None, Option(("--limit",), "only the first N tasks")] = None
-    extra_body: dict[str, Any] | None = None  # None: ignore_eos for synthetic work on the sim
+    # None: ignore_eos for synthetic work on the sim, unless its policy samples lengths
+    extra_body: dict[str, Any] | None = None
     # Rollouts per task, sent one after another (a GRPO group sharing its prompt), as
     # `autotune collect --num-repeats` makes them.
     num_repeats: Annotated[Count, Option(("--num-repeats",), "rollouts per task (GRPO groups)")] = 1
+    # Training steps (objective informative_groups_per_s): the settings not searched.
+    batch: BatchSpec | None = None
+
+
+GOODPUT = "informative_groups_per_s"  # the RL objective: groups a trainer can learn from
+BATCH_KNOBS = ("batch_groups", "over_sample", "carry_over")
+
+
+def server_part(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's knobs that its server is launched with: the batch settings (BATCH_KNOBS)
+    are the trainer's, which no server sees."""
+    return {name: value for name, value in knobs.items() if name not in BATCH_KNOBS}
 
 
 class ObjectiveSpec(SpecModel):
-    metric: Literal["rollouts_per_s", "output_tokens_per_s"] = "rollouts_per_s"
+    # informative_groups_per_s: each trial runs training steps of GRPO groups (as
+    # `collect --batch-groups`) instead of a parallelism curve; see Study._steps.
+    metric: Literal["rollouts_per_s", "output_tokens_per_s", "informative_groups_per_s"] = (
+        "rollouts_per_s"
+    )
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
     # Latency budgets: a trial's value is its best throughput at a parallelism that meets
     # them, and the recommendation stays at or under them (sweep/recommend.py).
     p95_latency_slo_s: Positive | None = None  # p95 rollout latency, seconds
     p95_ttft_slo_s: Positive | None = None  # p95 time to first token (streamed), seconds
     second_objective: Literal["p95_latency"] | None = None
+    # informative_groups_per_s: the p95 training-step time allowed, seconds
+    max_step_s: Positive | None = None
 
 
 VALIDATE_ROLLOUTS = 1000  # the validation run's length against a real server
@@ -990,6 +1021,39 @@ class Study(SpecModel):
     probe: ProbeSpec = ProbeSpec()
     resources: ResourcesSpec | None = None
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _steps(self) -> Study:
+        """informative_groups_per_s measures training steps of GRPO groups through
+        autotune's own engine; batch settings and a step SLO mean nothing without it."""
+        objective, workload = self.objective, self.workload
+        searched = self.search_space.batch_knobs()
+        if objective.metric != GOODPUT:
+            if searched or objective.max_step_s is not None:
+                raise ValueError(
+                    "search_space batch settings and objective.max_step_s act on training "
+                    f"steps: set objective.metric: {GOODPUT}"
+                )
+            return self
+        if workload.num_repeats < 2:
+            raise ValueError(
+                f"objective {GOODPUT} counts groups whose rewards differ: set "
+                "workload.num_repeats to the group size (2 or more)"
+            )
+        fixed = workload.batch.batch_groups if workload.batch else None
+        if fixed is None and "batch_groups" not in searched:
+            raise ValueError(
+                f"objective {GOODPUT} runs training steps: give workload.batch.batch_groups "
+                "or search search_space.batch_groups"
+            )
+        if self.target.kind not in ("sim", "vllm", "server"):
+            raise ValueError(
+                f"objective {GOODPUT} runs training steps through autotune's engine: use "
+                f"kind: sim, vllm or server, not {self.target.kind}"
+            )
+        if objective.second_objective is not None:
+            raise ValueError(f"objective {GOODPUT} has no second objective; remove it")
+        return self
 
     @model_validator(mode="after")
     def _knobs_need_a_launcher(self) -> Study:

@@ -19,12 +19,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from autotune.batch import BatchRunner
+from autotune.batch import run_steps
 from autotune.classify import classify, speedup_interval, tail_bound
 from autotune.config import HIGH_PARALLELISM, LOW_PARALLELISM, PROBE_DEFAULTS, CollectConfig
-from autotune.engine import Engine
 from autotune.errors import CollectionError, UsageError
-from autotune.groups import GroupTracker
 from autotune.pipeline import Pipeline, open_pipeline
 from autotune.probe import ProbeSettings
 from autotune.probe.command import rollouts_per_run, run_command_probe
@@ -43,9 +41,8 @@ from autotune.results import (
     save,
 )
 from autotune.stats import RateEstimate, RatioInterval
-from autotune.store import RolloutSink
-from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
-from autotune.workload import Task, WorkItem, Workload
+from autotune.telemetry.prometheus import metrics_url
+from autotune.workload import Task, Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds;
 # its figures are converted to simulated time (probe.timescale).
@@ -57,7 +54,6 @@ EXTEND_UNTIL = 0.95  # a probe that has measured this share of --max-s is not ex
 FIRST_PASS_HALFWIDTH = 0.15
 RESULT_FILE = "diagnose.json"
 DiagnoseWatch = Callable[[int, ProbeStatus], None]  # (which probe, its status): progress
-BATCH_PROBE_STEPS = 12  # training steps the tail-bound rule measures (--batch-groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +103,7 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
                 min_s=config.min_s,
                 max_s=config.max_s,
                 target_halfwidth=config.target_halfwidth,
+                group_size=collect.num_repeats,
             )
             numbered = None if watch is None else partial(watch, len(runs))
             run = ProbeRun(
@@ -153,30 +150,20 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
 async def _batch_probe(
     collect: CollectConfig, pipeline: Pipeline, tasks: list[Task]
 ) -> BatchSummary:
-    """BATCH_PROBE_STEPS training steps of the workload's groups, as a synchronous trainer
-    makes them (`collect --batch-groups`): what the tail-bound rule reads. Each group gets
-    its own index, so a prompt sent again is another group."""
-    spec, size = collect.batch, collect.num_repeats
-    assert spec is not None and spec.batch_groups is not None
-    prompts = tasks[::size]
-    launched = math.ceil(spec.batch_groups * (1 + spec.over_sample) - 1e-9)
-    items = (
-        WorkItem(replace(prompts[group % len(prompts)], index=group), sample)
-        for group in range(BATCH_PROBE_STEPS * launched)
-        for sample in range(size)
-    )
-    engine = Engine(
+    """Training steps of the workload's groups, as a synchronous trainer makes them
+    (`collect --batch-groups`): what the tail-bound rule reads."""
+    assert collect.batch is not None
+    return await run_steps(
         pipeline.backend,
         pipeline.verifier,
-        RolloutSink(None, resume=False),
-        parallelism=1,  # unused: the runner launches the samples
-        groups=GroupTracker(size),
-    )
-    sampler = PrometheusSampler(
         pipeline.session,
         pipeline.target_config.metrics_url or metrics_url(pipeline.target.base_url),
+        tasks,
+        collect.batch,
+        collect.num_repeats,
+        PROBE_DEFAULTS.steps,
+        collect.parallelism,
     )
-    return await BatchRunner(engine, spec, size, collect.parallelism, sampler).run(items)
 
 
 async def _extend_while_straddling(

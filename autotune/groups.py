@@ -56,6 +56,7 @@ class ClosedGroup:
     informative: bool
     completion_s: float
     output_tokens: int
+    straggler_ratio: float | None = None  # complete groups only
 
 
 class _Open:
@@ -127,12 +128,13 @@ class GroupTracker:
             return ClosedGroup(task_index, False, False, took, group.tokens)
         self.complete += 1
         self._completion.append(took)
-        self._stragglers.append(straggler_ratio(group.durations))
+        straggler = straggler_ratio(group.durations)
+        self._stragglers.append(straggler)
         informative = is_informative(group.rewards)
         if informative:
             self.informative += 1
             self.informative_tokens += group.tokens
-        return ClosedGroup(task_index, True, informative, took, group.tokens)
+        return ClosedGroup(task_index, True, informative, took, group.tokens, straggler)
 
     def summary(self, elapsed_s: float) -> GroupSummary:
         """The run's group figures over `elapsed_s` seconds."""
@@ -148,3 +150,24 @@ class GroupTracker:
             completion_s=StageLatency.of(self._completion),
             straggler_ratio=StageLatency.of(self._stragglers),
         )
+
+
+def summarise_closed(size: int, closed: Sequence[ClosedGroup], elapsed_s: float) -> GroupSummary:
+    """The figures of the groups `closed` within `elapsed_s` seconds: a probe's window
+    counts the groups that ended inside it, as it counts rollouts."""
+    complete = [group for group in closed if group.complete]
+    informative = [group for group in complete if group.informative]
+    elapsed = max(elapsed_s, 1e-9)
+    return GroupSummary(
+        size=size,
+        complete=len(complete),
+        informative=len(informative),
+        incomplete=len(closed) - len(complete),
+        informative_share=len(informative) / len(complete) if complete else None,
+        informative_groups_per_s=len(informative) / elapsed,
+        informative_tokens_per_s=sum(group.output_tokens for group in informative) / elapsed,
+        completion_s=StageLatency.of([group.completion_s for group in complete]),
+        straggler_ratio=StageLatency.of(
+            [group.straggler_ratio for group in complete if group.straggler_ratio is not None]
+        ),
+    )

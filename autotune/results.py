@@ -267,6 +267,14 @@ class BatchSummary(Record):
     cancelled_tokens: int | None  # generated for nothing: the server's count less kept rows'
     staleness_mean: float | None  # steps between a used group's launch and its step
     staleness_max: int | None
+    completed_samples: int = 0
+    failed_samples: int = 0
+
+    @property
+    def error_rate(self) -> float:
+        """Failed samples ÷ those that ended (cancelled ones did not end: they were stopped)."""
+        ended = self.completed_samples + self.failed_samples
+        return self.failed_samples / ended if ended else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +435,8 @@ class ProbeResult(Record):
     timeline: list[tuple[float, float]] = field(default_factory=list)
     phases: list[tuple[str, float, float]] = field(default_factory=list)
     replicas: list[ReplicaStats] = field(default_factory=list)  # several replicas only
+    # With --num-repeats above 1: the GRPO groups that ended inside the window.
+    groups: GroupSummary | None = None
 
     @property
     def probe_s(self) -> float:
@@ -699,6 +709,7 @@ class TrialOutcome:
     min_p95_ttft_s: float | None = None
     # The trial whose figures this one reuses (the same effective knobs), not re-measured.
     copied_from: int | None = None
+    batch: BatchSummary | None = None  # its training steps (objective informative_groups_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,6 +736,8 @@ class TrialRecord(Record):
     # trial's best point reached; None where the GPU, the model or the lengths are unknown.
     roofline_output_tokens_per_s: float | None = None
     roofline_share: float | None = None
+    # Objective informative_groups_per_s: the trial's training steps instead of a curve.
+    batch: BatchSummary | None = None
 
     @property
     def complete(self) -> bool:
@@ -894,6 +907,41 @@ class Recommendation(Record):
     parallelism_per_engine: int | None = None
     prefix_caching: PrefixCachingGain | None = None  # both measured at the best split
     roofline_share: float | None = None  # the best trial's, of its hardware's roofline
+
+
+@dataclass(frozen=True, slots=True)
+class StepSnippets(Record):
+    """The recommendation in each RL framework's own names (only flags found in its docs
+    or code: OpenRLHF 0.9+, verl's DAPO recipe and fully-async trainer, slime)."""
+
+    openrlhf: str
+    verl: str
+    slime: str
+    vllm: str
+    autotune: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepsRecommendation(Record):
+    """The best goodput trial: its server knobs, batch settings and measured steps."""
+
+    simulated: bool
+    metric: str
+    server: dict[str, Any]
+    group_size: int
+    batch_groups: int
+    over_sample: float
+    carry_over: bool
+    informative_groups_per_s: float
+    step_p95_s: float | None
+    busy_share: float | None
+    tail_share: float | None
+    staleness_mean: float | None
+    cancelled_tokens: int | None
+    max_step_s: float | None
+    snippets: StepSnippets
+    validated: bool | None = None  # None: not validated (budget.validate_rollouts: 0)
+    validations: list[Validation] | None = None
 
 
 # -- the reader ------------------------------------------------------------------------------

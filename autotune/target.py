@@ -24,7 +24,8 @@ from autotune.errors import ServerUnreachable, UsageError
 log = logging.getLogger("autotune")
 
 PREFLIGHT_TIMEOUT_S = 5.0
-SAMPLED_LENGTHS = "--output-length-sigma"  # the simulator's flag: lengths are its own
+# The simulator's flags that make each sample's length its own (servers/sim/policy.py)
+SAMPLED_LENGTHS = ("--output-length-sigma", "--rollouts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,10 +179,16 @@ def synthetic_defaults(target: TargetConfig, synthetic_workload: bool) -> Target
     its output length and the simulated model honours it. Anywhere else extra fields are
     sent only when the user asks (some servers reject unknown fields)."""
     if target.base_url is None and synthetic_workload and not target.extra_body:
-        if any(arg.startswith(SAMPLED_LENGTHS) for arg in target.sim_args):
-            return target  # the simulated policy draws each sample's length (sim/policy.py)
+        if lengths_sampled(target.sim_args):
+            return target
         return replace(target, extra_body={"ignore_eos": True})
     return target
+
+
+def lengths_sampled(sim_args: Sequence[str]) -> bool:
+    """Whether the simulated policy draws each sample's length itself (sim/policy.py), so
+    that `ignore_eos` would flatten the tail it was asked for."""
+    return any(arg.startswith(SAMPLED_LENGTHS) for arg in sim_args)
 
 
 @asynccontextmanager

@@ -13,19 +13,39 @@ from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from autotune.batch import Occupancy, grouped
 from autotune.collect import collect
-from autotune.config import BatchSpec, CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
-from autotune.diagnose import BATCH_PROBE_STEPS, DiagnoseConfig, diagnose
+from autotune.config import (
+    PROBE_DEFAULTS,
+    BatchSpec,
+    CollectConfig,
+    LiveConfig,
+    SyntheticWorkload,
+    TargetConfig,
+)
+from autotune.diagnose import DiagnoseConfig, diagnose
 from autotune.errors import UsageError
-from autotune.groups import GroupTracker, completion_s, is_informative, straggler_ratio, tail_share
+from autotune.groups import (
+    ClosedGroup,
+    GroupTracker,
+    completion_s,
+    is_informative,
+    straggler_ratio,
+    summarise_closed,
+    tail_share,
+)
+from autotune.hardware.deployment import SimConfigError
 from autotune.results import percentile
-from autotune.servers.sim.policy import RIGHT, WRONG, Policy
+from autotune.servers.sim.policy import RIGHT, WRONG, Policy, RolloutReplay
+from autotune.servers.sim.server import load_config
+from autotune.servers.sim.server import main as sim_main
 from autotune.store import failures_path
 from autotune.verifiers.pool import synthetic_reward
 from autotune.workload import Task, WorkItem
+from tests.conftest import NEMO_GYM_DATA
 from tests.helpers import SimProcess, read_rows
 
 # A group of 8: when each sample started and ended (seconds).
@@ -88,6 +108,22 @@ def test_a_steps_tail_share_by_hand() -> None:
     assert tail_share([], 0.0, 1.0) is None
 
 
+def test_a_windows_groups_by_hand() -> None:
+    """What a probe reports for the groups that ended in its 10 s window."""
+    closed = [
+        ClosedGroup(1, True, True, 4.0, 300, 2.0),
+        ClosedGroup(2, True, False, 2.0, 100, 1.0),
+        ClosedGroup(3, True, True, 6.0, 500, 3.0),
+        ClosedGroup(4, False, False, 5.0, 50),
+    ]
+    summary = summarise_closed(8, closed, 10.0)
+    assert (summary.complete, summary.informative, summary.incomplete) == (3, 2, 1)
+    assert summary.informative_share == pytest.approx(2 / 3)
+    assert summary.informative_groups_per_s == pytest.approx(0.2)
+    assert summary.informative_tokens_per_s == pytest.approx(80.0)  # (300 + 500) / 10
+    assert summary.completion_s.p50 == 4.0 and summary.straggler_ratio.p50 == 2.0
+
+
 def test_occupancy_means_a_level_over_a_window() -> None:
     level = Occupancy(0.0)
     level.set(4, 1.0)  # 0 for 1 s, then 4
@@ -129,6 +165,91 @@ def test_the_simulated_policy_has_the_tail_and_the_uninformative_share_it_is_set
     assert not plain.active
 
 
+def rollouts_file(path: Path, groups: dict[str, list[tuple[int, float]]]) -> Path:
+    """A rollouts JSONL in NeMo Gym's shape: per prompt, its samples' (tokens, reward)."""
+    with path.open("wb") as handle:
+        for prompt, samples in groups.items():
+            for tokens, reward in samples:
+                row = {
+                    "responses_create_params": {"input": [{"role": "user", "content": prompt}]},
+                    "response": {"output": [], "usage": {"output_tokens": tokens}},
+                    "reward": reward,
+                }
+                handle.write(orjson.dumps(row) + b"\n")
+    return path
+
+
+# One prompt whose samples disagree (an informative group), one all right (uninformative).
+REPLAYED = {"mixed": [(40, 1.0), (80, 0.0)], "easy": [(20, 1.0), (30, 1.0)]}
+
+
+def test_a_replayed_prompt_is_one_of_the_files_groups_sample_by_sample(tmp_path: Path) -> None:
+    replay = RolloutReplay.load(str(rollouts_file(tmp_path / "r.jsonl", REPLAYED)))
+    assert not replay.pooled
+    policy = Policy(seed=0, median_tokens=100, sigma=None, uninformative=None, replay=replay)
+    kinds = set()
+    for prompt in (f"prompt {i}" for i in range(40)):
+        samples = [policy.sample(prompt) for _ in range(4)]
+        lengths = [length for length, _ in samples]
+        answers = [answer.strip() for _, answer in samples]
+        assert lengths in ([40, 80, 40, 80], [20, 30, 20, 30])  # a whole group, cycled
+        mixed = lengths[0] == 40
+        kinds.add(mixed)
+        assert answers == ([RIGHT, WRONG] * 2 if mixed else [RIGHT] * 4)
+    assert kinds == {True, False}  # prompts are spread over the file's groups
+
+
+def test_a_file_of_single_samples_is_replayed_as_one_pool() -> None:
+    """NeMo Gym's example rollouts: one row per prompt, lengths from usage."""
+    replay = RolloutReplay.load(str(NEMO_GYM_DATA / "mcqa.example_rollouts.jsonl"))
+    assert replay.pooled
+    rows = replay.groups[0]
+    assert sorted(row.tokens for row in rows) == [349, 377, 384, 408, 475]
+    assert sum(row.passed for row in rows) == 3
+    drawn = {replay.sample(f"p{i}", k, 0) for i in range(30) for k in range(4)}
+    assert drawn == set(rows)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot be read (No such file or directory)"),
+        (b'{"reward": 1}\n{"response": {}}\n', "line 2 is not a rollout row with a numeric reward"),
+        (b"\n", "holds no rows"),
+    ],
+    ids=["missing", "no-reward", "empty"],
+)
+def test_a_rollouts_file_the_simulator_cannot_replay_is_one_sentence(
+    tmp_path: Path, content: bytes | None, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SimConfigError, match=re.escape(message)):
+        load_config(["--rollouts", str(path)])
+    assert sim_main(["--rollouts", str(path)]) == 1  # before it listens
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("ValueError: --rollouts ") and message in line
+
+
+@pytest.mark.slow
+async def test_collect_against_a_replayed_file_gets_its_groups(
+    sim_process: SimProcess, tmp_path: Path
+) -> None:
+    replay = rollouts_file(tmp_path / "replay.jsonl", REPLAYED)
+    async with sim_process("--time-scale", "0.02", "--rollouts", str(replay)) as sim:
+        summary = await collect(_collect(sim.base_url, tmp_path, None))
+    rows = read_rows(tmp_path / "rollouts.jsonl")
+    by_task: dict[object, list[int]] = {}
+    for row in sorted(rows, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"])):
+        usage = row["response"]["usage"]  # type: ignore[index]
+        by_task.setdefault(row["_ng_task_index"], []).append(usage["output_tokens"])
+    mixed = sum(lengths == [40, 80, 40, 80] for lengths in by_task.values())
+    easy = sum(lengths == [20, 30, 20, 30] for lengths in by_task.values())
+    assert mixed + easy == 24 and mixed > 0 and easy > 0
+    assert summary.groups is not None and summary.groups.informative == mixed
+
+
 def test_the_synthetic_verifier_grades_a_boxed_answer() -> None:
     assert synthetic_reward("tok tok " + RIGHT, "42") == 1.0
     assert synthetic_reward("tok tok " + WRONG, "42") == 0.0
@@ -141,7 +262,7 @@ RL_SIM = ("--output-length-sigma", "1", "--uninformative-share", "0.4")
 RL_SIM += ("--natural-output-tokens", "64", "--max-num-seqs", "64", "--time-scale", "0.02")
 
 
-def _collect(base_url: str, out: Path, batch: BatchSpec, tasks: int = 24) -> CollectConfig:
+def _collect(base_url: str, out: Path, batch: BatchSpec | None, tasks: int = 24) -> CollectConfig:
     return CollectConfig(
         target=TargetConfig(base_url=base_url),
         synthetic=SyntheticWorkload(num_tasks=tasks, output_tokens_mean=2048, output_tokens_std=0),
@@ -259,7 +380,14 @@ async def _diagnoses(sim_process: SimProcess, sigma: str, runs: int) -> list[str
         for _ in range(runs):
             config = DiagnoseConfig(collect_config, low=2, high=8, min_s=0.5, max_s=1.5)
             result = await diagnose(config)
-            assert result.batch is not None and len(result.batch.steps) == BATCH_PROBE_STEPS
+            assert result.batch is not None and len(result.batch.steps) == PROBE_DEFAULTS.steps
+            for probe in result.probes:  # the pair probes count groups too, in their windows
+                groups = probe.groups
+                assert groups is not None and groups.size == 8
+                assert groups.complete * 8 <= probe.completed + 8 * probe.parallelism
+                assert groups.informative_groups_per_s == pytest.approx(
+                    groups.informative / probe.measured_s
+                )
             verdicts.append(result.verdict.verdict)
     return verdicts
 

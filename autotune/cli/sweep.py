@@ -81,8 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
     from autotune.config import Study, load_study
     from autotune.report.terminal import progress_bar, sweep_text, trial_line
     from autotune.results import TrialOutcome
-    from autotune.sweep.job import check_storage, run_sweep, write_outputs
-    from autotune.sweep.recommend import recommendation
+    from autotune.sweep.job import check_storage, recommend, run_sweep, write_outputs
 
     if args.schema:
         print(to_json(Study.model_json_schema()).decode())
@@ -121,7 +120,7 @@ def run_command(args: argparse.Namespace) -> int:
             f"could not write the reports in {directory} ({error.strerror}); the study "
             "storage keeps every trial: rerun the same command with another --output-dir."
         ) from None
-    recommended = recommendation(result)
+    recommended = recommend(result)
     if args.json:
         print(to_json(recommended).decode() if recommended else "null")
     else:

@@ -121,6 +121,13 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         "sample or by none (half each), the rest by alternate samples",
     )
     p.add_argument(
+        "--rollouts",
+        default=None,
+        metavar="FILE",
+        help="RL sampling from real rows: each sample's length and reward come from a rollouts "
+        "JSONL (NeMo Gym's or autotune's), each prompt replaying one of its prompts' samples",
+    )
+    p.add_argument(
         "--die-after-requests",
         type=int,
         default=None,
@@ -189,6 +196,7 @@ class SimConfig:
     natural_output_tokens: int
     output_length_sigma: float | None
     uninformative_share: float | None
+    rollouts: str | None  # a rollouts JSONL whose lengths and rewards the policy replays
     die_after_requests: int | None
     crash_above_concurrency: int | None
     max_request_rate: float | None
@@ -260,6 +268,13 @@ class SimConfig:
             raise SimConfigError("--output-length-sigma must be a number from 0 to 5.")
         if ns.uninformative_share is not None and not 0 <= ns.uninformative_share <= 1:
             raise SimConfigError("--uninformative-share must be a share from 0 to 1.")
+        if ns.rollouts is not None and (
+            ns.output_length_sigma is not None or ns.uninformative_share is not None
+        ):
+            raise SimConfigError(
+                "--rollouts sets the lengths and rewards itself: drop --output-length-sigma "
+                "and --uninformative-share, or --rollouts."
+            )
         if ns.die_after_requests is not None and ns.die_after_requests < 1:
             raise SimConfigError("--die-after-requests must be at least 1.")
         if ns.crash_above_concurrency is not None and ns.crash_above_concurrency < 1:
@@ -306,6 +321,7 @@ class SimConfig:
             natural_output_tokens=ns.natural_output_tokens,
             output_length_sigma=ns.output_length_sigma,
             uninformative_share=ns.uninformative_share,
+            rollouts=ns.rollouts,
             die_after_requests=ns.die_after_requests,
             crash_above_concurrency=ns.crash_above_concurrency,
             max_request_rate=ns.max_request_rate,

@@ -21,7 +21,10 @@ from typing import Any
 import aiohttp
 
 from autotune.backends import ModelBackend
+from autotune.batch import run_steps
+from autotune.config import BatchSpec
 from autotune.engine import Engine
+from autotune.groups import ClosedGroup, GroupTracker, summarise_closed
 from autotune.probe.status import ProbeWatch, drain_status, probe_status
 from autotune.probe.window import (
     ProbeSettings,
@@ -31,7 +34,7 @@ from autotune.probe.window import (
     warm_until,
 )
 from autotune.replicas import ReplicaCounts, replica_stats, several
-from autotune.results import STAGES, ProbeResult, StageLatency, stage_durations
+from autotune.results import STAGES, BatchSummary, ProbeResult, StageLatency, stage_durations
 from autotune.stats import RateEstimate, mean
 from autotune.store import RolloutSink
 from autotune.telemetry import Sample, Sampler, summarise
@@ -147,6 +150,7 @@ class ProbeRun:
         self.counted = (0.0,) * len(_snapshot(backend.counters))  # over the windows
         self.replica_counted: list[ReplicaCounts] | None = None  # over the windows
         self.estimate: RateEstimate | None = None
+        self.closed: list[tuple[float, ClosedGroup]] = []  # when each group ended
 
     @property
     def windows(self) -> list[tuple[float, float]]:
@@ -162,12 +166,17 @@ class ProbeRun:
         covers every window measured so far."""
         settings = self.settings
         meter, counters = self.meter, self.backend.counters
+        groups = None
+        if settings.group_size > 1:
+            groups = GroupTracker(settings.group_size)
+            groups.on_close = lambda group: self.closed.append((time.time(), group))
         engine = Engine(
             self.backend,
             self.verifier,
             RolloutSink(None, resume=False),
             settings.parallelism,
             observer=meter,
+            groups=groups,
         )
         snapshots = [_snapshot(counters)]  # at the start, then at the end of warm-up and at stop
         replica_snapshots = [self._replica_snapshot()]
@@ -258,6 +267,10 @@ class ProbeRun:
         mean_verify = mean(stage_values["verify"])
         client_tps = tokens / measured
         telemetry = _summarise_windows(self.samples, windows)
+        groups = None
+        if settings.group_size > 1:
+            ended = [group for t, group in self.closed if _inside(t, windows)]
+            groups = summarise_closed(settings.group_size, ended, measured)
         return ProbeResult(
             parallelism=settings.parallelism,
             rollouts_per_s=estimate.rate,
@@ -291,6 +304,7 @@ class ProbeRun:
             )
             if self.replicas is not None and self.replica_counted is not None
             else [],
+            groups=groups,
         )
 
 
@@ -317,6 +331,13 @@ class EngineProbe:
             settings, self.work, self.backend, self.verifier, self.base_url, metrics=self.metrics
         )
         return await run.measure()
+
+    async def steps(self, spec: BatchSpec, group_size: int, steps: int) -> BatchSummary:
+        """`steps` training steps of the tasks' groups on this server (batch.run_steps)."""
+        metrics = self.metrics or metrics_url(self.base_url)
+        return await run_steps(
+            self.backend, self.verifier, self.session, metrics, self.tasks, spec, group_size, steps
+        )
 
 
 def _snapshot(counters: Any) -> tuple[float, ...]:

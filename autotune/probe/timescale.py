@@ -38,6 +38,17 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
         }
     low, high = probe.rollouts_per_s_ci
     capacity = probe.verifier_capacity_rps
+    groups = probe.groups
+    if groups is not None:
+        took = groups.completion_s
+        groups = replace(
+            groups,
+            informative_groups_per_s=groups.informative_groups_per_s * scale,
+            informative_tokens_per_s=groups.informative_tokens_per_s * scale,
+            completion_s=StageLatency(
+                took.count, seconds(took.mean), seconds(took.p50), seconds(took.p95)
+            ),
+        )
     return replace(
         probe,
         rollouts_per_s=probe.rollouts_per_s * scale,
@@ -51,4 +62,5 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
         series=[{**s, "t": origin + (s["t"] - origin) / scale} for s in probe.series],
         timeline=[(t / scale, rate * scale) for t, rate in probe.timeline],
         phases=[(name, start / scale, end / scale) for name, start, end in probe.phases],
+        groups=groups,
     )

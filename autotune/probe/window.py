@@ -41,6 +41,7 @@ class ProbeSettings:
     max_s: float = PROBE_DEFAULTS.max_s
     target_halfwidth: float = PROBE_DEFAULTS.target_halfwidth
     telemetry_interval_s: float = 0.5
+    group_size: int = 1  # above 1: the tasks come in GRPO groups, counted as such
 
     @classmethod
     def of(cls, spec: ProbeSpec, parallelism: int) -> ProbeSettings:

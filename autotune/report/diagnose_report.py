@@ -103,6 +103,26 @@ PROBE_COLUMNS: tuple[Column[ProbeResult], ...] = (
     Column("stop", lambda p: p.stop_reason),
 )
 
+# With --num-repeats above 1: each probe's GRPO groups (those that ended in its window).
+GROUP_COLUMNS: tuple[Column[ProbeResult], ...] = (
+    Column("parallelism", lambda p: p.parallelism),
+    Column("groups", lambda p: p.groups.complete if p.groups else None),
+    Column(
+        "informative",
+        lambda p: (
+            quantity(p.groups.informative_share, "share")
+            if p.groups and p.groups.informative_share is not None
+            else None
+        ),
+    ),
+    Column(
+        "informative groups/s",
+        lambda p: _digits(p.groups.informative_groups_per_s) if p.groups else None,
+    ),
+    Column("completion p95 s", lambda p: _digits(p.groups.completion_s.p95) if p.groups else None),
+    Column("straggler p95", lambda p: _digits(p.groups.straggler_ratio.p95) if p.groups else None),
+)
+
 LATENCY_COLUMNS: tuple[Column[ProbeResult], ...] = (
     Column("parallelism", lambda p: p.parallelism),
     Column("model p50 ms", _latency_ms("model", "p50")),
@@ -309,6 +329,11 @@ def render(result: DiagnoseResult) -> str:
         html.section(
             "Probes",
             html_table(PROBE_COLUMNS, result.probes, caption="throughput"),
+            *(
+                [html_table(GROUP_COLUMNS, result.probes, caption="GRPO groups")]
+                if any(p.groups for p in result.probes)
+                else []
+            ),
             html_table(LATENCY_COLUMNS, result.probes, caption="latency"),
         ),
         html.section("Evidence", html_table(EVIDENCE_COLUMNS, verdict.evidence)),

@@ -17,6 +17,7 @@ from autotune.report.columns import Column, html_table
 from autotune.results import (
     Recommendation,
     Recommended,
+    StepsRecommendation,
     SweepResult,
     TrialRecord,
     Validation,
@@ -35,6 +36,7 @@ def trial_columns(result: SweepResult) -> tuple[Column[TrialRecord], ...]:
     """The trials table (the report's and trials.csv): trial, state, every knob any
     trial set, then what was measured."""
     knobs = dict.fromkeys(name for trial in result.trials for name in trial.knobs)
+    steps = any(trial.batch for trial in result.trials)
     return (
         Column("trial", lambda t: t.number),
         Column("state", lambda t: t.state),
@@ -52,11 +54,22 @@ def trial_columns(result: SweepResult) -> tuple[Column[TrialRecord], ...]:
             lambda t: t.curve.recommended_parallelism if t.curve else None,
         ),
         Column("p95_latency_s", lambda t: t.p95_latency_s, digits=3),
+        *(STEP_COLUMNS if steps else ()),
         Column("probe_s", lambda t: t.probe_s, digits=3),
         Column("wall_s", lambda t: t.wall_s, digits=3),
         Column("infeasible_reason", lambda t: t.infeasible_reason),
         Column("pruned_reason", lambda t: t.pruned_reason),
     )
+
+
+# A goodput study's trials: their training steps (the value is informative groups/s).
+STEP_COLUMNS: tuple[Column[TrialRecord], ...] = (
+    Column("step_p95_s", lambda t: t.batch.step_s.p95 if t.batch else None, digits=3),
+    Column("busy_pct", lambda t: _percent(t.batch.busy_share if t.batch else None), digits=3),
+    Column("tail_pct", lambda t: _percent(t.batch.tail_share if t.batch else None), digits=3),
+    Column("cancelled_tokens", lambda t: t.batch.cancelled_tokens if t.batch else None),
+    Column("staleness_mean", lambda t: t.batch.staleness_mean if t.batch else None, digits=3),
+)
 
 
 def _percent(share: float | None) -> float | None:
@@ -287,12 +300,15 @@ def history(result: SweepResult) -> dict[str, tuple[list[float], list[float]]]:
     return {"trial": (numbers, values), "best so far": (numbers, best)}
 
 
-def render(result: SweepResult, recommended: Recommendation | None) -> str:
+def render(result: SweepResult, recommended: Recommendation | StepsRecommendation | None) -> str:
     metric = result.metric.replace("_per_s", "/s").replace("_", " ")
     simulated = result.simulated
-    sections = [_recommendation_section(recommended)]
+    if isinstance(recommended, StepsRecommendation):
+        sections = [_steps_section(recommended)]
+    else:
+        sections = [_recommendation_section(recommended)]
     curves = knee_curves(result)
-    if curves and recommended:
+    if curves and isinstance(recommended, Recommendation):
         marks, level = knee_marks(recommended)
         sections.append(
             html.section(
@@ -419,8 +435,49 @@ def _knobs(knobs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "(client only)"
 
 
+def _steps_section(rec: StepsRecommendation) -> str:
+    """A goodput study's recommendation: the best configuration and batch settings as
+    measured, and the lines each RL framework takes."""
+    unit = "informative groups/s"
+    carry = "on" if rec.carry_over else "off"
+    slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
+    text = (
+        f"Recommended: {rec.batch_groups} groups of {rec.group_size} a step, over-sampling "
+        f"{rec.over_sample:g}, carry-over {carry}, with {_knobs(rec.server)} — measured "
+        f"{quantity(rec.informative_groups_per_s)} {unit}."
+    )
+    validated = {None: "not validated", True: "passed", False: "failed"}[rec.validated]
+    return html.section(
+        "Recommendation",
+        html.callout(text, "verdict"),
+        html.definition_list(
+            [
+                ("p95 step time", f"{_maybe(rec.step_p95_s)} s{slo}"),
+                ("server busy share", _share_text(rec.busy_share)),
+                ("tail share of a step", _share_text(rec.tail_share)),
+                ("tokens generated for cancelled samples", str(rec.cancelled_tokens)),
+                ("staleness (steps, mean)", _maybe(rec.staleness_mean)),
+                ("validated", validated),
+                ("OpenRLHF", rec.snippets.openrlhf),
+                ("verl", rec.snippets.verl),
+                ("slime", rec.snippets.slime),
+                ("vLLM", rec.snippets.vllm),
+                ("autotune", rec.snippets.autotune),
+            ]
+        ),
+    )
+
+
+def _maybe(value: float | None) -> str:
+    return "-" if value is None else quantity(value)
+
+
+def _share_text(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
 def _latency_sections(
-    result: SweepResult, recommended: Recommendation | None, metric: str
+    result: SweepResult, recommended: Recommendation | StepsRecommendation | None, metric: str
 ) -> list[str]:
     """The Pareto plot of throughput against p95 latency, and the validation runs."""
     sections = []
@@ -450,9 +507,13 @@ def _latency_sections(
             html.section(
                 "Validation",
                 html.paragraph(
-                    f"The recommended configuration was held at load before it was recommended "
-                    f"(budget.validate_rollouts); the last run {verdict}. A failed run steps "
-                    "down to 80% of its parallelism and validates again."
+                    f"The recommended configuration's training steps ran again on a fresh "
+                    f"server before it was recommended; the run {verdict}. It must keep 80% "
+                    "of the trial's informative groups/s, and meet the step-time SLO."
+                    if isinstance(recommended, StepsRecommendation)
+                    else f"The recommended configuration was held at load before it was "
+                    f"recommended (budget.validate_rollouts); the last run {verdict}. A "
+                    "failed run steps down to 80% of its parallelism and validates again."
                 ),
                 html_table(VALIDATION_COLUMNS, recommended.validations),
             )
@@ -548,5 +609,9 @@ def validated_text(recommended: Recommendation, wording: ValidationWording) -> s
     return line.format(figures=figures, problems="; ".join(last.problems))
 
 
-def write(result: SweepResult, recommended: Recommendation | None, directory: Path) -> Path:
+def write(
+    result: SweepResult,
+    recommended: Recommendation | StepsRecommendation | None,
+    directory: Path,
+) -> Path:
     return html.write_report(directory, render(result, recommended))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from autotune.report.columns import REPLICA_COLUMNS, terminal_table
 from autotune.report.diagnose_report import (
+    GROUP_COLUMNS,
     LATENCY_COLUMNS,
     PROBE_COLUMNS,
     time_scale_note,
@@ -31,6 +32,7 @@ from autotune.results import (
     CollectSummary,
     DiagnoseResult,
     Recommendation,
+    StepsRecommendation,
     SweepResult,
 )
 
@@ -352,6 +354,8 @@ def diagnose_text(result: DiagnoseResult) -> str:
         lines.append(f"confidence: {verdict.confidence}")
     lines.append("")
     lines += terminal_table(PROBE_COLUMNS, result.probes)
+    if any(probe.groups for probe in result.probes):
+        lines += ["", *terminal_table(GROUP_COLUMNS, result.probes)]
     lines.append("")
     lines += terminal_table(LATENCY_COLUMNS, result.probes)
     high = max(result.probes, key=lambda probe: probe.parallelism, default=None)
@@ -376,18 +380,52 @@ TERMINAL_VALIDATION = ValidationWording(
 def trial_line(number: int, outcome: TrialOutcome) -> str:
     """One finished trial as the sweep prints it (its reason already free of secrets)."""
     knobs = ", ".join(f"{k}={v}" for k, v in outcome.knobs.items()) or "client only"
-    found = (
-        f"infeasible: {outcome.infeasible_reason}"
-        if outcome.infeasible_reason
-        else f"{outcome.value:.3g} at parallelism "
-        f"{outcome.curve.best_measured_parallelism if outcome.curve else '-'}"
-    )
+    batch = outcome.batch
+    if outcome.infeasible_reason:
+        found = f"infeasible: {outcome.infeasible_reason}"
+    elif batch is not None:
+        found = (
+            f"{outcome.value:.3g} informative groups/s, p95 step {_seconds(batch.step_s.p95)}, "
+            f"busy {_share(batch.busy_share)}"
+        )
+    else:
+        found = (
+            f"{outcome.value:.3g} at parallelism "
+            f"{outcome.curve.best_measured_parallelism if outcome.curve else '-'}"
+        )
     if outcome.pruned_reason:
         found += f", pruned: {outcome.pruned_reason}"
     return f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)"
 
 
-def sweep_text(result: SweepResult, recommended: Recommendation | None, directory: Path) -> str:
+def steps_lines(rec: StepsRecommendation) -> list[str]:
+    """A goodput study's recommendation: its configuration, steps and framework lines."""
+    knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(server as it is)"
+    carry = ", carry-over" if rec.carry_over else ""
+    slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
+    validated = {None: "not validated", True: "passed"}.get(rec.validated, "FAILED")
+    if rec.validated is False and rec.validations:
+        validated += ": " + "; ".join(rec.validations[-1].problems)
+    return [
+        f"best configuration   {knobs}",
+        f"training steps       {rec.batch_groups} groups of {rec.group_size}, over-sampling "
+        f"{rec.over_sample:g}{carry}",
+        f"goodput              {rec.informative_groups_per_s:.3g} informative groups/s, p95 "
+        f"step {_seconds(rec.step_p95_s)}{slo}, busy {_share(rec.busy_share)}, tail "
+        f"{_share(rec.tail_share)}",
+        f"validated            {validated}",
+        "",
+        f"OpenRLHF   {rec.snippets.openrlhf}",
+        f"verl       {rec.snippets.verl}",
+        f"slime      {rec.snippets.slime}",
+        f"vLLM       {rec.snippets.vllm}",
+        f"autotune   {rec.snippets.autotune}",
+    ]
+
+
+def sweep_text(
+    result: SweepResult, recommended: Recommendation | StepsRecommendation | None, directory: Path
+) -> str:
     """The closing summary of a sweep: the recommendation and where the files are."""
     lines = []
     if result.simulated:
@@ -401,6 +439,8 @@ def sweep_text(result: SweepResult, recommended: Recommendation | None, director
     )
     if recommended is None:
         lines.append("no feasible configuration: see the failed configurations in the report")
+    elif isinstance(recommended, StepsRecommendation):
+        lines += steps_lines(recommended)
     else:
         rec = recommended
         knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(client only)"

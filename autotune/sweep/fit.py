@@ -38,7 +38,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ENGINES, SERVER_KNOBS, SPLIT, ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.config import (
+    ENGINES,
+    SERVER_KNOBS,
+    SPLIT,
+    ChoiceSpace,
+    FloatSpace,
+    IntSpace,
+    Study,
+    server_part,
+)
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError, build_parser
 from autotune.hardware.fit import (
@@ -151,7 +160,7 @@ def parameters(study: Study, gpu_count: int = 0) -> dict[str, Space]:
     the pair. One categorical over the valid splits makes every draw feasible, and TPE
     learns each split's value directly from the trials that ran it.
     """
-    knobs = study.search_space.server_knobs()
+    knobs = {**study.search_space.server_knobs(), **study.search_space.batch_knobs()}
     if study.resources is not None:
         split = ChoiceSpace(choices=[s.name for s in splits(study)])
         others = {name: space for name, space in knobs.items() if name != "tensor_parallel_size"}
@@ -183,7 +192,8 @@ def effective_knobs(knobs: Mapping[str, Any], known: Batch) -> dict[str, Any]:
 
 def prelaunch(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None = None) -> Batch:
     """Whether the configuration can start and how many requests it can run at once
-    (every engine's together)."""
+    (every engine's together). The batch settings are the trainer's: no server sees them."""
+    knobs = server_part(knobs)
     engines = int(knobs.get(ENGINES, 1))
     one = _one_engine(study, {k: v for k, v in knobs.items() if k != ENGINES}, gpu_memory)
     if one.ceiling is None or engines == 1:

@@ -19,9 +19,18 @@ from typing import Any
 
 import yaml
 
-from autotune.config import Study
+from autotune.config import GOODPUT, Study
 from autotune.errors import UsageError
-from autotune.results import SweepResult, TrialOutcome, Validation, machine_identity, save, to_json
+from autotune.results import (
+    Recommendation,
+    StepsRecommendation,
+    SweepResult,
+    TrialOutcome,
+    Validation,
+    machine_identity,
+    save,
+    to_json,
+)
 from autotune.sweep.curve import Launcher
 from autotune.sweep.launchers import agent_launcher, command_launcher, http_launcher
 from autotune.sweep.recommend import recommendation
@@ -35,6 +44,7 @@ from autotune.sweep.search import (
     storage_url,
     trial_records,
 )
+from autotune.sweep.steps import steps_recommendation, validate_steps
 from autotune.sweep.validate import validate
 from autotune.verifiers import VerifierOptions, load_verifier
 
@@ -131,7 +141,8 @@ async def _search(
     if best is not None and str(best.number) in saved:
         runs = [Validation.from_dict(run) for run in saved[str(best.number)]]
     else:
-        runs = await validate(study, launcher, result)
+        check = validate_steps if study.objective.metric == GOODPUT else validate
+        runs = await check(study, launcher, result)
         if best is not None and runs:
             optuna_study.set_user_attr(VALIDATIONS, {str(best.number): [r.to_dict() for r in runs]})
     return redact_result(dataclasses.replace(result, validations=runs))
@@ -271,6 +282,14 @@ def write_trials_csv(result: SweepResult, path: Path) -> Path:
     return path
 
 
+def recommend(result: SweepResult) -> Recommendation | StepsRecommendation | None:
+    """The study's recommendation: a configuration and its parallelism, or for a goodput
+    study a configuration and its batch settings."""
+    if result.metric == GOODPUT:
+        return steps_recommendation(result)
+    return recommendation(result)
+
+
 def write_outputs(result: SweepResult, directory: Path) -> list[Path]:
     """sweep.json, then everything rebuilt from it: trials.csv, recommendation.json/.yaml,
     index.html. `autotune report` calls this with a loaded sweep.json."""
@@ -279,7 +298,7 @@ def write_outputs(result: SweepResult, directory: Path) -> list[Path]:
     result = redact_result(result)  # a sweep.json from before secrets were hidden, too
     written = [save(result, directory / RESULT_FILE)]
     written.append(write_trials_csv(result, directory / "trials.csv"))
-    recommended = recommendation(result)
+    recommended = recommend(result)
     if recommended is not None:
         as_json = directory / "recommendation.json"
         as_json.write_bytes(to_json(recommended))

@@ -22,7 +22,7 @@ from autotune.probe.command import CommandProbe
 from autotune.probe.engine import EngineProbe
 from autotune.servers.flags import server_flags
 from autotune.servers.launcher import LOCALHOST, ServerGroup, ServerSpec, free_ports
-from autotune.target import api_key, open_session, resolve_target
+from autotune.target import api_key, lengths_sampled, open_session, resolve_target
 from autotune.verifiers import Verifier
 from autotune.workload import Task, Workload
 
@@ -135,7 +135,10 @@ def _target_config(study: Study) -> TargetConfig:
     extra_body = workload.extra_body
     if extra_body is None:
         synthetic_on_sim = workload.input is None and study.target.kind == "sim"
-        extra_body = {"ignore_eos": True} if synthetic_on_sim else {}
+        if synthetic_on_sim and not lengths_sampled(study.target.args):
+            extra_body = {"ignore_eos": True}
+        else:
+            extra_body = {}
     # vLLM is launched serving target.model: calls then name the model it lists.
     server = (
         study.target

@@ -32,11 +32,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune.config import ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.config import GOODPUT, ChoiceSpace, FloatSpace, IntSpace, Study
 from autotune.errors import UsageError
 from autotune.hardware.fit import Batch
 from autotune.hardware.profiles import GPUS, MODELS, find_model
-from autotune.results import CurvePoint, CurveSummary, TrialOutcome, TrialRecord
+from autotune.results import BatchSummary, CurvePoint, CurveSummary, TrialOutcome, TrialRecord
 from autotune.sweep.curve import (
     Incumbent,
     Launcher,
@@ -52,6 +52,7 @@ from autotune.sweep.fit import (
     seed_configuration,
     splits,
 )
+from autotune.sweep.steps import run_step_trial, step_p95
 
 log = logging.getLogger("autotune")
 
@@ -114,6 +115,8 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
     trial.set_user_attr("wall_s", outcome.wall_s)
     trial.set_user_attr("p95_latency_s", outcome.p95_latency_s)
     trial.set_user_attr("error_rate", outcome.error_rate)
+    if outcome.batch is not None:
+        trial.set_user_attr("batch", outcome.batch.to_dict())
     if outcome.infeasible_reason is not None:
         trial.set_user_attr("infeasible_reason", outcome.infeasible_reason)
     if outcome.pruned_reason is not None:
@@ -133,6 +136,12 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
         if slo is not None:
             trial.set_user_attr(f"min_{name}_s", lowest)
             trial.set_constraint(name, min(lowest if lowest is not None else math.inf, 1e9) - slo)
+    if objective.max_step_s is not None:
+        p95 = step_p95(outcome.batch)
+        trial.set_user_attr("step_p95_s", p95)
+        trial.set_constraint(
+            "step_time", min(p95 if p95 is not None else 1e9, 1e9) - objective.max_step_s
+        )
 
 
 def _values(outcome: TrialOutcome, study: Study) -> float | list[float]:
@@ -357,6 +366,8 @@ async def _measure(
             probe_s=0.0,
             wall_s=time.perf_counter() - started,
         )
+    if study.objective.metric == GOODPUT:
+        return await run_step_trial(launcher, knobs, study)
     one_objective = study.objective.second_objective is None
     start = start_parallelism(study, best.parallelism if best else None, known.ceiling)
     return await run_trial(
@@ -408,6 +419,7 @@ def _measured_before(
                 min_p95_latency_s=attrs.get("min_p95_latency_s"),
                 min_p95_ttft_s=attrs.get("min_p95_ttft_s"),
                 copied_from=trial.number,
+                batch=_batch(attrs),
             )
     return None
 
@@ -482,9 +494,16 @@ def trial_records(optuna_study: Any) -> list[TrialRecord]:
                 pruned_reason=attrs.get("pruned_reason"),
                 roofline_output_tokens_per_s=attrs.get("roofline_output_tokens_per_s"),
                 roofline_share=attrs.get("roofline_share"),
+                batch=_batch(attrs),
             )
         )
     return records
+
+
+def _batch(attrs: Mapping[str, Any]) -> BatchSummary | None:
+    """A goodput trial's training steps, as _record stored them."""
+    saved = attrs.get("batch")
+    return BatchSummary.from_dict(saved) if saved else None
 
 
 def importances(optuna_study: Any) -> dict[str, float]:

@@ -14,13 +14,29 @@ server sees that text) its own draw:
   expect 42) or `\\boxed{0}`. The easiest U/2 of prompts are solved by every sample, the
   hardest U/2 by none; the rest by alternate samples, so any two samples in a row differ
   and exactly a share U of groups (of two samples or more) is uninformative.
+
+`--rollouts FILE` takes both from real rows instead (NeMo Gym's rollouts or autotune's
+own: a `reward`, and `response.usage.output_tokens` or else the response's text at four
+characters a token). The file's rows are grouped by prompt; each simulated prompt is
+assigned one of the file's prompts by a draw on its text, and its k-th sample replays
+that prompt's k-th row (cycling), so a group's lengths and its pattern of rewards are
+a real group's. A file of one row per prompt has no groups: each sample then draws any
+row. A reward above 0 is a pass (`\\boxed{42}`), else a fail.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
+from typing import Any
+
+import orjson
+
+from autotune.hardware.deployment import SimConfigError
 
 RIGHT, WRONG = "\\boxed{42}", "\\boxed{0}"
 _FROM_PROMPT = math.sqrt(0.5)  # the share of log-length spread that the difficulty sets
@@ -37,27 +53,115 @@ def _z(u: float) -> float:
     return _NORMAL.inv_cdf(min(u, 1.0 - 1e-12))
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One row of a rollouts file: how long its answer was, and whether it passed."""
+
+    tokens: int
+    passed: bool
+
+
+class RolloutReplay:
+    """The rows of a rollouts file, by prompt (see the module's docstring)."""
+
+    def __init__(self, groups: Sequence[Sequence[Replayed]]) -> None:
+        self.groups = [list(group) for group in groups]
+        if all(len(group) == 1 for group in self.groups):
+            self.groups = [[row for group in self.groups for row in group]]
+            self.pooled = True  # no prompt was sampled twice: samples draw from every row
+        else:
+            self.pooled = False
+
+    @classmethod
+    def load(cls, path: str) -> RolloutReplay:
+        """Read FILE; SimConfigError, in one sentence, for a file it cannot replay."""
+        try:
+            lines = Path(path).read_bytes().splitlines()
+        except OSError as error:
+            raise SimConfigError(f"--rollouts {path} cannot be read ({error.strerror}).") from None
+        groups: dict[bytes, list[Replayed]] = {}
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+                replayed = Replayed(_tokens(row), float(row["reward"]) > 0)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                raise SimConfigError(
+                    f"--rollouts {path}: line {number} is not a rollout row with a numeric "
+                    "reward; pass a rollouts JSONL (ng_collect_rollouts' or autotune collect's)."
+                ) from None
+            groups.setdefault(_prompt_key(row), []).append(replayed)
+        if not groups:
+            raise SimConfigError(f"--rollouts {path} holds no rows; pass a rollouts JSONL.")
+        return cls(list(groups.values()))
+
+    def sample(self, text: str, k: int, seed: int) -> Replayed:
+        """The k-th sample of the prompt `text`."""
+        if self.pooled:
+            rows = self.groups[0]
+            return rows[int(uniform(text, f"{seed}/replay/{k}") * len(rows)) % len(rows)]
+        pick = int(uniform(text, f"{seed}/replay") * len(self.groups)) % len(self.groups)
+        group = self.groups[pick]
+        return group[k % len(group)]
+
+
+def _tokens(row: dict[str, Any]) -> int:
+    """A row's output tokens: its usage, else its text at four characters a token."""
+    response = row.get("response") or {}
+    usage = response.get("usage") or {}
+    counted = usage.get("output_tokens") or usage.get("completion_tokens")
+    if isinstance(counted, int) and counted > 0:
+        return counted
+    text = "".join(
+        str(content.get("text") or "")
+        for item in response.get("output") or ()
+        if isinstance(item, dict)
+        for content in item.get("content") or ()
+        if isinstance(content, dict)
+    )
+    return max(1, len(text) // 4)
+
+
+def _prompt_key(row: dict[str, Any]) -> bytes:
+    """What identifies a row's prompt: its request's input (NeMo Gym) or messages."""
+    request = row.get("responses_create_params") or {}
+    prompt = request.get("input", row.get("messages", row.get("prompt")))
+    return orjson.dumps(prompt, option=orjson.OPT_SORT_KEYS)
+
+
 class Policy:
     """Per-sample lengths and answers (see the module's docstring)."""
 
     def __init__(
-        self, seed: int, median_tokens: int, sigma: float | None, uninformative: float | None
+        self,
+        seed: int,
+        median_tokens: int,
+        sigma: float | None,
+        uninformative: float | None,
+        replay: RolloutReplay | None = None,
     ) -> None:
         self._seed = seed
         self._median = median_tokens
         self._sigma = sigma
         self._uninformative = uninformative
+        self._replay = replay
         self._seen: dict[int, int] = {}  # hash of a prompt's text → samples of it so far
 
     @property
     def active(self) -> bool:
-        return self._sigma is not None or self._uninformative is not None
+        return (
+            self._sigma is not None or self._uninformative is not None or self._replay is not None
+        )
 
     def sample(self, text: str) -> tuple[int | None, str]:
         """(this sample's natural length, or None to keep the plain draw; its answer text)."""
         key = hash(text)
         k = self._seen.get(key, 0)
         self._seen[key] = k + 1
+        if self._replay is not None:
+            row = self._replay.sample(text, k, self._seed)
+            return row.tokens, " " + (RIGHT if row.passed else WRONG)
         difficulty = uniform(text, f"{self._seed}/difficulty")
         length = None
         if self._sigma is not None:

@@ -8,10 +8,10 @@ Token accounting: a prompt is ceil(characters / 4) tokens (all message contents 
 the output is `max_tokens` (or `max_completion_tokens`, default 256) with `ignore_eos`, else
 the shorter of that and a deterministic draw (exponential, mean `--natural-output-tokens`)
 keyed on the prompt text and `--seed`, which is where the fake model "emits EOS" (with
-`--output-length-sigma` or `--uninformative-share`, samples of one prompt differ in length
-and answer as an RL policy's do: policy.py). Output text is "tok " per token. Streams
-send the first token at once, then coalesce tokens into at most one chunk per
-STREAM_INTERVAL_S of real time per request.
+`--output-length-sigma`, `--uninformative-share` or `--rollouts`, samples of one prompt
+differ in length and answer as an RL policy's do: policy.py). Output text is "tok " per
+token. Streams send the first token at once, then coalesce tokens into at most one chunk
+per STREAM_INTERVAL_S of real time per request.
 
 Replicas and prefix caching: `--data-parallel-size N` runs N engines of
 `--tensor-parallel-size` GPUs each behind this one front end, like `vllm serve
@@ -50,7 +50,7 @@ from aiohttp import web
 
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
-from autotune.servers.sim.policy import Policy, uniform
+from autotune.servers.sim.policy import Policy, RolloutReplay, uniform
 from autotune.servers.sim.scheduler import EngineConfig, Histogram, Request, SimEngine
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,12 @@ class ServerConfig(SimConfig):
 
 
 def load_config(argv: Sequence[str], prog: str | None = None) -> ServerConfig:
-    """The configuration the flags give (SimConfig.from_args); raises SimConfigError."""
-    return ServerConfig.from_args(argv, prog)
+    """The configuration the flags give (SimConfig.from_args), its --rollouts file read
+    through once; raises SimConfigError."""
+    config = ServerConfig.from_args(argv, prog)
+    if config.rollouts is not None:
+        RolloutReplay.load(config.rollouts)
+    return config
 
 
 def natural_output_tokens(text: str, seed: int, mean: int) -> int:
@@ -212,6 +216,7 @@ class _Service:
             config.natural_output_tokens,
             config.output_length_sigma,
             config.uninformative_share,
+            RolloutReplay.load(config.rollouts) if config.rollouts is not None else None,
         )
         # Per engine, requests that ended by vLLM's finished_reason (abort: the client left;
         # vLLM 0.32 itself leaves client aborts out of this count, upstream issue #31503).
