@@ -272,6 +272,7 @@ class Engine:
                 finish_reason=generation.finish_reason,
                 request=task.create_params,
                 output=generation.output,
+                reasoning=generation.reasoning,
             ),
         }
         row.update(task.verifier_fields())

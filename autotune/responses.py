@@ -21,6 +21,7 @@ def build_response(
     finish_reason: str | None,
     request: dict[str, Any],
     output: list[dict[str, Any]] | None = None,
+    reasoning: str = "",
 ) -> dict[str, Any]:
     """A Responses-API `response` object from one chat/completions answer, or from a
     multi-turn rollout's `output` items (every turn's, tool outputs included).
@@ -29,7 +30,7 @@ def build_response(
     settings, which NeMo Gym's response model requires.
     """
     if output is None:
-        output = output_items(response_id, text, tool_calls)
+        output = output_items(response_id, text, tool_calls, reasoning)
     return {
         "id": f"resp_{response_id}",
         "object": "response",
@@ -55,11 +56,20 @@ def build_response(
 
 
 def output_items(
-    response_id: str, text: str, tool_calls: list[dict[str, Any]] | None
+    response_id: str, text: str, tool_calls: list[dict[str, Any]] | None, reasoning: str = ""
 ) -> list[dict[str, Any]]:
-    """One answer's Responses-API output items: a `function_call` per tool call, then the
-    assistant `message` (also when empty and no tool was called)."""
+    """One answer's Responses-API output items: its `reasoning` (as NeMo Gym's vllm_model
+    writes a reasoning parser's output: one summary_text), a `function_call` per tool
+    call, then the assistant `message` (also when empty and no tool was called)."""
     output: list[dict[str, Any]] = []
+    if reasoning:
+        output.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{response_id}",
+                "summary": [{"type": "summary_text", "text": reasoning}],
+            }
+        )
     for call in tool_calls or ():
         function = call.get("function") or {}
         output.append(
@@ -72,7 +82,7 @@ def output_items(
                 "status": "completed",
             }
         )
-    if text or not output:
+    if text or not any(item["type"] == "function_call" for item in output):
         output.append(
             {
                 "type": "message",

@@ -59,7 +59,9 @@ class MultiTurnBackend:
             input_tokens += answer.input_tokens
             output_tokens += answer.output_tokens
             attempts += answer.attempts
-            output += output_items(answer.response_id, answer.text, answer.tool_calls)
+            output += output_items(
+                answer.response_id, answer.text, answer.tool_calls, answer.reasoning
+            )
             timed: list[dict[str, Any]] = []
             turns.append(
                 {

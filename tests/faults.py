@@ -59,6 +59,12 @@ FAULTS: dict[str, str] = {
     "die": "after `die_after` completion requests the server stops answering (as a "
     "process: it exits)",
     "models_list": "/v1/models answers a JSON list",
+    # Dialects: what some OpenAI-compatible servers do, each a whole answer.
+    "json_for_stream": "stream: the whole answer as one application/json body",
+    "no_usage": "no usage, streamed or whole",
+    "reasoning": "chat: reasoning_content beside content (vLLM's reasoning parser)",
+    "reasoning_only": "chat: the text in `reasoning` (vLLM 0.16 on), content null",
+    "length": 'finish_reason "length": cut at the token limit',
 }
 _RETRY_AFTER = {
     "429_huge": "1e9",
@@ -68,12 +74,26 @@ _RETRY_AFTER = {
 }
 
 
-def answer_text(prompt: str, fault: str = "none") -> str:
-    """The whole answer to `prompt` (ends in 42): a test recomputes it from a saved row."""
+def answer_text(prompt: str, fault: str = "none", chat: bool = True) -> str:
+    """The whole answer's content to `prompt` (ends in 42): a test recomputes it from a
+    saved row."""
     text = f"The answer to {prompt[:16]!r} is 42."
     if fault == "long_line":
         return "x" * LONG_LINE_BYTES + text
+    if fault == "reasoning_only" and chat:
+        return ""
     return text
+
+
+def reasoning_text(prompt: str, fault: str = "none", chat: bool = True) -> str:
+    """What the answer to `prompt` sends as reasoning (chat only)."""
+    if not chat:
+        return ""
+    if fault == "reasoning":
+        return f"Thinking about {prompt[:16]!r}."
+    if fault == "reasoning_only":
+        return answer_text(prompt)
+    return ""
 
 
 @dataclass
@@ -163,11 +183,23 @@ async def _complete(request: web.Request) -> web.StreamResponse:
         return web.json_response(
             {"error": {"message": "slow down"}}, status=429, headers={"Retry-After": retry_after}
         )
-    text = answer_text(prompt, fault)
-    usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": 5}
-    if body.get("stream"):
-        return await _stream(request, fault, chat, text, usage)
-    return await _whole(request, fault, chat, text, usage)
+    text = answer_text(prompt, fault, chat)
+    usage: dict[str, Any] | None = {"prompt_tokens": len(prompt) // 4, "completion_tokens": 5}
+    if fault == "no_usage":
+        usage = None
+    thought = reasoning_text(prompt, fault, chat)
+    if body.get("stream") and fault != "json_for_stream":
+        return await _stream(request, fault, chat, text, thought, usage)
+    return await _whole(request, fault, chat, text, thought, usage)
+
+
+def _reasoning_fields(prompt_text: str, fault: str) -> dict[str, Any]:
+    """A chat message's or delta's reasoning, as the fault's server names it."""
+    if fault == "reasoning":
+        return {"reasoning_content": prompt_text}
+    if fault == "reasoning_only":
+        return {"reasoning": prompt_text, "content": None}
+    return {}
 
 
 def _pieces(text: str, fault: str) -> list[str]:
@@ -179,29 +211,41 @@ def _pieces(text: str, fault: str) -> list[str]:
 
 
 async def _stream(
-    request: web.Request, fault: str, chat: bool, text: str, usage: dict[str, Any]
+    request: web.Request,
+    fault: str,
+    chat: bool,
+    text: str,
+    thought: str,
+    usage: dict[str, Any] | None,
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     if fault == "close":
         response.content_length = 1_000_000  # promise more than is sent, then hang up
     await response.prepare(request)
 
-    def chunk(piece: str | None, finish: str | None = None) -> dict[str, Any]:
+    def chunk(piece: str | None, finish: str | None = None, **fields: Any) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if chat:
-            choice["delta"] = {"content": piece} if piece is not None else {}
+            choice["delta"] = {"content": piece, **fields} if piece is not None else fields
         else:
             choice["text"] = piece or ""
         return {"id": "fault-1", "object": "chunk", "model": MODEL, "choices": [choice]}
 
-    events: list[Any] = [chunk(piece) for piece in _pieces(text, fault)]
-    events += [chunk(None, "stop"), {"id": "fault-1", "choices": [], "usage": usage}]
+    events: list[Any] = (
+        [chunk(None, **_reasoning_fields(piece, fault)) for piece in _pieces(thought, fault)]
+        if thought
+        else []
+    )
+    events += [chunk(piece) for piece in _pieces(text, fault)]
+    events.append(chunk(None, "length" if fault == "length" else "stop"))
+    if usage is not None:
+        events.append({"id": "fault-1", "choices": [], "usage": usage})
     if fault == "truncate":
         events = events[: len(events) // 2]
     elif fault == "invalid_json":
         events[1] = b'{"choices": ['
     elif fault == "usage_str":
-        events[-1]["usage"] = {**usage, "prompt_tokens": "abc"}
+        events[-1]["usage"] = {**(usage or {}), "prompt_tokens": "abc"}
     elif fault == "choices_str":
         events[1]["choices"] = "abc"
     elif fault == "choice_int":
@@ -226,16 +270,27 @@ async def _stream(
 
 
 async def _whole(
-    request: web.Request, fault: str, chat: bool, text: str, usage: dict[str, Any]
+    request: web.Request,
+    fault: str,
+    chat: bool,
+    text: str,
+    thought: str,
+    usage: dict[str, Any] | None,
 ) -> web.StreamResponse:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": "length" if fault == "length" else "stop",
+    }
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
+        choice["message"].update(_reasoning_fields(thought, fault))
     else:
         choice["text"] = text
-    answer: Any = {"id": "fault-1", "object": "completion", "choices": [choice], "usage": usage}
+    answer: Any = {"id": "fault-1", "object": "completion", "choices": [choice]}
+    if usage is not None:
+        answer["usage"] = usage
     if fault == "usage_str":
-        answer["usage"] = {**usage, "prompt_tokens": "abc"}
+        answer["usage"] = {**(usage or {}), "prompt_tokens": "abc"}
     elif fault == "choices_str":
         answer["choices"] = "abc"
     elif fault == "choice_int":

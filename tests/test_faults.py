@@ -25,7 +25,7 @@ import pytest
 from autotune.servers.launcher import ServerSpec
 from autotune.store import failures_path
 from autotune.workload import task_from_row
-from tests.faults import answer_text, fault_app
+from tests.faults import answer_text, fault_app, reasoning_text
 from tests.helpers import (
     REPO,
     ServeApp,
@@ -43,6 +43,9 @@ EVERY = 4  # 5 of the 20 prompts meet the fault
 BOUND_S = 20.0  # a run that hangs (600 s timeout, Retry-After: 1e9) takes far longer
 EXIT_OK, EXIT_ERROR, EXIT_FAILED = 0, 1, 3
 IDLE = ("--idle-timeout", "0.5")  # a stream silent for half a second has stalled
+
+
+DIALECTS = ("json_for_stream", "no_usage", "reasoning", "reasoning_only", "length")
 
 
 @dataclass(frozen=True)
@@ -91,18 +94,28 @@ CASES = [
     _always("close", "connection", "--max-retries", "1"),
     _always("choices_str", "bad_response", "--max-retries", "1"),
     _always("stall", "timeout", "--max-retries", "1", *IDLE),
+    # Dialects: servers that answer every request their way, read as they mean it.
+    *(Case(dialect, None, always=True) for dialect in DIALECTS),
+    *(
+        Case(dialect, None, always=True, flags=("--no-stream",), label=f"{dialect}-no-stream")
+        for dialect in ("no_usage", "reasoning", "reasoning_only", "length")
+    ),
 ]
-# diagnose: every case but the all-failing ones (long_line's only case is one), and one
-# of those, where no rollout completes at the low parallelism (exit 1).
-DIAGNOSED = [case for case in CASES if not case.always or case.fault in ("long_line", "truncate")]
+# diagnose: every case but the all-failing ones, and one of those, where no rollout
+# completes at the low parallelism (exit 1).
+DIAGNOSED = [
+    case
+    for case in CASES
+    if not case.always or case.failure_class is None or case.fault == "truncate"
+]
 
 
-def _response_text(row: dict[str, Any]) -> str:
+def _response_text(row: dict[str, Any], kind: str = "message", part: str = "content") -> str:
     return "".join(
-        part["text"]
+        piece["text"]
         for item in row["response"]["output"]
-        if item["type"] == "message"
-        for part in item["content"]
+        if item["type"] == kind
+        for piece in item[part]
     )
 
 
@@ -119,7 +132,13 @@ def check_output(
     rows = read_rows(output) if output.exists() else []
     failures = read_rows(failures_path(output)) if failures_path(output).exists() else []
     for row in rows:
-        assert _response_text(row) == answer_text(_prompt(row), fault), "a corrupt row"
+        prompt = _prompt(row)
+        assert _response_text(row) == answer_text(prompt, fault), "a corrupt row"
+        thought = _response_text(row, "reasoning", "summary")
+        assert thought == reasoning_text(prompt, fault), "reasoning not kept as it came"
+        response = row["response"]
+        assert response["status"] == ("incomplete" if fault == "length" else "completed")
+        assert response["usage"]["output_tokens"] > 0
         assert isinstance(row["reward"], float)
         assert isinstance(row["_ng_task_index"], int) and row["_ng_rollout_index"] == 0
     for failure in failures:
@@ -166,6 +185,8 @@ async def test_collect(case: Case, serve_app: ServeApp, tmp_path: Path) -> None:
         assert (saved, failed) == (0, tasks)
         return
     summary = orjson.loads(result.stdout)
+    warned = "does not stream" in result.stderr
+    assert warned == (case.fault == "json_for_stream" and "--no-stream" not in case.flags)
     if case.collect_exit == EXIT_FAILED:  # faulted rollouts had no retry left
         assert (saved, failed) == (TASKS - TASKS // EVERY, TASKS // EVERY)
         assert summary["errors_by_class"] == {case.failure_class: TASKS // EVERY}
@@ -251,9 +272,8 @@ async def test_unreadable_max_tokens_under_tpm(serve_app: ServeApp, tmp_path: Pa
     )  # fmt: skip
     _outcome("max_tokens_lots-tpm", "collect", result, took)
     assert result.returncode == EXIT_OK, result.stderr
-    assert [_response_text(row) for row in read_rows(output)] == [
-        answer_text(f"q{i}") for i in range(5)
-    ]
+    rows = sorted(read_rows(output), key=lambda row: row["_ng_task_index"])  # as they ended
+    assert [_response_text(row) for row in rows] == [answer_text(f"q{i}") for i in range(5)]
 
 
 @pytest.mark.parametrize("command", ["collect", "diagnose"])

@@ -45,7 +45,6 @@ from autotune.servers.sim.server import main as sim_main
 from autotune.store import failures_path
 from autotune.verifiers.pool import synthetic_reward
 from autotune.workload import Task, WorkItem
-from tests.conftest import NEMO_GYM_DATA
 from tests.helpers import SimProcess, read_rows
 
 # A group of 8: when each sample started and ended (seconds).
@@ -199,13 +198,20 @@ def test_a_replayed_prompt_is_one_of_the_files_groups_sample_by_sample(tmp_path:
     assert kinds == {True, False}  # prompts are spread over the file's groups
 
 
-def test_a_file_of_single_samples_is_replayed_as_one_pool() -> None:
-    """NeMo Gym's example rollouts: one row per prompt, lengths from usage."""
-    replay = RolloutReplay.load(str(NEMO_GYM_DATA / "mcqa.example_rollouts.jsonl"))
+def test_a_file_of_single_samples_is_replayed_as_one_pool(tmp_path: Path) -> None:
+    """One row per prompt, as NeMo Gym's example rollouts are: lengths from usage, or
+    from the text where a row has none (four characters a token)."""
+    path = rollouts_file(tmp_path / "r.jsonl", {"a": [(475, 0.0)], "b": [(377, 1.0)]})
+    text = {"type": "message", "content": [{"type": "output_text", "text": "x" * 400}]}
+    row = {"responses_create_params": {"input": "c"}, "response": {"output": [text]}, "reward": 1}
+    with path.open("ab") as handle:
+        handle.write(orjson.dumps(row) + b"\n")
+    replay = RolloutReplay.load(str(path))
     assert replay.pooled
     rows = replay.groups[0]
-    assert sorted(row.tokens for row in rows) == [349, 377, 384, 408, 475]
-    assert sum(row.passed for row in rows) == 3
+    assert sorted((row.tokens, row.passed) for row in rows) == [
+        (100, True), (377, True), (475, False),
+    ]  # fmt: skip
     drawn = {replay.sample(f"p{i}", k, 0) for i in range(30) for k in range(4)}
     assert drawn == set(rows)
 

@@ -31,6 +31,9 @@ class Generation:
     replica: int = 0  # which of the run's replicas answered (autotune/replicas.py)
     # A whole rollout made elsewhere (a NeMo Gym agent's /run answer): the row as it came.
     row: dict[str, Any] | None = None
+    # What a reasoning parser split off the answer (vLLM's `reasoning_content`, or
+    # `reasoning` from vLLM 0.16 on), as the server sent it.
+    reasoning: str = ""
     # A multi-turn rollout (autotune.turns): every turn's Responses output items, tool
     # outputs included; each turn's timings (its model call, then its tool calls); and
     # the seconds spent in the environment (its session's start and every tool call).
@@ -63,6 +66,7 @@ class CallCounters:
     unavailable_responses: int = 0  # HTTP 503: a server shedding load
     retry_after_seen: int = 0
     limiter_wait_s: float = 0.0
+    unstreamed_answers: int = 0  # streamed requests answered with one JSON body
     # Where a model server's calls went when several replicas serve it (None: an agent).
     replicas: ReplicaSet | None = None
     # Set by an engine with an adaptive concurrency limit, which every retry must pass.

@@ -11,12 +11,20 @@ connection, and after the last retry the rollout's failure class (`bad_response`
 `truncated`, `timeout`) goes to the failures file. A row is saved only from an answer
 that is whole: a stream counts as whole once it sent `data: [DONE]` or a
 `finish_reason` (some servers omit [DONE]; vLLM and OpenAI send both).
+
+What OpenAI-compatible servers do differently is read as they mean it, not failed:
+a streamed request answered with one JSON body (a server that does not stream) is read
+whole, with a warning; an answer without `usage` has its output tokens counted from its
+chunks or its text; text a reasoning parser split off (`reasoning_content`, or
+`reasoning` from vLLM 0.16 on) is kept beside the answer's content; and an answer cut
+at its token limit (`finish_reason: length`) is a completed rollout, marked incomplete.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import logging
 import math
 import random
 import time
@@ -31,6 +39,8 @@ from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.config import TargetConfig
 from autotune.replicas import Replica, ReplicaSet
 from autotune.workload import CHARS_PER_TOKEN, Task
+
+log = logging.getLogger("autotune")
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _DEFAULT_MAX_TOKENS_ESTIMATE = 256  # for the token limiter when a task sets no max_tokens
@@ -218,7 +228,9 @@ class OpenAIBackend:
             ) as resp:
                 if resp.status != 200:
                     await self._raise_for_status(resp)
-                if self._target.stream:
+                if self._target.stream and resp.content_type == "application/json":
+                    self._unstreamed()
+                elif self._target.stream:
                     return await self._read_stream(resp, model_start)
                 payload = orjson.loads(await resp.read())
         except (TimeoutError, aiohttp.ServerTimeoutError) as error:
@@ -233,6 +245,16 @@ class OpenAIBackend:
         except orjson.JSONDecodeError as error:
             raise _bad(f"the server's answer is not JSON ({error})") from None
         return self._parse_full(payload, model_start)
+
+    def _unstreamed(self) -> None:
+        """A streamed request answered with one JSON body: read whole, said once."""
+        if not self.counters.unstreamed_answers:
+            log.warning(
+                "the server answers streamed requests with one JSON body (it does not "
+                "stream): its answers are read whole, with no time to first token; pass "
+                "--no-stream to ask it that way."
+            )
+        self.counters.unstreamed_answers += 1
 
     async def _raise_for_status(self, resp: aiohttp.ClientResponse) -> None:
         status = resp.status
@@ -259,21 +281,27 @@ class OpenAIBackend:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise _bad(f"the server's answer has no choices ({_clip(choices)})")
         choice = choices[0]
+        reasoning = ""
         if self._target.api == "chat":
             message = choice.get("message")
             if not isinstance(message, dict):
                 raise _bad(f"the answer's message is not an object ({_clip(message)})")
             text = _text(message.get("content"), "message content")
             tool_calls = _tool_calls(message.get("tool_calls"))
+            reasoning = _reasoning(message)
         else:
             text = _text(choice.get("text"), "text")
             tool_calls = []
         usage = _usage(payload.get("usage"))
+        # Without usage, its text at four characters a token: a server that never sends
+        # usage would otherwise read as generating nothing.
+        estimated = -(-len(reasoning + text) // CHARS_PER_TOKEN)
         return Generation(
             text=text,
             tool_calls=tool_calls,
             input_tokens=_count(usage, "prompt_tokens"),
-            output_tokens=_count(usage, "completion_tokens"),
+            output_tokens=_count(usage, "completion_tokens") if usage else estimated,
+            reasoning=reasoning,
             finish_reason=_finish_reason(choice),
             response_id=_id(payload.get("id")),
             model_start=model_start,
@@ -334,7 +362,7 @@ class _Stream:
 
     __slots__ = (
         "_chat", "_partial", "_partial_bytes", "chunks", "done", "finish_reason",
-        "first_token", "parts", "response_id", "tool_calls", "usage",
+        "first_token", "parts", "reasoning", "response_id", "tool_calls", "usage",
     )  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
@@ -342,6 +370,7 @@ class _Stream:
         self._partial: list[bytes] = []  # a line not yet ended, in the blocks it came in
         self._partial_bytes = 0
         self.parts: list[str] = []
+        self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.first_token: float | None = None
         self.finish_reason: str | None = None
@@ -389,6 +418,7 @@ class _Stream:
             model_start=model_start,
             first_token=self.first_token,
             model_end=time.time(),
+            reasoning="".join(self.reasoning),
         )
 
     def _line(self, line: bytes) -> bool:
@@ -428,6 +458,11 @@ class _Stream:
             if not isinstance(delta, dict):
                 raise _bad(f"a stream chunk's delta is not an object ({_clip(delta)})")
             piece = delta.get("content")
+            thought = _reasoning(delta)
+            if thought:
+                self.first_token = self.first_token or time.time()
+                self.reasoning.append(thought)
+                self.chunks += 1
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise _bad(f"a streamed tool_calls is not a list ({_clip(calls)})")
@@ -481,6 +516,17 @@ def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise _bad(f"the answer's {what} is not a string ({_clip(value)})")
     return value
+
+
+def _reasoning(message: dict[str, Any]) -> str:
+    """The reasoning a parser split off: `reasoning_content` (vLLM before 0.16, DeepSeek)
+    or `reasoning` (vLLM 0.16 on); a server that sends both sends the same text. Another
+    shape under those names (an object of settings, say) is not text: left out."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 def _usage(value: Any) -> dict[str, Any]:

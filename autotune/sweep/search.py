@@ -230,7 +230,7 @@ def _shared_storage(url: str) -> Any:
             missing = getattr(error.__cause__, "name", None) or getattr(error, "name", None)
             raise UsageError(
                 f"the storage URL needs a database driver that is not installed ({missing}); "
-                "install it, e.g. pip install 'autotune[postgres]'."
+                "install it, e.g. pip install 'rollout-autotune[postgres]'."
             ) from None
 
     for backoff_s in (0.1, 0.2, 0.4, 0.8):
