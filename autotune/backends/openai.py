@@ -295,12 +295,16 @@ class OpenAIBackend:
         usage = _usage(payload.get("usage"))
         # Without usage, its text at four characters a token: a server that never sends
         # usage would otherwise read as generating nothing.
-        estimated = -(-len(reasoning + text) // CHARS_PER_TOKEN)
+        output_tokens = (
+            _count(usage, "completion_tokens")
+            if usage
+            else -(-(len(reasoning) + len(text)) // CHARS_PER_TOKEN)
+        )
         return Generation(
             text=text,
             tool_calls=tool_calls,
             input_tokens=_count(usage, "prompt_tokens"),
-            output_tokens=_count(usage, "completion_tokens") if usage else estimated,
+            output_tokens=output_tokens,
             reasoning=reasoning,
             finish_reason=_finish_reason(choice),
             response_id=_id(payload.get("id")),

@@ -175,9 +175,7 @@ async def validate_steps(study: Study, launcher: Launcher, result: SweepResult) 
     keeps VALIDATION_SHARE of the trial's, its samples fail within the study's limit and
     its p95 step time meets the SLO. None when validate_rollouts is 0."""
     best = result.best()
-    if study.budget.rollouts_to_validate(study.target.kind) == 0 or best is None:
-        return []
-    if best.batch is None:
+    if study.budget.rollouts_to_validate(study.target.kind) == 0 or not (best and best.batch):
         return []
     try:
         batch = await measure_steps(launcher, study, best.knobs)

@@ -16,8 +16,8 @@ server sees that text) its own draw:
   and exactly a share U of groups (of two samples or more) is uninformative.
 
 `--rollouts FILE` takes both from real rows instead (NeMo Gym's rollouts or autotune's
-own: a `reward`, and `response.usage.output_tokens` or else the response's text at four
-characters a token). The file's rows are grouped by prompt; each simulated prompt is
+own: a `reward`, and `response.usage.output_tokens` or else the response's message
+text at four characters a token). The file's rows are grouped by prompt; each simulated prompt is
 assigned one of the file's prompts by a draw on its text, and its k-th sample replays
 that prompt's k-th row (cycling), so a group's lengths and its pattern of rewards are
 a real group's. A file of one row per prompt has no groups: each sample then draws any
@@ -37,6 +37,8 @@ from typing import Any
 import orjson
 
 from autotune.hardware.deployment import SimConfigError
+from autotune.responses import response_text
+from autotune.workload import CHARS_PER_TOKEN
 
 RIGHT, WRONG = "\\boxed{42}", "\\boxed{0}"
 _FROM_PROMPT = math.sqrt(0.5)  # the share of log-length spread that the difficulty sets
@@ -107,20 +109,13 @@ class RolloutReplay:
 
 
 def _tokens(row: dict[str, Any]) -> int:
-    """A row's output tokens: its usage, else its text at four characters a token."""
+    """A row's output tokens: its usage, else its text at CHARS_PER_TOKEN a token."""
     response = row.get("response") or {}
     usage = response.get("usage") or {}
     counted = usage.get("output_tokens") or usage.get("completion_tokens")
     if isinstance(counted, int) and counted > 0:
         return counted
-    text = "".join(
-        str(content.get("text") or "")
-        for item in response.get("output") or ()
-        if isinstance(item, dict)
-        for content in item.get("content") or ()
-        if isinstance(content, dict)
-    )
-    return max(1, len(text) // 4)
+    return max(1, len(response_text(response)) // CHARS_PER_TOKEN)
 
 
 def _prompt_key(row: dict[str, Any]) -> bytes:

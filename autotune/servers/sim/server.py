@@ -42,7 +42,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -67,6 +67,8 @@ TOKEN_TEXT = "tok "  # 4 characters: one simulated token
 class ServerConfig(SimConfig):
     """The validated server configuration, and the engines' configuration it gives."""
 
+    replay: RolloutReplay | None = None  # the --rollouts file, read once by load_config
+
     def engine_config(self) -> EngineConfig:
         """One engine's configuration (each of the `data_parallel_size` engines has it)."""
         return EngineConfig(
@@ -86,12 +88,12 @@ class ServerConfig(SimConfig):
 
 
 def load_config(argv: Sequence[str], prog: str | None = None) -> ServerConfig:
-    """The configuration the flags give (SimConfig.from_args), its --rollouts file read
-    through once; raises SimConfigError."""
+    """The configuration the flags give (SimConfig.from_args), with its --rollouts file
+    read; raises SimConfigError."""
     config = ServerConfig.from_args(argv, prog)
-    if config.rollouts is not None:
-        RolloutReplay.load(config.rollouts)
-    return config
+    if config.rollouts is None:
+        return config
+    return replace(config, replay=RolloutReplay.load(config.rollouts))
 
 
 def natural_output_tokens(text: str, seed: int, mean: int) -> int:
@@ -216,7 +218,7 @@ class _Service:
             config.natural_output_tokens,
             config.output_length_sigma,
             config.uninformative_share,
-            RolloutReplay.load(config.rollouts) if config.rollouts is not None else None,
+            config.replay,
         )
         # Per engine, requests that ended by vLLM's finished_reason (abort: the client left;
         # vLLM 0.32 itself leaves client aborts out of this count, upstream issue #31503).
