@@ -5,8 +5,17 @@ says nothing about scaling, and a saturated client (`client-bound`) hides the se
 those are checked first. Refusals for exceeding a rate limit (HTTP 429, and rollouts that
 failed on them) make it `rate-limited` however many rollouts they sank, unless the server
 died: they are not the server failing, so `unstable` judges the other failures only.
-Timeouts and a latency tail that grew far wider at high parallelism (p95/p50) count as
-instability too: the NeMo Gym guide lists both as symptoms of too much parallelism.
+Timeouts count as instability too, and so does a latency tail that grew far wider at
+high parallelism (p95/p50) while throughput fell: the NeMo Gym guide lists both as
+symptoms of too much parallelism. A wider tail while throughput still grows is what
+continuous batching does, so it is a note beside the throughput verdict, not instability.
+
+Diagnose measures the two parallelisms in alternating blocks (low, high, low, high):
+each low block and the high block after it form a pair measured under the same
+conditions, the speedup is the pairs' geometric mean, and a change of the machine's load
+between pairs cancels in it. A decided verdict needs every pair to agree with it: a pair
+whose own interval lies wholly on the other side of the threshold means the conditions
+changed within the probes, and the verdict is `inconclusive` for that reason.
 Then scaling decides, by the speedup's 95% interval, never by its point alone:
 throughput that grew about as much as the NeMo Gym guide asks (2× for 4× parallelism)
 all across the interval is `parallelism-bound`; an interval wholly below that is
@@ -30,12 +39,19 @@ from typing import Any, Literal
 from autotune.results import (
     BatchSummary,
     Evidence,
+    ProbeBlock,
     ProbeResult,
     ReplicaStats,
     Thresholds,
     Verdict,
 )
-from autotune.stats import RatioInterval, mean_interval, ratio_interval
+from autotune.stats import (
+    Rate,
+    RatioInterval,
+    mean_interval,
+    paired_ratio_interval,
+    ratio_interval,
+)
 
 RATE_LIMIT_CLASSES = frozenset({"rate_limited"})  # failure classes a rate limit causes
 
@@ -92,6 +108,8 @@ class Pair:
 
     @property
     def speedup(self) -> float:
+        if block_pairs(self.low, self.high):
+            return speedup_interval(self.low, self.high).ratio
         low, high = self.low.rollouts_per_s, self.high.rollouts_per_s
         return high / low if low > 0 else 0.0
 
@@ -118,9 +136,17 @@ class Pair:
 
     @property
     def dispersion_growth(self) -> float:
-        """How much wider the latency tail got at high parallelism; 0 when unmeasured."""
-        before, after = self.low.latency_dispersion, self.high.latency_dispersion
-        return after / before if before and after else 0.0
+        """How much wider the latency tail got at high parallelism; 0 when unmeasured. With
+        paired blocks, the least growth of any pair: a tail the machine's load widened in
+        one block does not count unless every pair shows it."""
+        pairs = block_pairs(self.low, self.high)
+        spreads = (
+            [(low.latency_dispersion, high.latency_dispersion) for low, high in pairs]
+            if pairs
+            else [(self.low.latency_dispersion, self.high.latency_dispersion)]
+        )
+        growth = [after / before for before, after in spreads if before and after]
+        return min(growth) if growth else 0.0
 
     @property
     def refusal_share(self) -> float:
@@ -244,7 +270,8 @@ CHECKS: dict[str, tuple[Check, ...]] = {
         Check("rollout latency spread growth (p95/p50, high ÷ low)",
               "dispersion_growth", ">=", "dispersion_growth",
               "p95/p50 {low_spread} at parallelism {low.parallelism}, {high_spread} at "
-              "{high.parallelism}: a long tail is a symptom of too much parallelism", "×"),
+              "{high.parallelism}: with falling throughput, a symptom of too much "
+              "parallelism", "×"),
     ),
     "rate-limited": (
         Check("HTTP 429 responses per rollout in the high probe's window",
@@ -350,8 +377,22 @@ def _mean(probe: ProbeResult, stage: str) -> float | None:
     return None if latency is None else latency.mean
 
 
+def block_pairs(low: ProbeResult, high: ProbeResult) -> list[tuple[ProbeBlock, ProbeBlock]]:
+    """Each low block with the high block measured after it, in time order; none unless
+    both probes were measured in at least two alternating blocks."""
+    if len(low.blocks) < 2 or len(high.blocks) < 2:
+        return []
+    lows = sorted(low.blocks, key=lambda block: block.at)
+    highs = sorted(high.blocks, key=lambda block: block.at)
+    return list(zip(lows, highs, strict=False))
+
+
 def speedup_interval(low: ProbeResult, high: ProbeResult) -> RatioInterval:
-    """High ÷ low throughput with its 95% interval, from both probes' batch means."""
+    """High ÷ low throughput with its 95% interval: from the paired blocks where the
+    probes alternated, else from both probes' batch means."""
+    pairs = block_pairs(low, high)
+    if pairs:
+        return paired_ratio_interval([pair_rates(lo, h) for lo, h in pairs])
 
     def rate(probe: ProbeResult) -> tuple[float, float, int]:
         return (
@@ -361,6 +402,20 @@ def speedup_interval(low: ProbeResult, high: ProbeResult) -> RatioInterval:
         )
 
     return ratio_interval(rate(high), rate(low))
+
+
+def pair_speedups(low: ProbeResult, high: ProbeResult) -> list[RatioInterval]:
+    """Each pair of blocks' own speedup and interval, in time order."""
+    return [ratio_interval(*pair_rates(lo, h)) for lo, h in block_pairs(low, high)]
+
+
+def pair_rates(low: ProbeBlock, high: ProbeBlock) -> tuple[Rate, Rate]:
+    """A pair's (high, low) rates: in output tokens where both blocks were timed in them
+    (the same workload at two parallelisms: their ratio is the rollouts'), else in
+    rollouts."""
+    if low.token_rate is not None and high.token_rate is not None:
+        return high.token_rate, low.token_rate
+    return high.rate, low.rate
 
 
 def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) -> Verdict:
@@ -392,7 +447,7 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
             ratio,
             evidence,
             step,
-            _notes(low, high),
+            notes,
             speedup_interval=bounds,
             clear_of_threshold=clear,
             confidence=confidence,
@@ -400,20 +455,31 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
         )
 
     unstable = _judge("unstable", pair)
+    falling = interval.high < 1  # throughput fell at the higher parallelism, surely
+    instability = _instability(unstable, falling)
+    notes = _notes(low, high) + _drift_notes(low, high)
+    spread = unstable.get("dispersion_growth")
+    if spread is not None and spread.met and not falling:
+        notes.append(
+            f"latency: p95/p50 grew ×{spread.value:.2f} from parallelism {low.parallelism} "
+            f"to {high.parallelism} ({pair.low_spread} → {pair.high_spread}) while "
+            f"throughput did not fall: the tail of continuous batching, not instability. "
+            "Take p95 into account if the rollouts have a latency budget."
+        )
     limited = _judge("rate-limited", pair)
     if any(e.met for e in limited.values()) and high.stop_reason != "server died":
         return verdict(
             "rate-limited",
-            [*limited.values(), *(e for e in unstable.values() if e.met)],
-            _rate_limited_step(low, high, limited, unstable),
+            [*limited.values(), *instability],
+            _rate_limited_step(low, high, limited, instability),
             "decided by the refusals counted, not by the speedup: " + _met(limited.values()),
         )
-    if any(e.met for e in unstable.values()):
+    if instability:
         return verdict(
             "unstable",
             list(unstable.values()),
             f"lower parallelism: at {high.parallelism} the run "
-            + _symptoms(high, unstable)
+            + _symptoms(high, unstable, falling)
             + f"; at {low.parallelism} it "
             + (
                 "also failed; check the server's log first."
@@ -449,6 +515,28 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
             "decided by the client's own CPU and event-loop lag; the speedup's 95% "
             f"interval is {shown}",
         )
+    verifier = _judge("verifier-bound", pair)
+    model = _judge("model-bound", pair)
+    environment = _judge("environment-bound", pair)
+    stage, evidence, step = _saturated_stage(low, high, verifier, model, environment)
+    pairs = pair_speedups(low, high)
+    against = _contradicting_pairs(pairs, interval, below, above)
+    if against:
+        speedups = ", ".join(f"×{p.ratio:.2f} (×{p.low:.2f}–×{p.high:.2f})" for p in against)
+        return verdict(
+            "inconclusive",
+            [scaling, *evidence],
+            "rerun when the machine is quiet: its load (another job, or the server's own) "
+            "changed while the probes ran, and a pair of blocks measured under one load "
+            "disagrees with the others. Each pair of blocks is measured under the same "
+            "conditions, so the pairs agree wherever the server's scaling alone decides.",
+            f"inconclusive — the machine's load changed during the probes: the speedup's "
+            f"95% interval over every pair of blocks is {shown}, but {len(against)} of "
+            f"{len(pairs)} pairs ({speedups}) lie wholly on the other side of the "
+            f"parallelism-bound threshold ×{scales_at:.2f}",
+            clear=False,
+            between=("parallelism-bound", stage),
+        )
     if scales:
         return verdict(
             "parallelism-bound",
@@ -460,10 +548,6 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
             f"threshold ×{scales_at:.2f} (by more than its {margin} margin)",
             clear=True,
         )
-    verifier = _judge("verifier-bound", pair)
-    model = _judge("model-bound", pair)
-    environment = _judge("environment-bound", pair)
-    stage, evidence, step = _saturated_stage(low, high, verifier, model, environment)
     if interval.high >= below:
         on_it = interval.low >= below and interval.high <= above
         return verdict(
@@ -519,16 +603,58 @@ def _met(evidence: Iterable[Evidence]) -> str:
     return "; ".join(e.summary() for e in evidence if e.met)
 
 
-def _symptoms(high: ProbeResult, unstable: dict[str, Evidence]) -> str:
+def _instability(unstable: dict[str, Evidence], falling: bool) -> list[Evidence]:
+    """The evidence that makes a run `unstable`: failures and timeouts, or a latency tail
+    that grew while throughput fell. A tail alone, throughput still growing, does not."""
+    return [
+        e for metric, e in unstable.items() if e.met and (metric != "dispersion_growth" or falling)
+    ]
+
+
+def _symptoms(high: ProbeResult, unstable: dict[str, Evidence], falling: bool) -> str:
     """What went wrong in the high probe, in a few words."""
     parts = []
     if unstable["high_error_rate"].met or unstable["server_died"].met:
         parts.append(f"failed ({_classes(high)})")
     if unstable["timeout_share"].met:
         parts.append(f"timed out {high.timeouts} times")
-    if unstable["dispersion_growth"].met:
-        parts.append("had latency spread far wider than at low parallelism")
+    if unstable["dispersion_growth"].met and falling:
+        parts.append("had latency spread far wider than at low parallelism, and fell in throughput")
     return " and ".join(parts) or f"failed ({_classes(high)})"
+
+
+def _contradicting_pairs(
+    pairs: list[RatioInterval], interval: RatioInterval, below: float, above: float
+) -> list[RatioInterval]:
+    """The pairs of blocks whose own interval lies wholly on the other side of the
+    threshold's zone from a decided speedup interval (none when it is undecided)."""
+    if interval.low >= above:
+        return [p for p in pairs if p.high < below]
+    if interval.high < below:
+        return [p for p in pairs if p.low >= above]
+    return []
+
+
+def _drift_notes(low: ProbeResult, high: ProbeResult) -> list[str]:
+    """Where blocks of one parallelism disagree beyond their intervals: the conditions
+    changed between them, which pairing cancels (the verdict says so where it did not)."""
+    notes = []
+    for probe in (low, high):
+        blocks = sorted(probe.blocks, key=lambda block: block.at)
+        if len(blocks) < 2:
+            continue
+        slowest = min(blocks, key=lambda b: b.rollouts_per_s_ci[1])
+        fastest = max(blocks, key=lambda b: b.rollouts_per_s_ci[0])
+        if fastest.rollouts_per_s_ci[0] > slowest.rollouts_per_s_ci[1]:
+            first, last = (fastest, slowest) if fastest.at < slowest.at else (slowest, fastest)
+            notes.append(
+                f"throughput at parallelism {probe.parallelism} moved from "
+                f"{first.rollouts_per_s:.3g} to {last.rollouts_per_s:.3g} rollouts/s between "
+                "its blocks, beyond their intervals: the machine's load or the server changed "
+                "during the probes. The speedup compares blocks measured side by side, so a "
+                "change between pairs cancels in it."
+            )
+    return notes
 
 
 def _accepted_per_s(probe: ProbeResult) -> float:
@@ -541,7 +667,7 @@ def _rate_limited_step(
     low: ProbeResult,
     high: ProbeResult,
     limited: dict[str, Evidence],
-    unstable: dict[str, Evidence],
+    instability: list[Evidence],
 ) -> str:
     """What to do about a rate limit, with the rate it was measured to accept.
 
@@ -566,7 +692,7 @@ def _rate_limited_step(
         "client instead of failing and backing off. `autotune collect` also backs its "
         "concurrency off on 429s by itself (adaptive concurrency)."
     )
-    if any(e.met for e in unstable.values()):
+    if instability:
         step += f" Other failures exceed the error limit too ({_classes(high)}): check the server."
     return step
 

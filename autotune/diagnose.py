@@ -1,21 +1,23 @@
 """`autotune diagnose`: a low and a high parallelism probe of one workload → a verdict.
 
 Both probes run the same tasks with the same output limits against the same server,
-so they differ only in parallelism. The verdict comes from `classify`, from what was
-measured; where the speedup's interval straddles its threshold, the probes measure more
-windows (up to --max-s each) before the verdict is called inconclusive. Against the
-simulator every figure is converted to simulated time. The result is saved as JSON and
-every report is rebuilt from that file.
+so they differ only in parallelism. They are measured in alternating blocks (low, high,
+low, high), so that a change of the machine's load during the diagnosis falls between
+or within pairs of blocks, where `classify` sees it, instead of passing for the server's
+scaling. The verdict comes from `classify`, from what was measured; where the speedup's
+interval straddles its threshold, another round of blocks is measured (up to --max-s per
+probe in all) before the verdict is called inconclusive. Against the simulator every
+figure is converted to simulated time. The result is saved as JSON and every report is
+rebuilt from that file.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -40,20 +42,23 @@ from autotune.results import (
     machine_identity,
     save,
 )
-from autotune.stats import RateEstimate, RatioInterval
+from autotune.stats import RatioInterval
 from autotune.telemetry.prometheus import metrics_url
 from autotune.workload import Task, Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds;
 # its figures are converted to simulated time (probe.timescale).
 SIM_DEFAULT_ARGS = ("--time-scale", "0.05")
-EXTEND_UNTIL = 0.95  # a probe that has measured this share of --max-s is not extended
-# Each probe first measures to ±15%: enough when the speedup lies far from a threshold
-# (a speedup of ×1 or ×4 against ×2), and quick to reach even on a busy real server.
-# Near a threshold the probes then extend to the precision the verdict needs.
+# The first pass measures each probe in ROUNDS blocks, pooled to ±15%: enough when the
+# speedup lies far from a threshold (×1 or ×4 against ×2), and quick to reach even on a
+# busy real server. Near a threshold more rounds follow, each block up to --max-s ÷
+# ROUNDS, until the verdict is decided or a probe has measured EXTEND_UNTIL of --max-s.
+ROUNDS = 2
 FIRST_PASS_HALFWIDTH = 0.15
+EXTEND_UNTIL = 0.95
 RESULT_FILE = "diagnose.json"
-DiagnoseWatch = Callable[[int, ProbeStatus], None]  # (which probe, its status): progress
+BLOCKS = 2 * ROUNDS  # the first pass's blocks, for a progress display
+DiagnoseWatch = Callable[[int, ProbeStatus], None]  # (which block, its status): progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +84,9 @@ class DiagnoseConfig:
 
 
 async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -> DiagnoseResult:
-    """Runs both probes (longer while the speedup's interval straddles the threshold)
-    and returns what RESULT_FILE saves; `watch` is told each probe's progress (its index
-    first: 0 the low probe, 1 the high)."""
+    """Runs both probes in alternating blocks (more rounds while the speedup's interval
+    straddles the threshold) and returns what RESULT_FILE saves; `watch` is told each
+    block's progress (its index first, in the order measured)."""
     if config.command is not None:
         return await _diagnose_command(config, config.command, watch)
     collect = config.collect
@@ -95,36 +100,25 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
     began = time.time()
     async with open_pipeline(collect, SIM_DEFAULT_ARGS) as pipeline:
         target, target_config = pipeline.target, pipeline.target_config
-        runs: list[ProbeRun] = []
-        probes: list[ProbeResult] = []
-        for parallelism in (config.low, config.high):
-            settings = ProbeSettings(
-                parallelism=parallelism,
-                min_s=config.min_s,
-                max_s=config.max_s,
-                target_halfwidth=config.target_halfwidth,
-                group_size=collect.num_repeats,
-            )
-            numbered = None if watch is None else partial(watch, len(runs))
-            run = ProbeRun(
-                settings,
+        runs = [
+            ProbeRun(
+                ProbeSettings(
+                    parallelism=parallelism,
+                    min_s=config.min_s / ROUNDS,
+                    max_s=config.max_s,
+                    # ROUNDS blocks at this precision pool to the target's
+                    target_halfwidth=config.target_halfwidth * ROUNDS**0.5,
+                    group_size=collect.num_repeats,
+                ),
                 work,
                 pipeline.backend,
                 pipeline.verifier,
                 target.base_url,
-                numbered,
                 metrics=target_config.metrics_url,
             )
-            probe = await run.measure()
-            runs.append(run)
-            probes.append(probe)
-            if parallelism == config.low and probe.completed == 0:
-                raise CollectionError(
-                    f"no rollout completed at parallelism {parallelism} "
-                    f"({_errors(probe.errors_by_class)}); check the server and the "
-                    "workload with `autotune collect --limit 5` first."
-                )
-        probes = await _extend_while_straddling(config, runs, probes)
+            for parallelism in (config.low, config.high)
+        ]
+        probes = await _measure_in_rounds(config, runs, watch)
         batch = await _batch_probe(collect, pipeline, tasks) if collect.batch else None
     scale = target.time_scale if target.simulated else None
     if scale:
@@ -166,36 +160,39 @@ async def _batch_probe(
     )
 
 
-async def _extend_while_straddling(
-    config: DiagnoseConfig, runs: list[ProbeRun], probes: list[ProbeResult]
+async def _measure_in_rounds(
+    config: DiagnoseConfig, runs: list[ProbeRun], watch: DiagnoseWatch | None
 ) -> list[ProbeResult]:
-    """While the verdict is `inconclusive` and a narrower interval could still change
-    that, measure more windows of the probe whose interval is the wider (relatively),
-    until the speedup's interval clears the threshold's margin or lies inside it (the
-    verdict is decided), or both probes have measured `max_s`."""
+    """Low and high blocks in turn, each up to `max_s` ÷ ROUNDS: ROUNDS rounds (fewer if
+    the server dies), then more while the verdict is `inconclusive` and a narrower
+    interval could still change that (the speedup's interval neither clears the
+    threshold's margin nor lies inside it), until a probe has measured EXTEND_UNTIL of
+    `max_s`."""
     zone = config.thresholds.undecided_zone(config.high / config.low)
-    while classify(
-        probes[0], probes[1], config.thresholds
-    ).verdict == "inconclusive" and not _decided(speedup_interval(probes[0], probes[1]), zone):
-        open_runs = [
-            i for i, run in enumerate(runs) if run.measured_s < EXTEND_UNTIL * config.max_s
-        ]
-        if not open_runs:
-            break
-        index = max(open_runs, key=lambda i: _relative_halfwidth(probes[i]))
-
-        def enough(estimate: RateEstimate, index: int = index) -> bool:
-            trial = list(probes)
-            trial[index] = replace(
-                probes[index],
-                rollouts_per_s=estimate.rate,
-                rollouts_per_s_ci=(estimate.low, estimate.high),
-                batches=estimate.batches,
-            )
-            return _decided(speedup_interval(trial[0], trial[1]), zone)
-
-        probes[index] = await runs[index].measure(enough)
-    return probes
+    probes: list[ProbeResult] = []
+    rounds = 0
+    while True:
+        for index, run in enumerate(runs):
+            block_s = min(config.max_s - run.measured_s, config.max_s / ROUNDS)
+            run.watch = None if watch is None else partial(watch, 2 * rounds + index)
+            probe = await run.measure(max_s=block_s)
+            if rounds == 0 and index == 0 and probe.completed == 0:
+                raise CollectionError(
+                    f"no rollout completed at parallelism {config.low} "
+                    f"({_errors(probe.errors_by_class)}); check the server and the "
+                    "workload with `autotune collect --limit 5` first."
+                )
+            probes[index : index + 1] = [probe]
+        rounds += 1
+        if any(probe.stop_reason == "server died" for probe in probes):
+            return probes
+        if rounds < ROUNDS:
+            continue
+        if any(run.measured_s >= EXTEND_UNTIL * config.max_s for run in runs):
+            return probes
+        verdict = classify(probes[0], probes[1], config.thresholds).verdict
+        if verdict != "inconclusive" or _decided(speedup_interval(probes[0], probes[1]), zone):
+            return probes
 
 
 def _decided(interval: RatioInterval, zone: tuple[float, float]) -> bool:
@@ -207,12 +204,6 @@ def _decided(interval: RatioInterval, zone: tuple[float, float]) -> bool:
         or interval.low >= above
         or below <= interval.low <= interval.high <= above
     )
-
-
-def _relative_halfwidth(probe: ProbeResult) -> float:
-    high = probe.rollouts_per_s_ci[1]
-    rate = probe.rollouts_per_s
-    return (high - rate) / rate if rate > 0 else math.inf
 
 
 async def _diagnose_command(

@@ -401,6 +401,44 @@ class CollectResult(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeBlock(Record):
+    """One block of a probe measured on its own: diagnose measures the low and the high
+    parallelism in turn, so a block and the other parallelism's next block form a pair
+    measured under the same conditions."""
+
+    at: float  # when its measured window began (epoch seconds; ordering the blocks)
+    rollouts_per_s: float
+    rollouts_per_s_ci: tuple[float, float]
+    batches: int
+    measured_s: float
+    latency_p50_s: float | None  # the whole rollout's, over the block's window
+    latency_p95_s: float | None
+    # Where rollouts were too long to time by completions: the output tokens/s the block
+    # was timed in (its rollouts/s is this ÷ the tokens a finished rollout had).
+    output_tokens_per_s: float | None = None
+    output_tokens_per_s_ci: tuple[float, float] | None = None
+
+    @property
+    def rate(self) -> tuple[float, float, int]:
+        """(rate, halfwidth of its 95% interval, batches): what `stats` pairs."""
+        return self.rollouts_per_s, self.rollouts_per_s_ci[1] - self.rollouts_per_s, self.batches
+
+    @property
+    def token_rate(self) -> tuple[float, float, int] | None:
+        """The same in output tokens/s, where the block was timed in tokens."""
+        if self.output_tokens_per_s is None or self.output_tokens_per_s_ci is None:
+            return None
+        rate = self.output_tokens_per_s
+        return rate, self.output_tokens_per_s_ci[1] - rate, self.batches
+
+    @property
+    def latency_dispersion(self) -> float | None:
+        if not self.latency_p50_s or self.latency_p95_s is None:
+            return None
+        return self.latency_p95_s / self.latency_p50_s
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeResult(Record):
     """Everything one probe measured at one parallelism. Probes that cannot see a stage
     (a user's command, the virtual engine) leave its fields at their defaults."""
@@ -437,6 +475,8 @@ class ProbeResult(Record):
     replicas: list[ReplicaStats] = field(default_factory=list)  # several replicas only
     # With --num-repeats above 1: the GRPO groups that ended inside the window.
     groups: GroupSummary | None = None
+    # Each measure of an engine probe, in order: diagnose pairs them across parallelisms.
+    blocks: list[ProbeBlock] = field(default_factory=list)
 
     @property
     def probe_s(self) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -143,15 +144,31 @@ def ratio_interval(
     is the sum of the two relative variances; Welch–Satterthwaite gives its degrees of
     freedom. The interval is asymmetric around the ratio, as a ratio's should be.
     """
-    top, bottom = numerator[0], denominator[0]
-    if top <= 0 or bottom <= 0:
-        return RatioInterval(0.0 if bottom > 0 else math.inf, 0.0, math.inf)
-    parts = []
-    for rate, halfwidth, batches in (numerator, denominator):
+    return paired_ratio_interval([(numerator, denominator)])
+
+
+Rate = tuple[float, float, int]  # (rate, halfwidth of its 95% interval, batches)
+
+
+def paired_ratio_interval(pairs: Sequence[tuple[Rate, Rate]]) -> RatioInterval:
+    """The geometric mean of several `numerator ÷ denominator` pairs with its 95% interval.
+
+    Each pair was measured side by side (a low and a high parallelism block in turn), so
+    a change of conditions between pairs moves both of a pair's rates and cancels in its
+    ratio. The mean of the pairs' log ratios has the variance of their sum ÷ n², and
+    Welch–Satterthwaite degrees of freedom over every rate's own.
+    """
+    if any(top[0] <= 0 or bottom[0] <= 0 for top, bottom in pairs):
+        stopped = any(bottom[0] <= 0 for _, bottom in pairs)
+        return RatioInterval(math.inf if stopped else 0.0, 0.0, math.inf)
+    n = len(pairs)
+    centre = sum(math.log(top[0] / bottom[0]) for top, bottom in pairs) / n
+    parts = []  # (variance of the log mean it adds, its degrees of freedom)
+    for rate, halfwidth, batches in (rate for pair in pairs for rate in pair):
         relative_se = halfwidth / rate / t95(batches - 1) if batches > 1 else math.inf
-        parts.append((relative_se**2, max(batches - 1, 1)))
+        parts.append((relative_se**2 / n**2, max(batches - 1, 1)))
     variance = sum(v for v, _ in parts)
-    ratio = top / bottom
+    ratio = math.exp(centre)
     if not math.isfinite(variance):
         return RatioInterval(ratio, 0.0, math.inf)
     if variance == 0:
@@ -159,3 +176,37 @@ def ratio_interval(
     df = variance**2 / sum(v**2 / dof for v, dof in parts)
     spread = t95(math.floor(df)) * math.sqrt(variance)
     return RatioInterval(ratio, ratio * math.exp(-spread), ratio * math.exp(spread))
+
+
+def counter_rate(
+    points: Sequence[tuple[float, float]], start: float, end: float, batch_s: float, batches: int
+) -> RateEstimate:
+    """The rate of a cumulative counter read at `points` (time, value; in time order)
+    over [start, end], with a 95% batch-means interval: the readings inside the window
+    are cut into about `batches` batches of at least `batch_s` each, and each batch's
+    increase over its time is one observation of the rate.
+
+    For a count that moves in small steps all the time (tokens generated), where
+    completions are too few to time: a rollout of a minute gives one completion a
+    minute a slot, but hundreds of tokens a second.
+    """
+    inside = [(t, v) for t, v in points if start <= t <= end]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return RateEstimate(0.0, 0.0, math.inf, 0, 0.0, 0)
+    span = inside[-1][0] - inside[0][0]
+    width = max(batch_s, span / max(batches, 1))
+    edges = [inside[0]]
+    for t, v in inside[1:]:
+        if t - edges[-1][0] >= width:
+            edges.append((t, v))
+    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(edges)]
+    counted_s = edges[-1][0] - edges[0][0]
+    total = edges[-1][1] - edges[0][1]
+    rate = total / counted_s if counted_s > 0 else 0.0
+    if len(rates) < 2:
+        return RateEstimate(rate, 0.0, math.inf, int(total), counted_s, len(rates))
+    spread = math.sqrt(sum((r - rate) ** 2 for r in rates) / (len(rates) - 1))
+    halfwidth = t95(len(rates) - 1) * spread / math.sqrt(len(rates))
+    return RateEstimate(
+        rate, max(0.0, rate - halfwidth), rate + halfwidth, int(total), counted_s, len(rates)
+    )

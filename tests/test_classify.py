@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from autotune.classify import CHECKS, VERDICTS, Check, Pair, classify
-from autotune.results import STAGES, ProbeResult, StageLatency, Thresholds
+from autotune.classify import CHECKS, VERDICTS, Check, Pair, classify, speedup_interval
+from autotune.results import STAGES, ProbeBlock, ProbeResult, StageLatency, Thresholds
 
 
 def probe(
@@ -233,18 +233,86 @@ def test_timeouts_in_the_high_probe_are_instability() -> None:
     assert verdict.confidence.startswith("decided by the failures and latencies measured")
 
 
-def test_a_latency_tail_that_grew_is_instability() -> None:
-    def tail(parallelism: int, rate: float, p50: float, p95: float) -> ProbeResult:
-        latency = {**probe(1, 1).latency_s, "total": StageLatency(100, p50, p50, p95)}
-        return probe(parallelism, rate, latency_s=latency, latency_cv=p95 / p50 / 3)
+def tail(parallelism: int, rate: float, p50: float, p95: float, **changes: Any) -> ProbeResult:
+    latency = {**probe(1, 1).latency_s, "total": StageLatency(100, p50, p50, p95)}
+    return probe(parallelism, rate, latency_s=latency, latency_cv=p95 / p50 / 3, **changes)
 
+
+def test_a_latency_tail_with_falling_throughput_is_instability() -> None:
     steady = classify(tail(5, 10, 1.0, 1.5), tail(20, 30, 1.3, 2.0))
     assert steady.verdict == "parallelism-bound"  # ×1.5 at both: a tail that did not grow
-    spread = classify(tail(5, 10, 1.0, 1.5), tail(20, 30, 1.3, 6.5))
-    assert spread.verdict == "unstable"
-    grew = next(e for e in spread.evidence if e.name.startswith("rollout latency spread"))
+    falling = classify(tail(5, 10, 1.0, 1.5), tail(20, 7, 1.3, 6.5))
+    assert falling.verdict == "unstable"
+    grew = next(e for e in falling.evidence if e.name.startswith("rollout latency spread"))
     assert grew.met and abs(grew.value - 5.0 / 1.5) < 1e-9
-    assert "latency spread far wider" in spread.next_step
+    assert "latency spread far wider" in falling.next_step
+
+
+def test_a_latency_tail_alone_never_outweighs_throughput_that_scales() -> None:
+    # Seen on real vLLM: ×3.29 for ×4 parallelism while p95/p50 went 1.4 → 6.7 (the tail
+    # of continuous batching), called `unstable` with advice to halve parallelism.
+    verdict = classify(tail(5, 10, 1.0, 1.4), tail(20, 32.9, 1.2, 8.0))
+    assert verdict.verdict == "parallelism-bound"
+    note = next(n for n in verdict.notes if n.startswith("latency: p95/p50 grew"))
+    assert "×4.76" in note and "not instability" in note
+    assert classify(tail(5, 10, 1.0, 1.4), tail(20, 32.9, 1.2, 1.5)).notes == []
+
+
+def block(
+    at: float, rate: float, halfwidth: float = 0.1, p50: float = 1.0, p95: float = 1.5
+) -> ProbeBlock:
+    spread = (rate * (1 - halfwidth), rate * (1 + halfwidth))
+    return ProbeBlock(at, rate, spread, 8, 5.0, p50, p95)
+
+
+def blocked(parallelism: int, *blocks: ProbeBlock, **changes: Any) -> ProbeResult:
+    """A probe measured in `blocks` (its pooled figures: their mean)."""
+    rate = sum(b.rollouts_per_s for b in blocks) / len(blocks)
+    return interval(parallelism, rate, 0.07, blocks=list(blocks), **changes)
+
+
+def test_paired_blocks_cancel_a_load_change_between_them() -> None:
+    # The machine slowed ×2 between the first pair and the second: each pair still
+    # scales ×3.5, so the verdict stands, and the drift is named.
+    low = blocked(5, block(0, 10), block(20, 5))
+    high = blocked(20, block(10, 35), block(30, 17.5))
+    verdict = classify(low, high)
+    assert verdict.verdict == "parallelism-bound" and verdict.clear_of_threshold
+    assert abs(verdict.speedup - 3.5) < 1e-9
+    drift = [n for n in verdict.notes if "between its blocks" in n]
+    assert len(drift) == 2 and "moved from 10 to 5 rollouts/s" in drift[0]
+    paired = speedup_interval(low, high)
+    assert paired.low > 3.0 and paired.high < 4.1  # two ±10% blocks a side, paired
+
+
+def test_a_load_change_within_a_pair_makes_a_decided_verdict_inconclusive() -> None:
+    # The machine slowed ×2 as the first high block started: that pair says ×1.75, the
+    # second ×3.5. The old order (one low, then one high) would call it model-bound.
+    old_order = classify(interval(5, 10, 0.05), interval(20, 17.5, 0.05))
+    assert old_order.verdict == "model-bound" and old_order.clear_of_threshold  # and wrong
+    low = blocked(5, block(0, 10, 0.05), block(20, 5, 0.05))
+    high = blocked(20, block(10, 17.5, 0.05), block(30, 17.5, 0.05))
+    verdict = classify(low, high)
+    assert verdict.verdict == "inconclusive" and not verdict.clear_of_threshold
+    assert "the machine's load changed during the probes" in verdict.confidence
+    assert "1 of 2 pairs (×1.75" in verdict.confidence
+    assert verdict.between == ["parallelism-bound", "model-bound"]
+    assert "quiet" in verdict.next_step
+    # The pairs agreeing, the same figures decide.
+    steady = classify(
+        blocked(5, block(0, 10), block(20, 10)), blocked(20, block(10, 35), block(30, 35))
+    )
+    assert steady.verdict == "parallelism-bound" and not any("blocks" in n for n in steady.notes)
+
+
+def test_a_tail_counts_only_where_every_pair_of_blocks_shows_it() -> None:
+    # One high block's tail grew ×4 (a busy moment), the other's did not: no tail growth.
+    low = blocked(5, block(0, 10), block(20, 10))
+    high = blocked(20, block(10, 8, p95=6.0), block(30, 8, p95=1.6))
+    pair = Pair(low, high, Thresholds())
+    assert abs(pair.dispersion_growth - 1.6 / 1.5) < 1e-9
+    both = blocked(20, block(10, 8, p95=6.0), block(30, 8, p95=4.5))
+    assert abs(Pair(low, both, Thresholds()).dispersion_growth - 3.0) < 1e-9
 
 
 def test_evidence_is_rounded_to_what_it_means() -> None:

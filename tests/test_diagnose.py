@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from autotune.classify import VERDICTS
+from autotune.classify import VERDICTS, classify
 from autotune.collect import run_async, run_collect
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.diagnose import DiagnoseConfig, diagnose
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
-from autotune.results import DiagnoseResult, Evidence, Thresholds, load_result
+from autotune.results import DiagnoseResult, Evidence, ProbeResult, Thresholds, load_result
 from tests.browser import drawn, render
 from tests.helpers import autotune, one_sentence_error
 
@@ -68,7 +69,7 @@ def test_ample_capacity_is_parallelism_bound(tmp_path: Path) -> None:
     assert "Verdict: parallelism-bound" in shot.text
     assert "SIMULATED" in shot.text and "time scale 0.05" in shot.text
     assert shot.screenshot.stat().st_size > 20_000
-    assert shot.checks == {"warm-up": 2, "measured": 2, "drain": 2}  # one of each a probe
+    assert shot.checks == {"warm-up": 4, "measured": 4, "drain": 4}  # one of each a block
 
     # `autotune report DIR` renders it again from the saved JSON alone.
     page.unlink()
@@ -185,6 +186,74 @@ def test_a_speedup_exactly_at_the_threshold_is_inconclusive_and_one_clear_of_it_
     )
     assert scaled.verdict == "parallelism-bound" and scaled.clear_of_threshold
     assert low > Thresholds().undecided_zone(4)[1] and low <= truth <= high
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sim_args", "expected"),
+    [((), "parallelism-bound"), (("--sim-arg=--max-num-seqs=2",), "model-bound")],
+)
+def test_rollouts_too_long_to_time_by_completions_are_timed_in_tokens(
+    tmp_path: Path, sim_args: tuple[str, ...], expected: str
+) -> None:
+    """Rollouts of 4,000 output tokens (about 30 simulated seconds each, 50 when queued)
+    against probes capped at 6 s of wall clock (120 simulated): a slot finishes a few in
+    the cap, too few for a window of completions. The probes time output tokens instead,
+    and each setup gets its verdict, sure of it."""
+    long = ("--max-s", "6", "--output-tokens", "4000,200", "--synthetic", "200")
+    result = run_diagnose(tmp_path, *long, *sim_args, "--verifier", "synthetic")
+    verdict = result.verdict
+    assert verdict.verdict == expected and verdict.clear_of_threshold, verdict.confidence
+    for probe in result.probes:
+        p50 = probe.latency_s["total"].p50
+        assert p50 is not None and p50 > 20  # simulated seconds a rollout
+        assert probe.stop_reason.endswith("(in tokens)"), probe.stop_reason
+        assert probe.measured_s <= 6 / 0.05  # the cap, in simulated seconds
+        assert all(block.output_tokens_per_s for block in probe.blocks)
+        assert probe.rollouts_per_s_ci[0] <= probe.rollouts_per_s <= probe.rollouts_per_s_ci[1]
+
+
+def first_blocks_alone(probe: ProbeResult) -> ProbeResult:
+    """The probe as the old order (one low probe, then one high) measured it: its first
+    block and nothing after."""
+    block = min(probe.blocks, key=lambda b: b.at)
+    return replace(
+        probe,
+        rollouts_per_s=block.rollouts_per_s,
+        rollouts_per_s_ci=block.rollouts_per_s_ci,
+        batches=block.batches,
+        blocks=[],
+    )
+
+
+@pytest.mark.slow
+def test_a_load_change_as_the_high_probe_starts_never_decides_a_wrong_verdict() -> None:
+    """The simulator (ample capacity: parallelism-bound) slows every step ×3 early in the
+    first high block, timed from a run without the change, as when another job lands on
+    the machine. The old probe order (the first low block, then the first high one)
+    calls that model-bound; the alternating blocks say parallelism-bound, or inconclusive
+    naming the load change (benchmarks/load_change.py spreads the change over the run)."""
+    baseline = diagnose_in_process((), Thresholds())
+    assert baseline.verdict.verdict == "parallelism-bound"
+    low, high = baseline.probes
+    first_low_run = low.phases[2][2]  # its warm-up, window and drain (simulated seconds)
+    high_warm_up = high.phases[0][2] - high.phases[0][1]
+    change_at = (first_low_run + high_warm_up / 2) * 0.05  # the sim's real seconds
+    old_order = []
+    for shift in (0.0, 0.3):
+        sim_args = ("--slow-down-after", f"{change_at + shift:.3f}", "--slow-down-factor", "3")
+        result = diagnose_in_process(sim_args, Thresholds())
+        verdict = result.verdict
+        old = classify(*(first_blocks_alone(p) for p in result.probes))
+        old_order.append(old.verdict)
+        print(
+            f"change at {change_at + shift:.2f} s: {verdict.verdict} ×{verdict.speedup:.2f} "
+            f"{verdict.speedup_interval}; the old order: {old.verdict} ×{old.speedup:.2f}"
+        )
+        assert verdict.verdict in ("parallelism-bound", "inconclusive"), verdict.confidence
+        if verdict.verdict == "inconclusive":
+            assert "the machine's load changed during the probes" in verdict.confidence
+    assert "model-bound" in old_order  # the change landed where the old order is fooled
 
 
 # Three setups of the simulator and the one verdict each must give, every time. The third

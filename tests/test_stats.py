@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 import random
 
-from autotune.stats import batch_means_rate, completion_batches_rate, ratio_interval, t95
+from autotune.stats import (
+    batch_means_rate,
+    completion_batches_rate,
+    paired_ratio_interval,
+    ratio_interval,
+    t95,
+)
 
 
 def test_regular_arrivals_give_a_tight_interval() -> None:
@@ -88,6 +94,31 @@ def test_ratio_interval_covers_the_true_ratio() -> None:
         ratio = ratio_interval(estimates[1], estimates[0])
         assert ratio.low < ratio.ratio < ratio.high
         covered += ratio.low <= 2.5 <= ratio.high
+    assert 0.89 * trials <= covered <= trials
+
+
+def test_paired_ratios_cover_the_true_ratio_when_conditions_change_between_pairs() -> None:
+    """Two pairs of Poisson blocks, the second pair at half the first's rates (a busier
+    machine): each pair's ratio is still 2.5, and the paired interval covers it about 95%
+    of the time; one pair alone gives the ratio_interval."""
+    covered = 0
+    trials = 200
+    for seed in range(trials):
+        rng = random.Random(seed)
+        pairs = []
+        for slow in (1.0, 0.5):
+            rates = []
+            for rate in (20.0 * slow, 50.0 * slow):
+                t, times = 0.0, []
+                while t < 10:
+                    t += rng.expovariate(rate)
+                    times.append(t)
+                estimate = completion_batches_rate(times, [(0.0, 10.0)], max(1, round(rate / 2)))
+                rates.append((estimate.rate, estimate.high - estimate.rate, estimate.batches))
+            pairs.append((rates[1], rates[0]))
+        ratio = paired_ratio_interval(pairs)
+        covered += ratio.low <= 2.5 <= ratio.high
+        assert paired_ratio_interval(pairs[:1]) == ratio_interval(*pairs[0])
     assert 0.89 * trials <= covered <= trials
 
 

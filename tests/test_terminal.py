@@ -109,14 +109,14 @@ def test_diagnose_on_a_terminal_shows_each_probe_as_it_goes() -> None:
 
         def look() -> str:
             text = screen()
-            seen.update(re.findall(r"probe [12]/2 at parallelism \d+: (warm-up|measuring)", text))
+            seen.update(re.findall(r"block [1-4]/4 at parallelism \d+: (warm-up|measuring)", text))
             return text
 
         final = _until(look, lambda s: "EXIT=" in s, 120)
     assert "EXIT=0" in final, final
     assert seen >= {"measuring"}, seen
     assert "verdict:" in final
-    assert "probe 2/2 at parallelism" not in final  # erased once the result is printed
+    assert "block 4/4 at parallelism" not in final  # erased once the result is printed
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -67,6 +67,9 @@ class CallCounters:
     retry_after_seen: int = 0
     limiter_wait_s: float = 0.0
     unstreamed_answers: int = 0  # streamed requests answered with one JSON body
+    # Text pieces streamed so far (one token each on most servers), counted as they come:
+    # a probe of long rollouts times its throughput by them (probe.window).
+    streamed_tokens: int = 0
     # Where a model server's calls went when several replicas serve it (None: an agent).
     replicas: ReplicaSet | None = None
     # Set by an engine with an adaptive concurrency limit, which every retry must pass.

@@ -317,13 +317,17 @@ class OpenAIBackend:
         stream = _Stream(self._target.api == "chat")
         idle_s = self._target.idle_timeout_s
         watch: _IdleWatch | None = None
+        counters, counted = self.counters, 0
         try:
             async for block in resp.content.iter_any():
                 if watch is not None:
                     watch.last = watch.loop.time()
                 elif idle_s is not None:
                     watch = _IdleWatch(resp.content, idle_s)
-                if stream.feed(block):
+                done = stream.feed(block)
+                counters.streamed_tokens += stream.chunks - counted  # as they arrive
+                counted = stream.chunks
+                if done:
                     break
         finally:
             if watch is not None:

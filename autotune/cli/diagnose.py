@@ -111,7 +111,7 @@ def _rescue_json(result: DiagnoseResult) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     from autotune.collect import run_async
-    from autotune.diagnose import DiagnoseConfig, diagnose, write_outputs
+    from autotune.diagnose import BLOCKS, DiagnoseConfig, diagnose, write_outputs
     from autotune.report.terminal import diagnose_text, probe_progress
     from autotune.results import save
 
@@ -139,7 +139,8 @@ def run_command(args: argparse.Namespace) -> int:
         check_writable_dir(json_path.parent, f"--json {json_path}")
     if output_dir is not None:
         check_writable_dir(output_dir, f"{flag} {output_dir}")
-    with probe_progress(enabled=not args.quiet, count=2) as watch:
+    blocks = 2 if config.command is not None else BLOCKS  # a command runs once at each
+    with probe_progress(enabled=not args.quiet, count=blocks) as watch:
         result = run_async(diagnose(config, watch))
     print(to_json(result).decode() if print_json else diagnose_text(result))
     writing = json_path

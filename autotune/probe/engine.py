@@ -2,9 +2,9 @@
 
 The engine cycles through the probe's tasks for as long as `steady_window` needs, with
 the server's /metrics, NVML and the client's own CPU sampled alongside. A `ProbeRun`
-can be measured again to extend it: one more warm-up, one more window, every window's
-completions pooled into one result (diagnose does this when its interval straddles a
-threshold).
+can be measured again: one more block (its own warm-up and window, stopped on its own
+estimate), every block's completions pooled into one result that lists the blocks
+(diagnose measures its two parallelisms in turn, block by block, and pairs them).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import math
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,12 +29,24 @@ from autotune.probe.status import ProbeWatch, drain_status, probe_status
 from autotune.probe.window import (
     ProbeSettings,
     Window,
+    in_rollouts,
+    long_rollouts,
+    pooled_blocks,
     pooled_estimate,
     steady_window,
+    token_window,
     warm_until,
 )
 from autotune.replicas import ReplicaCounts, replica_stats, several
-from autotune.results import STAGES, BatchSummary, ProbeResult, StageLatency, stage_durations
+from autotune.results import (
+    STAGES,
+    BatchSummary,
+    ProbeBlock,
+    ProbeResult,
+    StageLatency,
+    percentile,
+    stage_durations,
+)
 from autotune.stats import RateEstimate, mean
 from autotune.store import RolloutSink
 from autotune.telemetry import Sample, Sampler, summarise
@@ -111,11 +123,11 @@ class _Run:
 
 
 class ProbeRun:
-    """One parallelism on one server, measured in one window and, on request, in more.
+    """One parallelism on one server, measured in one block and, on request, in more.
 
-    `measure` runs the engine until the estimate pooled over every window so far is
-    precise enough (or the windows' total reaches `max_s`) and returns the result over
-    all of them: a diagnosis that needs a tighter interval calls it again.
+    `measure` runs the engine until this block's estimate is precise enough (or its
+    window reaches `max_s`) and returns the result pooled over every block so far, each
+    block listed on its own: a diagnosis that alternates parallelisms calls it again.
     """
 
     def __init__(
@@ -150,6 +162,7 @@ class ProbeRun:
         self.counted = (0.0,) * len(_snapshot(backend.counters))  # over the windows
         self.replica_counted: list[ReplicaCounts] | None = None  # over the windows
         self.estimate: RateEstimate | None = None
+        self.blocks: list[ProbeBlock] = []
         self.closed: list[tuple[float, ClosedGroup]] = []  # when each group ended
 
     @property
@@ -160,11 +173,18 @@ class ProbeRun:
     def measured_s(self) -> float:
         return sum(end - start for start, end in self.windows)
 
-    async def measure(self, enough: Callable[[RateEstimate], bool] | None = None) -> ProbeResult:
-        """One more run, until the pooled interval is within ±`target_halfwidth`, or until
-        `enough` says the pooled estimate is precise enough for its purpose; the result
-        covers every window measured so far."""
+    async def measure(
+        self, *, min_s: float | None = None, max_s: float | None = None
+    ) -> ProbeResult:
+        """One more block, until its own interval is within ±`target_halfwidth` over at
+        least `min_s` or its window reaches `max_s` (the settings' unless given); the
+        result covers every block measured so far."""
         settings = self.settings
+        limits = replace(
+            settings,
+            min_s=settings.min_s if min_s is None else min_s,
+            max_s=settings.max_s if max_s is None else max_s,
+        )
         meter, counters = self.meter, self.backend.counters
         groups = None
         if settings.group_size > 1:
@@ -196,24 +216,26 @@ class ProbeRun:
             async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
                 started = time.time()
                 run = asyncio.create_task(engine.run(self.work))
+                streamed: list[tuple[float, float]] = []
+
+                def tokens_so_far(now: float) -> list[tuple[float, float]]:
+                    """Output tokens counted so far: streamed pieces as they came, or
+                    else the server's own counter."""
+                    streamed.append((now, counters.streamed_tokens))
+                    if streamed[-1][1] > streamed[0][1]:
+                        return streamed
+                    return _server_tokens(recorder.samples)
+
                 window, reason = await _watch(
-                    settings,
-                    meter,
-                    run,
-                    engine,
-                    started,
-                    self.windows,
-                    take_snapshots,
-                    self.watch,
-                    enough,
+                    limits, meter, run, engine, started, take_snapshots, tokens_so_far, self.watch
                 )
                 take_snapshots()
                 engine.stop()
                 if self.watch is not None:
-                    measured = [*self.windows, (window.start, window.end)]
+                    measured = [(window.start, window.end)]
                     done = len(meter.done_at)
-                    self.watch(drain_status(settings, done, measured, window.estimate))
-                await _drain(run, meter)
+                    self.watch(drain_status(limits, done, measured, window.estimate))
+                await _drain(run, _drain_limit_s(window, meter, time.time() - started))
                 drained = time.time()
         self.samples.extend(recorder.samples)
         self.unavailable.update(recorder.unavailable)
@@ -223,8 +245,39 @@ class ProbeRun:
         )
         self._count_replicas(replica_snapshots)
         self.runs.append(_Run(started, window.start, window.end, drained, reason))
+        if window.tokens is not None:  # its rollouts/s, now that the drain has finished some
+            per_rollout = sum(meter.tokens) / len(meter.tokens) if meter.tokens else None
+            window = replace(window, estimate=in_rollouts(window.tokens, per_rollout))
         self.estimate = window.estimate
+        self.blocks.append(self._block(window))
         return self._result()
+
+    def _block(self, window: Window) -> ProbeBlock:
+        """The block just measured, on its own estimate (the pool is `_result`'s)."""
+        done_at, timings = self.meter.done_at, self.meter.timings
+        latencies = [
+            seconds
+            for i in _between(done_at, window.start, window.end)
+            for stage, seconds in stage_durations(timings[i])
+            if stage == "total"
+        ]
+        estimate = (
+            window.estimate
+            or pooled_estimate(done_at, [(window.start, window.end)], self.meter.mean_latency_s)[0]
+        )
+        return ProbeBlock(
+            at=window.start,
+            rollouts_per_s=estimate.rate,
+            rollouts_per_s_ci=(estimate.low, estimate.high),
+            batches=estimate.batches,
+            measured_s=window.end - window.start,
+            latency_p50_s=percentile(latencies, 50),
+            latency_p95_s=percentile(latencies, 95),
+            output_tokens_per_s=window.tokens.rate if window.tokens else None,
+            output_tokens_per_s_ci=(window.tokens.low, window.tokens.high)
+            if window.tokens
+            else None,
+        )
 
     def _replica_snapshot(self) -> list[ReplicaCounts]:
         return self.replicas.snapshot() if self.replicas is not None else []
@@ -245,7 +298,9 @@ class ProbeRun:
         settings, meter, windows = self.settings, self.meter, self.windows
         measured = max(self.measured_s, 1e-9)
         estimate = self.estimate
-        if estimate is None:  # the server died: no window was cut, so pool them here
+        if any(block.token_rate for block in self.blocks):  # timed in tokens
+            estimate = pooled_blocks(self.blocks)
+        elif estimate is None or len(windows) > 1:  # a dead server's, or several blocks
             estimate, _ = pooled_estimate(meter.done_at, windows, meter.mean_latency_s)
         in_window = [i for start, end in windows for i in _between(meter.done_at, start, end)]
         failures = [cls for t, cls in meter.failed_at if _inside(t, windows)]
@@ -266,6 +321,10 @@ class ProbeRun:
         capacity = self.verifier.capacity
         mean_verify = mean(stage_values["verify"])
         client_tps = tokens / measured
+        if self.blocks and all(block.token_rate for block in self.blocks):  # timed in tokens
+            client_tps = sum(
+                (block.output_tokens_per_s or 0.0) * block.measured_s for block in self.blocks
+            ) / max(sum(block.measured_s for block in self.blocks), 1e-9)
         telemetry = _summarise_windows(self.samples, windows)
         groups = None
         if settings.group_size > 1:
@@ -305,6 +364,7 @@ class ProbeRun:
             if self.replicas is not None and self.replica_counted is not None
             else [],
             groups=groups,
+            blocks=list(self.blocks),
         )
 
 
@@ -426,10 +486,19 @@ def _summarise_windows(
     return merged
 
 
-async def _drain(run: asyncio.Task[Any], meter: _Meter) -> None:
+def _drain_limit_s(window: Window, meter: _Meter, ran_s: float) -> float:
+    """How long the rollouts in flight may take to finish: a few mean latencies. A window
+    timed in tokens cancels them at once (the server aborts a request whose client
+    left) once some rollout has finished, to say how many tokens one has; until then
+    they may be the first, and their latency is at least the time run so far."""
+    if window.tokens is not None:
+        return 0.0 if meter.tokens else 5.0 + 3 * max(meter.mean_latency_s, ran_s)
+    return 5.0 + 3 * meter.mean_latency_s
+
+
+async def _drain(run: asyncio.Task[Any], limit_s: float) -> None:
     """Let the rollouts in flight finish (they are not measured), but not for ever."""
-    limit = 5.0 + 3 * meter.mean_latency_s
-    done, _ = await asyncio.wait({run}, timeout=limit)
+    done, _ = await asyncio.wait({run}, timeout=limit_s)
     if not done:
         run.cancel()
     await asyncio.gather(run, return_exceptions=True)
@@ -443,13 +512,13 @@ async def _watch(
     run: asyncio.Task[Any],
     engine: Engine,
     started: float,
-    earlier: Sequence[tuple[float, float]],
     on_warm: Callable[[], None],
+    tokens: Callable[[float], Sequence[tuple[float, float]]],
     watch: ProbeWatch | None = None,
-    enough: Callable[[RateEstimate], bool] | None = None,
 ) -> tuple[Window, str]:
     """Wait until `steady_window` has a window (telling `watch` how far it is at each
-    look); returns it and why it ended."""
+    look), or, where rollouts are too long for one within `max_s`, `token_window` has;
+    returns it and why it ended."""
     warm = False
     while True:
         await asyncio.wait({run}, timeout=CHECK_EVERY_S)
@@ -459,16 +528,21 @@ async def _watch(
             return Window(first or started, now, "server died"), "server died"
         if watch is not None:
             latency = meter.mean_latency_s
-            watch(probe_status(meter.done_at, settings, started, now, latency, earlier))
+            watch(probe_status(meter.done_at, settings, started, now, latency))
         window = steady_window(
-            meter.done_at,
-            settings,
-            started=started,
-            now=now,
-            mean_latency_s=meter.mean_latency_s,
-            earlier=earlier,
-            enough=enough,
+            meter.done_at, settings, started=started, now=now, mean_latency_s=meter.mean_latency_s
         )
+        points = tokens(now)
+        if (
+            (window is None or window.reason == "time cap")
+            and len(points) > 1
+            and long_rollouts(settings, started, now, meter.mean_latency_s)
+        ):
+            timed = token_window(points, settings, started=started, now=now)
+            if timed is not None:
+                return timed, timed.reason
+            if now - started < 2 * settings.max_s:  # tokens still warming up: not yet
+                window = None
         if (
             not warm
             and warm_until(meter.done_at, settings.parallelism, started, settings.warmup_s)
@@ -480,21 +554,27 @@ async def _watch(
             return window, window.reason
 
 
+def _server_tokens(samples: Sequence[Sample]) -> list[tuple[float, float]]:
+    """The server's own count of generated tokens over time, where it has one."""
+    name = "vllm:generation_tokens_total"
+    return [(s.t, s.values[name]) for s in samples if s.source == "server" and name in s.values]
+
+
 def _token_check(
     samples: Sequence[Sample], windows: Sequence[tuple[float, float]], client_tps: float
 ) -> dict[str, float] | None:
-    """Client output tokens/s against the server's own vllm:generation_tokens_total."""
-    name = "vllm:generation_tokens_total"
+    """Client output tokens/s against the server's own vllm:generation_tokens_total, over
+    each window from the last scrape before it to the first after it (a block can be
+    shorter than two scrape intervals)."""
+    counter = _server_tokens(samples)
+    times = [t for t, _ in counter]
     generated = elapsed = 0.0
     for start, end in windows:
-        counter = [
-            (s.t, s.values[name])
-            for s in samples
-            if s.source == "server" and start <= s.t <= end and name in s.values
-        ]
-        if len(counter) >= 2 and counter[-1][0] > counter[0][0]:
-            generated += counter[-1][1] - counter[0][1]
-            elapsed += counter[-1][0] - counter[0][0]
+        first = max(bisect_right(times, start) - 1, 0)
+        last = min(bisect_left(times, end), len(counter) - 1)
+        if last > first and counter[last][0] > counter[first][0]:
+            generated += counter[last][1] - counter[first][1]
+            elapsed += counter[last][0] - counter[first][0]
     if not elapsed:
         return None
     server_tps = generated / elapsed

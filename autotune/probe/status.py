@@ -19,7 +19,7 @@ class ProbeStatus:
     phase: str  # warm-up | measuring | drain
     parallelism: int
     completed: int  # rollouts finished since the probe began
-    phase_s: float  # seconds in this phase (measuring: every window of the probe so far)
+    phase_s: float  # seconds in this phase (measuring: this block's window so far)
     max_s: float  # the probe stops measuring by then, whatever its precision
     target_halfwidth: float  # ... or once its interval is this narrow (relative)
     rate: float | None = None  # measuring and drain: the pooled rate so far
@@ -35,7 +35,6 @@ def probe_status(
     started: float,
     now: float,
     mean_latency_s: float,
-    earlier: Sequence[tuple[float, float]] = (),
 ) -> ProbeStatus:
     """The status at `now` of a run that began at `started`: warm-up until every slot has
     finished a rollout, then measuring, with the estimate `steady_window` stops on."""
@@ -49,14 +48,13 @@ def probe_status(
             settings.max_s,
             settings.target_halfwidth,
         )
-    windows = [*earlier, (warm, now)]
-    estimate, _ = pooled_estimate(done_at, windows, mean_latency_s)
+    estimate, _ = pooled_estimate(done_at, [(warm, now)], mean_latency_s)
     halfwidth = estimate.relative_halfwidth
     return ProbeStatus(
         "measuring",
         settings.parallelism,
         len(done_at),
-        sum(end - start for start, end in windows),
+        now - warm,
         settings.max_s,
         settings.target_halfwidth,
         rate=estimate.rate,

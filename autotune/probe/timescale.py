@@ -49,6 +49,27 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
                 took.count, seconds(took.mean), seconds(took.p50), seconds(took.p95)
             ),
         )
+    blocks = [
+        replace(
+            block,
+            at=origin + (block.at - origin) / scale,
+            rollouts_per_s=block.rollouts_per_s * scale,
+            rollouts_per_s_ci=(
+                block.rollouts_per_s_ci[0] * scale,
+                block.rollouts_per_s_ci[1] * scale,
+            ),
+            measured_s=block.measured_s / scale,
+            latency_p50_s=seconds(block.latency_p50_s),
+            latency_p95_s=seconds(block.latency_p95_s),
+            output_tokens_per_s=None
+            if block.output_tokens_per_s is None
+            else block.output_tokens_per_s * scale,
+            output_tokens_per_s_ci=None
+            if block.output_tokens_per_s_ci is None
+            else (block.output_tokens_per_s_ci[0] * scale, block.output_tokens_per_s_ci[1] * scale),
+        )
+        for block in probe.blocks
+    ]
     return replace(
         probe,
         rollouts_per_s=probe.rollouts_per_s * scale,
@@ -63,4 +84,5 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
         timeline=[(t / scale, rate * scale) for t, rate in probe.timeline],
         phases=[(name, start / scale, end / scale) for name, start, end in probe.phases],
         groups=groups,
+        blocks=blocks,
     )

@@ -9,23 +9,33 @@ spanning about BATCH_LATENCIES mean rollout latencies (so neighbouring batches s
 rollouts and a batch never counts a wave of completions twice), at least MIN_BATCHES of
 them: the window's length follows the measured latency. It stops once the rate's 95%
 interval is within ±`target_halfwidth` ("precision") over a window at least `min_s`
-long, or at `max_s` ("time cap"). A probe that is extended measures more windows at the
-same parallelism later (`earlier`): its estimate pools every window's batches, and
-`max_s` caps their total. Completions after the stop (the drain, slots idling as the
-last rollouts finish) are never counted.
+long, or at `max_s` ("time cap"). A probe measured in several blocks asks for each
+block on its own; `pooled_estimate` then pools every block's batches. Completions after
+the stop (the drain, slots idling as the last rollouts finish) are never counted.
+
+Long rollouts (RL answers of thousands of tokens, tool turns: tens of seconds each)
+complete too rarely for MIN_BATCHES batches of BATCH_LATENCIES latencies within
+`max_s`. Then the window is timed in tokens: a cumulative count of output tokens (the
+client's streamed pieces, or the server's generation counter) is warm once the server
+has generated TOKENS_PER_SLOT tokens a slot, its rate is timed in batches like
+completions, and it is converted to rollouts/s by the tokens a finished rollout had.
+For one workload at two parallelisms the token rates' ratio is the rollouts' ratio.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.config import PROBE_DEFAULTS, ProbeSpec
-from autotune.stats import RateEstimate, completion_batches_rate
+from autotune.results import ProbeBlock
+from autotune.stats import RateEstimate, completion_batches_rate, counter_rate, t95
 
 MIN_EVENTS = 20  # completions a window at its precision target holds at least
+TOKENS_PER_SLOT = 4  # warm-up in tokens: every slot's request has started generating
+TOKEN_BATCH_S = 0.5  # a token-rate batch spans at least this (two looks of the probe)
 MIN_BATCHES = 8  # batches a window at its precision target holds at least
 MAX_BATCHES = 30  # past this, batches grow instead (long-range drifts stay in the spread)
 BATCH_LATENCIES = 2.0  # mean rollout latencies one batch spans at least
@@ -62,8 +72,9 @@ class Window:
 
     start: float
     end: float
-    reason: str  # precision | time cap | rows timed | whole run timed
+    reason: str  # precision | time cap (either "in tokens") | rows timed | whole run timed
     estimate: RateEstimate | None = None  # None: the caller times a finished run itself
+    tokens: RateEstimate | None = None  # output tokens/s, where the window was timed in them
 
 
 def warm_until(
@@ -75,6 +86,71 @@ def warm_until(
     first = bisect_left(done_at, started)
     index = max(first + parallelism - 1, bisect_left(done_at, started + warmup_s))
     return done_at[index] if index < len(done_at) else None
+
+
+def long_rollouts(settings: ProbeSettings, started: float, now: float, latency_s: float) -> bool:
+    """Whether rollouts take too long for a window of completions within `max_s`: its
+    warm-up and MIN_BATCHES batches of BATCH_LATENCIES latencies (before the first
+    completion, its latency is at least the time waited so far)."""
+    latency = latency_s if latency_s > 0 else now - started
+    return latency * (MIN_BATCHES * BATCH_LATENCIES + 1) > settings.max_s
+
+
+def token_window(
+    tokens: Sequence[tuple[float, float]],
+    settings: ProbeSettings,
+    *,
+    started: float,
+    now: float,
+) -> Window | None:
+    """The window timed in tokens (`tokens`: the cumulative count read over time), or
+    None while it should go on: warm once TOKENS_PER_SLOT a slot have been generated
+    since `started` (and `warmup_s` has passed), stopped by the same precision and time
+    rules as completions. Its rollouts/s waits for the tokens of finished rollouts
+    (`in_rollouts`): the first of a minute-long rollout may come after the window."""
+    counted = [(t, v) for t, v in tokens if t >= started]
+    if not counted:
+        return None
+    first = counted[0][1]
+    warm = next(
+        (
+            t
+            for t, v in counted
+            if t >= started + settings.warmup_s
+            and v - first >= TOKENS_PER_SLOT * settings.parallelism
+        ),
+        None,
+    )
+    if warm is None:
+        return None
+    rate = counter_rate(counted, warm, now, TOKEN_BATCH_S, MAX_BATCHES)
+    reason = None
+    if now - warm >= settings.max_s:
+        reason = "time cap (in tokens)"
+    elif (
+        now - warm >= settings.min_s
+        and rate.batches >= MIN_BATCHES
+        and rate.relative_halfwidth <= settings.target_halfwidth
+    ):
+        reason = "precision (in tokens)"
+    if reason is None:
+        return None
+    return Window(warm, warm + rate.window_s, reason, tokens=rate)
+
+
+def in_rollouts(tokens: RateEstimate, tokens_per_rollout: float | None) -> RateEstimate:
+    """A rate of output tokens as rollouts/s, by the tokens a finished rollout had (none
+    finished: 0, with no upper bound)."""
+    if not tokens_per_rollout:
+        return RateEstimate(0.0, 0.0, math.inf, 0, tokens.window_s, tokens.batches)
+    return RateEstimate(
+        tokens.rate / tokens_per_rollout,
+        tokens.low / tokens_per_rollout,
+        tokens.high / tokens_per_rollout,
+        round(tokens.events / tokens_per_rollout),
+        tokens.window_s,
+        tokens.batches,
+    )
 
 
 def batch_events(events: int, span_s: float, latency_s: float) -> int:
@@ -113,17 +189,12 @@ def steady_window(
     now: float,
     mean_latency_s: float,
     finished: bool = False,
-    earlier: Sequence[tuple[float, float]] = (),
-    enough: Callable[[RateEstimate], bool] | None = None,
 ) -> Window | None:
     """The window to measure, or None while the probe should go on.
 
     `finished`: the collector already ran to its end (a user's command), so the window
     is cut before the drain: it ends at the completion that left the last `parallelism`
     rollouts in flight. Too few completions for that: the whole run is the window.
-    `earlier`: this probe's windows measured before `started`, pooled with this one.
-    `enough`: when the estimate is precise enough, instead of ±`target_halfwidth` (a
-    diagnosis stops a probe as soon as its verdict is decided).
     """
     parallelism = settings.parallelism
     warm = warm_until(done_at, parallelism, started, settings.warmup_s)
@@ -133,25 +204,38 @@ def steady_window(
             if drain > warm:
                 return Window(warm, drain, "rows timed")
         return Window(started, now, "whole run timed")
-    measured_before = sum(end - start for start, end in earlier)
     if warm is None:
         if now - started > settings.max_s:
-            estimate, _ = pooled_estimate(done_at, [*earlier, (started, now)], mean_latency_s)
+            estimate, _ = pooled_estimate(done_at, [(started, now)], mean_latency_s)
             return Window(started, now, "time cap", estimate)
         return None
     elapsed = now - warm
-    estimate, end = pooled_estimate(done_at, [*earlier, (warm, now)], mean_latency_s)
-    if measured_before + elapsed >= settings.max_s:
+    estimate, end = pooled_estimate(done_at, [(warm, now)], mean_latency_s)
+    if elapsed >= settings.max_s:
         return Window(warm, end if end > warm else now, "time cap", estimate)
     if (
         elapsed >= settings.min_s
         and estimate.batches >= MIN_BATCHES
         and estimate.events >= MIN_EVENTS
-        and (
-            enough(estimate)
-            if enough is not None
-            else estimate.relative_halfwidth <= settings.target_halfwidth
-        )
+        and estimate.relative_halfwidth <= settings.target_halfwidth
     ):
         return Window(warm, end, "precision", estimate)
     return None
+
+
+def pooled_blocks(blocks: Sequence[ProbeBlock]) -> RateEstimate:
+    """The rollouts/s of blocks timed on their own (some in tokens), weighted by their
+    windows' lengths, with the interval of that weighted mean."""
+    span = sum(block.measured_s for block in blocks) or 1e-9
+    rate = sum(block.rollouts_per_s * block.measured_s for block in blocks) / span
+    variance, dof = 0.0, 0
+    for block in blocks:
+        halfwidth = block.rollouts_per_s_ci[1] - block.rollouts_per_s
+        se = halfwidth / t95(block.batches - 1) if block.batches > 1 else math.inf
+        variance += (block.measured_s / span * se) ** 2
+        dof += max(block.batches - 1, 0)
+    events = round(rate * span)
+    if not math.isfinite(variance) or dof < 1:
+        return RateEstimate(rate, 0.0, math.inf, events, span, dof)
+    halfwidth = t95(dof) * math.sqrt(variance)
+    return RateEstimate(rate, max(0.0, rate - halfwidth), rate + halfwidth, events, span, dof + 1)

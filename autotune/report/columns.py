@@ -58,7 +58,8 @@ def _terminal_cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:,.1f}"
+        # one decimal, or three significant digits for what one decimal would show as 0
+        return f"{value:,.1f}" if value == 0 or abs(value) >= 0.1 else f"{value:.3g}"
     return str(value)
 
 

@@ -10,9 +10,11 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune.classify import block_pairs, pair_rates
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, Column, html_table
-from autotune.results import DiagnoseResult, Evidence, ProbeResult, quantity
+from autotune.results import DiagnoseResult, Evidence, ProbeBlock, ProbeResult, quantity
+from autotune.stats import ratio_interval
 
 STAGE_ORDER = ("queue", "model", "verify_wait", "verify")
 SERIES = {
@@ -133,6 +135,37 @@ LATENCY_COLUMNS: tuple[Column[ProbeResult], ...] = (
     Column("p95/p50", lambda p: _digits(p.latency_dispersion)),
     Column("CV", lambda p: _digits(p.latency_cv, 2)),
 )
+
+BlockPair = tuple[int, ProbeBlock, ProbeBlock]  # (pair number, low block, high block)
+
+
+def _block_rate(block: ProbeBlock) -> str:
+    low, high = block.rollouts_per_s_ci
+    return f"{block.rollouts_per_s:.3g} ({low:.3g}–{high:.3g})"
+
+
+def _pair_speedup(pair: BlockPair) -> str:
+    _, low, high = pair
+    speedup = ratio_interval(*pair_rates(low, high))
+    return f"×{speedup.ratio:.2f} (×{speedup.low:.2f}–×{speedup.high:.2f})"
+
+
+# Each pair of blocks measured side by side: where the machine's load changed, the rates
+# move between pairs (cancelled in the speedup) or the pairs' speedups disagree.
+PAIR_COLUMNS: tuple[Column[BlockPair], ...] = (
+    Column("pair", lambda pair: pair[0]),
+    Column("low rollouts/s (95% CI)", lambda pair: _block_rate(pair[1])),
+    Column("high rollouts/s (95% CI)", lambda pair: _block_rate(pair[2])),
+    Column("speedup (95% CI)", _pair_speedup),
+    Column("low p95/p50", lambda pair: _digits(pair[1].latency_dispersion)),
+    Column("high p95/p50", lambda pair: _digits(pair[2].latency_dispersion)),
+)
+
+
+def pair_rows(result: DiagnoseResult) -> list[BlockPair]:
+    low, high = result.probes[0], result.probes[-1]
+    return [(n, lo, hi) for n, (lo, hi) in enumerate(block_pairs(low, high), start=1)]
+
 
 EVIDENCE_COLUMNS: tuple[Column[Evidence], ...] = (
     Column("measure", lambda e: e.name),
@@ -335,6 +368,11 @@ def render(result: DiagnoseResult) -> str:
                 else []
             ),
             html_table(LATENCY_COLUMNS, result.probes, caption="latency"),
+            *(
+                [html_table(PAIR_COLUMNS, pairs, caption="pairs of blocks, in the order run")]
+                if (pairs := pair_rows(result))
+                else []
+            ),
         ),
         html.section("Evidence", html_table(EVIDENCE_COLUMNS, verdict.evidence)),
         *replica_section(result),

@@ -197,7 +197,8 @@ def progress_bar(enabled: bool, unit: str, total: int | None = None) -> Iterator
 
 
 def _probe_text(index: int, count: int, status: ProbeStatus) -> str:
-    head = f"probe {index + 1}/{count} at parallelism {status.parallelism}: {status.phase}"
+    number = f"{index + 1}/{count}" if index < count else f"{index + 1} (one more round)"
+    head = f"block {number} at parallelism {status.parallelism}: {status.phase}"
     if status.phase == "warm-up":
         return (
             f"{head}, {status.completed:,} rollouts done, {status.phase_s:.1f} s "
@@ -222,7 +223,7 @@ def _probe_text(index: int, count: int, status: ProbeStatus) -> str:
 def probe_progress(
     enabled: bool, count: int
 ) -> Iterator[Callable[[int, ProbeStatus], None] | None]:
-    """Each probe's progress (warm-up, measuring with its interval, drain) on stderr: one
+    """Each probe block's progress (warm-up, measuring with its interval, drain) on stderr: one
     line redrawn on a terminal, a line per phase and every LINE_EVERY_S in a log. None
     when disabled, so that a quiet probe computes no status at all."""
     status = _status(enabled)

@@ -1,0 +1,79 @@
+"""The steady-state window's rules for long rollouts: timed in tokens (pure: no server)."""
+
+from __future__ import annotations
+
+import random
+
+from autotune.probe.window import (
+    MIN_BATCHES,
+    TOKENS_PER_SLOT,
+    ProbeSettings,
+    in_rollouts,
+    long_rollouts,
+    token_window,
+)
+
+SETTINGS = ProbeSettings(parallelism=4, warmup_s=1.0, min_s=3.0, max_s=20.0, target_halfwidth=0.1)
+
+
+def counter(rate: float, until: float, *, start_at: float = 0.0, noise: float = 0.0, seed: int = 0):
+    """A token count read every 0.25 s: nothing until `start_at` (prefill), then `rate`
+    tokens a second, each reading's increase varied by ±`noise`."""
+    rng = random.Random(seed)
+    points, value, t = [(0.0, 0.0)], 0.0, 0.0
+    while t < until:
+        t += 0.25
+        if t > start_at:
+            value += rate * 0.25 * (1 + rng.uniform(-noise, noise))
+        points.append((t, value))
+    return points
+
+
+def test_rollouts_are_long_when_a_window_of_completions_cannot_fit_the_cap() -> None:
+    # a window needs warm-up and 8 batches of 2 latencies: 17 latencies within max_s 20
+    assert not long_rollouts(SETTINGS, started=0.0, now=0.5, latency_s=1.0)
+    assert long_rollouts(SETTINGS, started=0.0, now=0.5, latency_s=1.3)
+    # before any completion, the time waited so far is the latency's lower bound
+    assert not long_rollouts(SETTINGS, started=0.0, now=1.0, latency_s=0.0)
+    assert long_rollouts(SETTINGS, started=0.0, now=1.5, latency_s=0.0)
+
+
+def test_warm_up_in_tokens_waits_for_every_slot_and_warmup_s() -> None:
+    # 4 slots need 16 tokens; at 2 tokens/s after 1 s of prefill that is t = 9
+    slow = counter(2.0, 12.0, start_at=1.0)
+    assert token_window(slow, SETTINGS, started=0.0, now=8.75) is None
+    early = counter(1000.0, 0.75)  # thousands of tokens, but warmup_s has not passed
+    assert token_window(early, SETTINGS, started=0.0, now=0.75) is None
+    assert TOKENS_PER_SLOT * SETTINGS.parallelism == 16
+
+
+def test_a_steady_token_rate_stops_on_precision_and_converts_to_rollouts() -> None:
+    points = counter(400.0, 10.0, noise=0.2)
+    window = token_window(points, SETTINGS, started=0.0, now=10.0)
+    assert window is not None and window.reason == "precision (in tokens)"
+    assert window.start == 1.0  # warmup_s, by which 400 tokens had come
+    tokens = window.tokens
+    assert tokens is not None and tokens.batches >= MIN_BATCHES
+    assert tokens.relative_halfwidth <= 0.1
+    rollouts = in_rollouts(tokens, 2000.0)  # rollouts of 2,000 tokens
+    assert abs(rollouts.rate - tokens.rate / 2000) < 1e-12
+    assert abs(rollouts.high / rollouts.rate - tokens.high / tokens.rate) < 1e-12
+    assert in_rollouts(tokens, None).high == float("inf")  # none finished: no rollout rate
+
+
+def test_the_token_rate_interval_covers_the_true_rate() -> None:
+    covered, trials = 0, 200
+    for seed in range(trials):
+        points = counter(400.0, 21.0, noise=0.5, seed=seed)
+        now = next(t for t, _ in points if token_window(points, SETTINGS, started=0.0, now=t))
+        window = token_window(points, SETTINGS, started=0.0, now=now)
+        assert window is not None and window.tokens is not None
+        covered += window.tokens.low <= 400.0 <= window.tokens.high
+    assert 0.89 * trials <= covered < trials
+
+
+def test_a_jumpy_token_rate_runs_to_the_cap_in_tokens() -> None:
+    points = counter(400.0, 30.0, noise=1.0, seed=3)
+    assert token_window(points, SETTINGS, started=0.0, now=15.0) is None
+    window = token_window(points, SETTINGS, started=0.0, now=21.0)
+    assert window is not None and window.reason == "time cap (in tokens)"
