@@ -44,7 +44,10 @@ sys.path.insert(0, str(REPO))
 
 VOCAB = 32000
 BYTES_PER_TOKEN = 4  # the stand-in tokenizer's rate, about a real one's on English
-GATHER_S = 0.02  # how long a batch waits for more requests after its first
+# How long a batch waits for more requests after its first: a closed loop's slots come
+# back staggered by their verification and scheduling; 20 ms was seen to split static
+# batches of 4 into batches of 1 for seconds at a time.
+GATHER_S = 0.1
 # A 23B-parameter shape (47 GB in bf16; a Llama-70B layer, 24 of them): each decode step
 # reads all the weights in few, large kernels, so the GPU, not Python launching kernels,
 # sets the pace, and NVML's utilisation means something.
@@ -134,12 +137,16 @@ class Generator:
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self.queue.get()]
-            deadline = loop.time() + GATHER_S  # the client resubmits a batch's worth at once
+            deadline = loop.time() + GATHER_S
             while len(batch) < self.max_batch:
                 try:
                     batch.append(await asyncio.wait_for(self.queue.get(), deadline - loop.time()))
                 except TimeoutError:
                     break
+            # A request whose client left while it queued is dropped, as vLLM aborts it.
+            batch = [item for item in batch if not item[2].done()]
+            if not batch:
+                continue
             self.running = len(batch)
             self.prompt_tokens += sum(len(p) for p, _, _ in batch)
             new_tokens = max(n for _, n, _ in batch)
@@ -154,7 +161,8 @@ class Generator:
             finally:
                 self.running = 0
             for (_, n, future), tokens in zip(batch, outputs, strict=True):
-                future.set_result(tokens[:n])
+                if not future.done():  # its client may have left while it ran
+                    future.set_result(tokens[:n])
 
     def metrics(self) -> str:
         lines = [
@@ -253,7 +261,7 @@ async def serve(args: argparse.Namespace) -> None:
         ]
     )
     batcher = asyncio.create_task(generator.run())
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", args.port).start()
     print(f"listening on {args.port}", flush=True)
@@ -393,7 +401,9 @@ def probes_for(replicas: int, max_s: float) -> list[str]:
 
 def run_diagnose(base_urls: list[str], out: Path, max_s: float) -> dict[str, Any]:
     """`autotune diagnose --base-url ...`, as a user runs it; the i-th replica on GPU i
-    (named on a CPU dry run too, where NVML then has nothing to group)."""
+    (named on a CPU dry run too, where NVML then has nothing to group). What it prints
+    is kept beside its diagnose.json as it ends."""
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "diagnose.json"
     replicas = len(base_urls)
     urls = [word for url in base_urls for word in ("--base-url", url)]
@@ -410,6 +420,7 @@ def run_diagnose(base_urls: list[str], out: Path, max_s: float) -> dict[str, Any
         *("--output-dir", str(out)),
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    (out / "stdout.txt").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"autotune diagnose failed:\n{done.stderr}")
     print(done.stdout, flush=True)
@@ -480,6 +491,8 @@ async def check(args: argparse.Namespace) -> int:
         for process in processes:
             print(process.log_tail(2), flush=True)
         for name, max_batch in CASES:
+            if name not in args.cases:
+                continue
             for root in roots:
                 await server_call(f"{root}/config", {"max_batch": max_batch})
             print(
@@ -488,7 +501,7 @@ async def check(args: argparse.Namespace) -> int:
                 flush=True,
             )
             urls = [f"{root}/v1" for root in roots]
-            result = await asyncio.to_thread(run_diagnose, urls, out, args.max_s)
+            result = await asyncio.to_thread(run_diagnose, urls, out / name, args.max_s)
             results["cases"][name] = {
                 "max_batch": max_batch,
                 "diagnose": result,
@@ -621,6 +634,12 @@ def main() -> int:
         "--max-s", type=float, default=15.0, help="each probe's cap, seconds (diagnose --max-s)"
     )
     parser.add_argument("--max-batch", type=int, default=4)
+    parser.add_argument(
+        "--cases",
+        type=lambda text: text.split(","),
+        default=[name for name, _ in CASES],
+        help="which cases to run, comma-separated (default: gpu-bound,batching)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu_check")
     args = parser.parse_args()
     if args.replicas < 1:

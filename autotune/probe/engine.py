@@ -554,6 +554,16 @@ async def _watch(
             return window, window.reason
 
 
+def _read_at(counter: Sequence[tuple[float, float]], t: float) -> float | None:
+    """A counter's value at `t`, interpolated between the readings around it; None
+    outside them."""
+    index = bisect_left(counter, (t,))
+    if index == 0 or index == len(counter):
+        return counter[index][1] if index < len(counter) and counter[index][0] == t else None
+    (t0, v0), (t1, v1) = counter[index - 1], counter[index]
+    return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1
+
+
 def _server_tokens(samples: Sequence[Sample]) -> list[tuple[float, float]]:
     """The server's own count of generated tokens over time, where it has one."""
     name = "vllm:generation_tokens_total"
@@ -564,17 +574,15 @@ def _token_check(
     samples: Sequence[Sample], windows: Sequence[tuple[float, float]], client_tps: float
 ) -> dict[str, float] | None:
     """Client output tokens/s against the server's own vllm:generation_tokens_total, over
-    each window from the last scrape before it to the first after it (a block can be
-    shorter than two scrape intervals)."""
+    each window: the counter read at its edges, between the scrapes around them (a block
+    can be shorter than two scrape intervals)."""
     counter = _server_tokens(samples)
-    times = [t for t, _ in counter]
     generated = elapsed = 0.0
     for start, end in windows:
-        first = max(bisect_right(times, start) - 1, 0)
-        last = min(bisect_left(times, end), len(counter) - 1)
-        if last > first and counter[last][0] > counter[first][0]:
-            generated += counter[last][1] - counter[first][1]
-            elapsed += counter[last][0] - counter[first][0]
+        at_start, at_end = _read_at(counter, start), _read_at(counter, end)
+        if at_start is not None and at_end is not None and end > start:
+            generated += at_end - at_start
+            elapsed += end - start
     if not elapsed:
         return None
     server_tps = generated / elapsed
