@@ -766,7 +766,8 @@ def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
                 f"at parallelism {probe.parallelism} the client counted "
                 f"{check['client_tokens_per_s']:.0f} output tokens/s but the server's "
                 f"vllm:generation_tokens_total says {check['server_tokens_per_s']:.0f} "
-                f"({check['relative_difference']:.0%} apart; over 10%)."
+                f"({check['relative_difference']:.0%} apart; over 10% and over the "
+                "rate's own 95% interval)."
             )
         if probe.stop_reason == "time cap":
             lo, hi = probe.rollouts_per_s_ci

@@ -262,7 +262,7 @@ def test_a_load_change_as_the_high_probe_starts_never_decides_a_wrong_verdict() 
 REPEATED = {
     "parallelism-bound": (),
     "model-bound": ("--sim-arg=--max-num-seqs=2",),
-    "inconclusive": ("--sim-arg=--max-num-seqs=10",),
+    "inconclusive": ("--sim-arg=--max-num-seqs=10", "--max-s", "5"),  # runs to its cap
 }
 
 

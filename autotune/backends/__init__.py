@@ -68,7 +68,8 @@ class CallCounters:
     limiter_wait_s: float = 0.0
     unstreamed_answers: int = 0  # streamed requests answered with one JSON body
     # Text pieces streamed so far (one token each on most servers), counted as they come:
-    # a probe of long rollouts times its throughput by them (probe.window).
+    # a probe of long rollouts times its throughput by them where the server does not
+    # count its generated tokens itself (probe.window).
     streamed_tokens: int = 0
     # Where a model server's calls went when several replicas serve it (None: an agent).
     replicas: ReplicaSet | None = None
