@@ -417,6 +417,7 @@ class ProbeBlock(Record):
     # was timed in (its rollouts/s is this ÷ the tokens a finished rollout had).
     output_tokens_per_s: float | None = None
     output_tokens_per_s_ci: tuple[float, float] | None = None
+    stop_reason: str = ""  # why its window ended: precision, time cap, ... (see Window)
 
     @property
     def rate(self) -> tuple[float, float, int]:

@@ -273,6 +273,7 @@ class ProbeRun:
             measured_s=window.end - window.start,
             latency_p50_s=percentile(latencies, 50),
             latency_p95_s=percentile(latencies, 95),
+            stop_reason=window.reason,
             output_tokens_per_s=window.tokens.rate if window.tokens else None,
             output_tokens_per_s_ci=(window.tokens.low, window.tokens.high)
             if window.tokens

@@ -159,6 +159,7 @@ PAIR_COLUMNS: tuple[Column[BlockPair], ...] = (
     Column("speedup (95% CI)", _pair_speedup),
     Column("low p95/p50", lambda pair: _digits(pair[1].latency_dispersion)),
     Column("high p95/p50", lambda pair: _digits(pair[2].latency_dispersion)),
+    Column("stops", lambda pair: f"{pair[1].stop_reason} / {pair[2].stop_reason}"),
 )
 
 
