@@ -631,7 +631,10 @@ def main() -> int:
     )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument(
-        "--max-s", type=float, default=15.0, help="each probe's cap, seconds (diagnose --max-s)"
+        "--max-s",
+        type=float,
+        default=30.0,
+        help="each probe's cap, seconds (diagnose --max-s; two blocks of half each)",
     )
     parser.add_argument("--max-batch", type=int, default=4)
     parser.add_argument(
