@@ -769,7 +769,7 @@ def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
                 f"({check['relative_difference']:.0%} apart; over 10% and over the "
                 "rate's own 95% interval)."
             )
-        if probe.stop_reason == "time cap":
+        if probe.stop_reason.startswith("time cap"):
             lo, hi = probe.rollouts_per_s_ci
             notes.append(
                 f"the probe at parallelism {probe.parallelism} hit its time cap before its "

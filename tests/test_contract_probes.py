@@ -30,7 +30,10 @@ from tests.helpers import COLLECTOR_TEMPLATE, SimProcess
 
 PROBES = ["engine", "command", "virtual"]
 # Every way a probe may end; reports and the curve algorithm read these words.
-STOP_REASONS = {"precision", "time cap", "rows timed", "whole run timed"}
+STOP_REASONS = {
+    *("precision", "time cap", "precision (in tokens)", "time cap (in tokens)"),
+    *("rows timed", "whole run timed"),
+}
 # Short probes: warm-up, then at least half a second, at most two.
 SETTINGS = ProbeSettings(parallelism=1, warmup_s=0.2, min_s=0.5, max_s=2.0)
 COMMAND = f"{COLLECTOR_TEMPLATE} --latency 0.02"
