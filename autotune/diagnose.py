@@ -176,7 +176,7 @@ async def _measure_in_rounds(
             block_s = min(config.max_s - run.measured_s, config.max_s / ROUNDS)
             run.watch = None if watch is None else partial(watch, 2 * rounds + index)
             probe = await run.measure(max_s=block_s)
-            if rounds == 0 and index == 0 and probe.completed == 0:
+            if rounds == 0 and index == 0 and not run.meter.done_at:  # none, drain included
                 raise CollectionError(
                     f"no rollout completed at parallelism {config.low} "
                     f"({_errors(probe.errors_by_class)}); check the server and the "

@@ -235,7 +235,10 @@ class ProbeRun:
                     measured = [(window.start, window.end)]
                     done = len(meter.done_at)
                     self.watch(drain_status(limits, done, measured, window.estimate))
-                await _drain(run, _drain_limit_s(window, meter, time.time() - started))
+                if window.tokens is not None and not meter.tokens:
+                    # a rollout's tokens convert the rate: wait for the first to finish
+                    await _first_completion(run, meter, settings.max_s + 5.0)
+                await _drain(run, _drain_limit_s(window, meter))
                 drained = time.time()
         self.samples.extend(recorder.samples)
         self.unavailable.update(recorder.unavailable)
@@ -489,14 +492,20 @@ def _summarise_windows(
     return merged
 
 
-def _drain_limit_s(window: Window, meter: _Meter, ran_s: float) -> float:
+def _drain_limit_s(window: Window, meter: _Meter) -> float:
     """How long the rollouts in flight may take to finish: a few mean latencies. A window
-    timed in tokens cancels them at once (the server aborts a request whose client
-    left) once some rollout has finished, to say how many tokens one has; until then
-    they may be the first, and their latency is at least the time run so far."""
-    if window.tokens is not None:
-        return 0.0 if meter.tokens else 5.0 + 3 * max(meter.mean_latency_s, ran_s)
+    timed in tokens cancels them at once (the server aborts a request whose client left):
+    they may take minutes, and the tokens of one finished rollout are all it needs."""
+    if window.tokens is not None and meter.tokens:
+        return 0.0
     return 5.0 + 3 * meter.mean_latency_s
+
+
+async def _first_completion(run: asyncio.Task[Any], meter: _Meter, limit_s: float) -> None:
+    """Until some rollout has finished (or the run ended, or `limit_s` passed)."""
+    deadline = time.time() + limit_s
+    while not meter.done_at and not run.done() and time.time() < deadline:
+        await asyncio.wait({run}, timeout=CHECK_EVERY_S)
 
 
 async def _drain(run: asyncio.Task[Any], limit_s: float) -> None:
