@@ -379,12 +379,20 @@ def _mean(probe: ProbeResult, stage: str) -> float | None:
 
 def block_pairs(low: ProbeResult, high: ProbeResult) -> list[tuple[ProbeBlock, ProbeBlock]]:
     """Each low block with the high block measured after it, in time order; none unless
-    both probes were measured in at least two alternating blocks."""
+    both probes were measured in at least two alternating blocks, each with an interval
+    of its own (a block too short for two batches has none: then the probes' pooled
+    batches say more than pairs could)."""
     if len(low.blocks) < 2 or len(high.blocks) < 2:
+        return []
+    if not all(_has_interval(block) for block in (*low.blocks, *high.blocks)):
         return []
     lows = sorted(low.blocks, key=lambda block: block.at)
     highs = sorted(high.blocks, key=lambda block: block.at)
     return list(zip(lows, highs, strict=False))
+
+
+def _has_interval(block: ProbeBlock) -> bool:
+    return block.batches > 1 and math.isfinite(block.rollouts_per_s_ci[1])
 
 
 def speedup_interval(low: ProbeResult, high: ProbeResult) -> RatioInterval:

@@ -109,6 +109,7 @@ async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -
                     # ROUNDS blocks at this precision pool to the target's
                     target_halfwidth=config.target_halfwidth * ROUNDS**0.5,
                     group_size=collect.num_repeats,
+                    in_tokens=True,
                 ),
                 work,
                 pipeline.backend,

@@ -277,7 +277,7 @@ def test_diagnose_says_rate_limited_with_the_rate_it_measured() -> None:
     with server_process(spec) as base_url:
         result = autotune(
             "diagnose", "--base-url", base_url, "--model", MODEL, "--low", "2", "--high", "16",
-            "--min-s", "2", "--max-s", "4", "--json", timeout=180,
+            "--min-s", "4", "--max-s", "8", "--json", timeout=180,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     verdict = orjson.loads(result.stdout)["verdict"]

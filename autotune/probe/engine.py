@@ -544,7 +544,7 @@ async def _watch(
         window = steady_window(
             meter.done_at, settings, started=started, now=now, mean_latency_s=meter.mean_latency_s
         )
-        points = tokens(now)
+        points = tokens(now) if settings.in_tokens else []
         if (
             (window is None or window.reason == "time cap")
             and len(points) > 1

@@ -15,7 +15,8 @@ the stop (the drain, slots idling as the last rollouts finish) are never counted
 
 Long rollouts (RL answers of thousands of tokens, tool turns: tens of seconds each)
 complete too rarely for MIN_BATCHES batches of BATCH_LATENCIES latencies within
-`max_s`. Then the window is timed in tokens: a cumulative count of output tokens (the
+`max_s`. Where the probe asks for it (`in_tokens`: diagnose's blocks), the window is
+then timed in tokens: a cumulative count of output tokens (the
 client's streamed pieces, or the server's generation counter) is warm once the server
 has generated TOKENS_PER_SLOT tokens a slot, its rate is timed in batches like
 completions, and it is converted to rollouts/s by the tokens a finished rollout had.
@@ -52,6 +53,9 @@ class ProbeSettings:
     target_halfwidth: float = PROBE_DEFAULTS.target_halfwidth
     telemetry_interval_s: float = 0.5
     group_size: int = 1  # above 1: the tasks come in GRPO groups, counted as such
+    # Rollouts too long for a window of completions are timed in output tokens (diagnose);
+    # off, a window of completions runs to its cap (a sweep's and a suite's fixed windows).
+    in_tokens: bool = False
 
     @classmethod
     def of(cls, spec: ProbeSpec, parallelism: int) -> ProbeSettings:

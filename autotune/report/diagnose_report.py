@@ -251,6 +251,12 @@ def timelines(result: DiagnoseResult) -> list[plots.Timeline]:
     ]
 
 
+def _bounds(interval: tuple[float | None, float | None]) -> tuple[float, float]:
+    """An interval as saved: JSON has no infinity, so an unbounded side reads back None."""
+    low, high = interval
+    return (0.0 if low is None else low), (math.inf if high is None else high)
+
+
 def verdict_line(result: DiagnoseResult) -> str:
     """The verdict with its speedup and the speedup's 95% interval."""
     verdict = result.verdict
@@ -258,7 +264,7 @@ def verdict_line(result: DiagnoseResult) -> str:
     between = f" between {' and '.join(verdict.between)}" if verdict.between else ""
     interval = ""
     if verdict.speedup_interval is not None:
-        low, high = verdict.speedup_interval
+        low, high = _bounds(verdict.speedup_interval)
         interval = f" (95% interval ×{low:.2f}–×{high:.2f})"
     return (
         f"{verdict.verdict}{leaning}{between} — throughput ×{verdict.speedup:.2f}{interval} "
@@ -299,8 +305,9 @@ def render(result: DiagnoseResult) -> str:
             *(html.callout(n, "warning") for n in verdict.notes),
         )
     ]
-    if verdict.speedup_interval is not None:
-        low, high = verdict.speedup_interval
+    bounds = None if verdict.speedup_interval is None else _bounds(verdict.speedup_interval)
+    if bounds is not None and math.isfinite(bounds[1]):
+        low, high = bounds
         sections.append(
             html.section(
                 "Speedup against the thresholds",
