@@ -648,7 +648,7 @@ def _drift_notes(low: ProbeResult, high: ProbeResult) -> list[str]:
     changed between them, which pairing cancels (the verdict says so where it did not)."""
     notes = []
     for probe in (low, high):
-        blocks = sorted(probe.blocks, key=lambda block: block.at)
+        blocks = probe.blocks
         if len(blocks) < 2:
             continue
         slowest = min(blocks, key=lambda b: b.rollouts_per_s_ci[1])

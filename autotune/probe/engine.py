@@ -173,18 +173,12 @@ class ProbeRun:
     def measured_s(self) -> float:
         return sum(end - start for start, end in self.windows)
 
-    async def measure(
-        self, *, min_s: float | None = None, max_s: float | None = None
-    ) -> ProbeResult:
-        """One more block, until its own interval is within ±`target_halfwidth` over at
-        least `min_s` or its window reaches `max_s` (the settings' unless given); the
-        result covers every block measured so far."""
+    async def measure(self, *, max_s: float | None = None) -> ProbeResult:
+        """One more block, until its own interval is within ±`target_halfwidth` or its
+        window reaches `max_s` (the settings' unless given); the result covers every
+        block measured so far."""
         settings = self.settings
-        limits = replace(
-            settings,
-            min_s=settings.min_s if min_s is None else min_s,
-            max_s=settings.max_s if max_s is None else max_s,
-        )
+        limits = settings if max_s is None else replace(settings, max_s=max_s)
         meter, counters = self.meter, self.backend.counters
         groups = None
         if settings.group_size > 1:
