@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -180,7 +181,7 @@ async def _measure_in_rounds(
             if rounds == 0 and index == 0 and not run.meter.done_at:  # none, drain included
                 raise CollectionError(
                     f"no rollout completed at parallelism {config.low} "
-                    f"({_errors(probe.errors_by_class)}); check the server and the "
+                    f"({_errors(run.meter.failed_at)}); check the server and the "
                     "workload with `autotune collect --limit 5` first."
                 )
             probes[index : index + 1] = [probe]
@@ -257,7 +258,10 @@ def _saved(
     )
 
 
-def _errors(errors: dict[str, int]) -> str:
+def _errors(failed_at: list[tuple[float, str]]) -> str:
+    """Every failure of the run, warm-up and drain included: with none completed, the
+    failures are the only evidence, wherever they fell."""
+    errors = Counter(failure_class for _, failure_class in failed_at)
     return ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "no error recorded"
 
 

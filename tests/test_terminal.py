@@ -147,10 +147,10 @@ def test_diagnose_piped_into_a_log_names_each_probe_phase() -> None:
     assert result.returncode == 0, result.stderr
     log = result.stderr.decode()
     assert "\r" not in log and "\x1b" not in log
-    for index, parallelism in ((1, 5), (2, 20)):
+    for index, parallelism in ((1, 5), (2, 20), (3, 5), (4, 20)):
         for phase in ("warm-up", "measuring", "drain"):
-            assert f"probe {index}/2 at parallelism {parallelism}: {phase}" in log, log
-    assert re.search(r"measuring [\d.,]+ rollouts/s \(wall clock\) ±[\d.]+%", log), log
+            assert f"block {index}/4 at parallelism {parallelism}: {phase}" in log, log
+    assert re.search(r": drain .*; [\d.,]+ rollouts/s \(wall clock\) ±[\d.]+%", log), log
 
 
 @pytest.mark.parametrize("command", [COLLECT, DIAGNOSE], ids=["collect", "diagnose"])

@@ -127,7 +127,8 @@ def token_window(
     )
     if warm is None:
         return None
-    rate = counter_rate(counted, warm, now, TOKEN_BATCH_S, MAX_BATCHES)
+    capped = min(now, warm + settings.max_s)  # a reading past the cap is not measured
+    rate = counter_rate(counted, warm, capped, TOKEN_BATCH_S, MAX_BATCHES)
     reason = None
     if now - warm >= settings.max_s:
         reason = "time cap (in tokens)"
@@ -214,9 +215,10 @@ def steady_window(
             return Window(started, now, "time cap", estimate)
         return None
     elapsed = now - warm
-    estimate, end = pooled_estimate(done_at, [(warm, now)], mean_latency_s)
+    capped = min(now, warm + settings.max_s)  # a completion past the cap is not measured
+    estimate, end = pooled_estimate(done_at, [(warm, capped)], mean_latency_s)
     if elapsed >= settings.max_s:
-        return Window(warm, end if end > warm else now, "time cap", estimate)
+        return Window(warm, end if end > warm else capped, "time cap", estimate)
     if (
         elapsed >= settings.min_s
         and estimate.batches >= MIN_BATCHES

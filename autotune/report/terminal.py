@@ -214,7 +214,7 @@ def _probe_text(index: int, count: int, status: ProbeStatus) -> str:
     if status.phase == "drain":
         return f"{head} (the rollouts in flight finish, uncounted); {measured}"
     if status.phase == "measuring":
-        stop = f"stops at ±{status.target_halfwidth:.0%} or {status.max_s:g} s"
+        stop = f"stops at ±{status.target_halfwidth:.0%} or {status.max_s:.3g} s"
         return f"{head} {measured}; {stop}"
     return head
 
