@@ -135,6 +135,13 @@ class Pair:
         return self.high.timeouts / max(self.high.completed + self.high.failed, 1)
 
     @property
+    def stuck_tool_calls(self) -> float | None:
+        """Tool calls hanging when the high probe's blocks ended; None without tools."""
+        if not (self.low.tool_calls or self.high.tool_calls or self.high.stuck_tool_calls):
+            return None
+        return float(self.high.stuck_tool_calls)
+
+    @property
     def dispersion_growth(self) -> float:
         """How much wider the latency tail got at high parallelism; 0 when unmeasured. With
         paired blocks, the least growth of any pair: a tail the machine's load widened in
@@ -267,6 +274,11 @@ CHECKS: dict[str, tuple[Check, ...]] = {
               "timeout_share", ">", "timeout_share",
               "{high.timeouts} calls at parallelism {high.parallelism} ran past their timeout "
               "(retried or failed): a symptom of too much parallelism", "share"),
+        Check("tool calls hanging when the high probe ended",
+              "stuck_tool_calls", ">", 0.0,
+              "{high.stuck_tool_calls} tool calls at parallelism {high.parallelism} still had "
+              "no answer after the rollouts in flight had several mean latencies to finish: "
+              "the environment hangs", "count"),
         Check("rollout latency spread growth (p95/p50, high ÷ low)",
               "dispersion_growth", ">=", "dispersion_growth",
               "p95/p50 {low_spread} at parallelism {low.parallelism}, {high_spread} at "
@@ -482,6 +494,17 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
             _rate_limited_step(low, high, limited, instability),
             "decided by the refusals counted, not by the speedup: " + _met(limited.values()),
         )
+    if instability and _environment_fails(high, unstable):
+        return verdict(
+            "unstable",
+            list(unstable.values()),
+            f"fix the environment first: at {high.parallelism} the run "
+            + _symptoms(high, unstable, falling)
+            + ", all of it in tool calls. Check the resources server's log and capacity; "
+            "raise --tool-timeout only if its calls are slow by design.",
+            "decided by the tool calls that failed or hung, not by the speedup: "
+            + _met(unstable.values()),
+        )
     if instability:
         return verdict(
             "unstable",
@@ -619,6 +642,17 @@ def _instability(unstable: dict[str, Evidence], falling: bool) -> list[Evidence]
     ]
 
 
+def _environment_fails(high: ProbeResult, unstable: dict[str, Evidence]) -> bool:
+    """The instability is the tools' alone: calls hung or failed, and every failure was a
+    tool's (no model call timed out, the server never died)."""
+    stuck = unstable.get("stuck_tool_calls")
+    hung = stuck is not None and stuck.met
+    classes = high.errors_by_class
+    model_trouble = unstable["timeout_share"].met or unstable["server_died"].met
+    tools_only = all(name.startswith("tool_") for name in classes)
+    return (hung or bool(classes)) and tools_only and not model_trouble
+
+
 def _symptoms(high: ProbeResult, unstable: dict[str, Evidence], falling: bool) -> str:
     """What went wrong in the high probe, in a few words."""
     parts = []
@@ -626,6 +660,9 @@ def _symptoms(high: ProbeResult, unstable: dict[str, Evidence], falling: bool) -
         parts.append(f"failed ({_classes(high)})")
     if unstable["timeout_share"].met:
         parts.append(f"timed out {high.timeouts} times")
+    stuck = unstable.get("stuck_tool_calls")
+    if stuck is not None and stuck.met:
+        parts.append(f"left {high.stuck_tool_calls} tool calls hanging")
     if unstable["dispersion_growth"].met and falling:
         parts.append("had latency spread far wider than at low parallelism, and fell in throughput")
     return " and ".join(parts) or f"failed ({_classes(high)})"
@@ -782,6 +819,14 @@ def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
             notes.append(
                 f"the probe at parallelism {probe.parallelism} hit its time cap before its "
                 f"interval reached its precision target (95% CI {lo:.3g}–{hi:.3g} rollouts/s)."
+            )
+    for probe in (low, high):
+        if probe.tool_errors:
+            notes.append(
+                f"at parallelism {probe.parallelism}, {probe.tool_errors} of "
+                f"{probe.tool_calls} tool calls answered an error status; unless "
+                "--tool-errors fail was given, each went back to the model as its output, as "
+                "NeMo Gym's agent does, and the rollout went on."
             )
     for name, reason in high.telemetry_unavailable.items():
         notes.append(f"{name}: {reason}")

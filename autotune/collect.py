@@ -347,6 +347,9 @@ def _summarise(
         concurrency_limit_min=limiter.lowest if limiter else None,
         concurrency_limit_final=totals.concurrency_limit,
         cancelled=totals.cancelled,
+        tool_calls=sources.counters.tool_calls,
+        tool_errors=sources.counters.tool_errors,
+        tool_errors_treatment=config.tool_errors if config.tools is not None else None,
     )
 
 

@@ -544,6 +544,9 @@ class LiveConfig:
         return self.metrics_port is not None or self.sampled or self.drift_watch
 
 
+TOOL_ERROR_TREATMENTS = ("feed", "fail")
+
+
 @dataclass(frozen=True, slots=True)
 class CollectConfig:
     """One collection run: tasks, target, verifier, parallelism, output."""
@@ -564,6 +567,12 @@ class CollectConfig:
     # the model may call, or "null" (answered at once, in-process); None: one model call.
     tools: str | None = None
     max_turns: int = 10  # model calls per multi-turn rollout, at most
+    # A tool call with no answer in this time fails its rollout as `tool_timeout`: the
+    # model's --timeout (minutes, for long generations) would hide a hung environment.
+    tool_timeout_s: float = 30.0
+    # An error status from a tool: fed back to the model as its output, as NeMo Gym's
+    # agent does ("feed"), or the rollout failed as a `tool_error` ("fail"). Counted either way.
+    tool_errors: str = "feed"
     output: Path | None = None  # None: rollouts are not written (probes)
     resume: bool = False
     progress: bool = True
@@ -586,6 +595,13 @@ class CollectConfig:
             raise UsageError("--parallelism must be at least 1; omit it for unlimited.")
         if self.max_turns < 1:
             raise UsageError("--max-turns must be at least 1.")
+        if not self.tool_timeout_s > 0:
+            raise UsageError("--tool-timeout must be a number of seconds above 0, e.g. 30.")
+        if self.tool_errors not in TOOL_ERROR_TREATMENTS:
+            raise UsageError(
+                f"--tool-errors must be one of {', '.join(TOOL_ERROR_TREATMENTS)}, "
+                f"not {self.tool_errors!r}."
+            )
         if self.tools is not None and self.target.agent_url is not None:
             raise UsageError(
                 "the NeMo Gym agent calls its resources server's tools itself; drop --tools."

@@ -307,6 +307,7 @@ class Engine:
         row["_autotune"] = self._autotune_fields(item, timings, generation.attempts)
         if generation.turns is not None:
             row["_autotune"]["turns"] = generation.turns
+            row["_autotune"]["tool_errors"] = generation.tool_errors
         self._sink.write(row)
 
         stats = self.stats

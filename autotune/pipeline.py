@@ -7,6 +7,7 @@ the pipeline is a NeMo Gym agent server, which makes and verifies whole rollouts
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -28,6 +29,11 @@ from autotune.telemetry.prometheus import parse_prometheus
 from autotune.tools import load_tools
 from autotune.turns import MultiTurnBackend
 from autotune.verifiers import Verifier, VerifierOptions, load_verifier
+
+log = logging.getLogger("autotune")
+# Real tools answer in real time, so the embedded simulator beside them must run in real
+# time too: at 20× its speed the model would seem 20× faster than the environment.
+REAL_TIME_SIM_ARGS = ("--time-scale", "1.0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,16 @@ async def open_pipeline(
             agent = AgentBackend(session, target_config, agent_url)
             yield Pipeline(session, target, agent, AgentRewardVerifier(), target_config)
         return
+    if config.tools is not None and config.input is None:
+        log.warning(
+            "synthetic tasks offer the model no tools, so --tools %s is never called and "
+            "every rollout is one model call; pass --input with tasks that list tools "
+            "(responses_create_params.tools) for multi-turn rollouts",
+            config.tools,
+        )
+    if _real_tools(config.tools) and target_config.base_url is None:
+        default_sim_args = REAL_TIME_SIM_ARGS
+        log.info("the embedded simulator runs in real time beside the tools at %s", config.tools)
     async with connect(target_config, default_sim_args, metered) as (session, target):
         backend: ModelBackend = OpenAIBackend(
             session,
@@ -61,9 +77,9 @@ async def open_pipeline(
             target.model,
             api_key(target_config),
         )
-        tools = await load_tools(config.tools, session, target_config.request_timeout_s)
+        tools = await load_tools(config.tools, session, config.tool_timeout_s)
         if tools is not None:
-            backend = MultiTurnBackend(backend, tools, config.max_turns)
+            backend = MultiTurnBackend(backend, tools, config.max_turns, config.tool_errors)
         verifier = await load_verifier(
             config.verifier,
             VerifierOptions(
@@ -77,6 +93,11 @@ async def open_pipeline(
             yield Pipeline(session, target, backend, verifier, target_config)
         finally:
             await verifier.aclose()
+
+
+def _real_tools(spec: str | None) -> bool:
+    """`--tools` names a resources server (not the in-process null tools)."""
+    return spec is not None and spec.lower().startswith(("http://", "https://"))
 
 
 async def _model_server(

@@ -308,6 +308,11 @@ class CollectSummary(Record):
     cancelled: int = 0  # samples cancelled by a batch step's end (--over-sample)
     groups: GroupSummary | None = None  # --num-repeats above 1
     batch: BatchSummary | None = None  # --batch-groups
+    # Multi-turn rollouts (--tools): calls made, and those answered with an error status
+    # (fed back to the model, or failing the rollout, as --tool-errors says).
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_errors_treatment: str | None = None
     schema_version: int = SCHEMA_VERSION
 
 
@@ -478,6 +483,11 @@ class ProbeResult(Record):
     groups: GroupSummary | None = None
     # Each measure of an engine probe, in order: diagnose pairs them across parallelisms.
     blocks: list[ProbeBlock] = field(default_factory=list)
+    # Multi-turn rollouts: tool calls made in the windows, those answered with an error
+    # status, and those still hanging when a block's drain gave up on them.
+    tool_calls: int = 0
+    tool_errors: int = 0
+    stuck_tool_calls: int = 0
 
     @property
     def probe_s(self) -> float:

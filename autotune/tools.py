@@ -4,7 +4,8 @@
                           calls it: `POST /seed_session` with the task once per rollout,
                           then `POST /{tool_name}` with each call's JSON arguments, the
                           session's cookies carried from one call to the next; the raw
-                          body, whatever its status, is the tool's output
+                          body, whatever its status, is the tool's output, and an error
+                          status is marked so the loop can count it (or fail on it)
     NullTools             answers every call at once, in-process: with the null model
                           server it measures what the loop itself costs
 
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
@@ -26,8 +28,22 @@ _HEADERS = {"Content-Type": "application/json"}
 
 
 class ToolCallError(Exception):
-    """A tool endpoint that could not be used (refused, timed out, no session): the
-    rollout fails as a `tool_error`; a tool that answers an error is an output instead."""
+    """A tool endpoint that could not be used (refused, no session: `tool_error`) or gave
+    no answer in time (`tool_timeout`): the rollout fails with that class. A tool that
+    answers an error status is an output instead (a ToolOutput with its `error`)."""
+
+    def __init__(self, message: str, failure_class: str = "tool_error") -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a tool answered: the text the model reads next, and `error` ("HTTP 500")
+    where the endpoint answered an error status."""
+
+    text: str
+    error: str | None = None
 
 
 class Tools(Protocol):
@@ -40,7 +56,7 @@ class Tools(Protocol):
         which every call of that rollout is given and may update."""
         ...
 
-    async def call(self, state: dict[str, str], name: str, arguments: str) -> str:
+    async def call(self, state: dict[str, str], name: str, arguments: str) -> ToolOutput:
         """The output of tool `name` called with `arguments` (a JSON object's text)."""
         ...
 
@@ -53,8 +69,8 @@ class NullTools:
     async def open(self, row: dict[str, Any]) -> dict[str, str]:
         return {}
 
-    async def call(self, state: dict[str, str], name: str, arguments: str) -> str:
-        return NULL_OUTPUT
+    async def call(self, state: dict[str, str], name: str, arguments: str) -> ToolOutput:
+        return ToolOutput(NULL_OUTPUT)
 
 
 class ResourcesServerTools:
@@ -72,14 +88,15 @@ class ResourcesServerTools:
             raise ToolCallError(f"{self._root}/seed_session answered HTTP {status}: {body[:200]}")
         return cookies
 
-    async def call(self, state: dict[str, str], name: str, arguments: str) -> str:
+    async def call(self, state: dict[str, str], name: str, arguments: str) -> ToolOutput:
         try:
             orjson.loads(arguments)
         except orjson.JSONDecodeError as error:  # what NeMo Gym's agent tells the model
-            return orjson.dumps({"error": f"Invalid tool call arguments: {error!r}"}).decode()
-        _, body, cookies = await self._post(name, arguments.encode(), state)
+            text = orjson.dumps({"error": f"Invalid tool call arguments: {error!r}"}).decode()
+            return ToolOutput(text)  # the model's mistake, not the environment's
+        status, body, cookies = await self._post(name, arguments.encode(), state)
         state.update(cookies)
-        return body
+        return ToolOutput(body, f"HTTP {status}" if status >= 400 else None)
 
     async def _post(
         self, path: str, data: bytes, cookies: dict[str, str]
@@ -95,7 +112,10 @@ class ResourcesServerTools:
                 body = await resp.text(errors="replace")
                 return resp.status, body, {k: m.value for k, m in resp.cookies.items()}
         except TimeoutError:
-            raise ToolCallError(f"{url} gave no answer within {self._timeout.total:g} s") from None
+            raise ToolCallError(
+                f"{url} gave no answer within {self._timeout.total:g} s (--tool-timeout)",
+                "tool_timeout",
+            ) from None
         except aiohttp.ClientError as error:
             raise ToolCallError(f"{url} could not be called ({error})") from None
 

@@ -10,7 +10,11 @@ rollout, and verifies once at the end; a single-turn run never enters this modul
 What the rollout's Generation carries: every turn's Responses output items in order
 (`function_call`, `function_call_output`, `message`), token counts summed over the
 turns, each turn's timings (`turns`: its model call, then its tool calls), and
-`tool_s`, the seconds spent in the environment (starting the session and every call).
+`tool_s`, the seconds spent in the environment (starting the session and every call),
+and `tool_errors`, the calls that answered an error status. Such an answer goes back to
+the model as NeMo Gym's agent sends it (`--tool-errors feed`, the default) or fails the
+rollout as a `tool_error` (`fail`); either way the backend's counters count it, and the
+calls in flight, so that a probe sees calls that hang.
 Its model_start is the loop's start, so that the engine's queue stage stays the wait
 for a slot and its model stage is the rollout's time outside the tools.
 """
@@ -23,34 +27,37 @@ from typing import Any
 
 from autotune.backends import Generation, ModelBackend, ModelCallError
 from autotune.responses import output_items
-from autotune.tools import ToolCallError, Tools
+from autotune.tools import ToolCallError, ToolOutput, Tools
 from autotune.workload import Task
 
 
 class MultiTurnBackend:
     """A backend whose `generate` is a whole tool-calling rollout over `backend`."""
 
-    def __init__(self, backend: ModelBackend, tools: Tools, max_turns: int) -> None:
+    def __init__(
+        self, backend: ModelBackend, tools: Tools, max_turns: int, tool_errors: str = "feed"
+    ) -> None:
         self._backend = backend
         self._tools = tools
         self._max_turns = max_turns
+        self._fail_on_tool_errors = tool_errors == "fail"
         self.model = backend.model
         self.counters = backend.counters
 
     async def generate(self, task: Task) -> Generation:
         """Model calls and tool calls until the rollout ends; raises ModelCallError (a
-        `tool_error` when a tool endpoint cannot be used)."""
+        `tool_error` or `tool_timeout` when a tool endpoint fails it)."""
         tools = self._tools
         started = time.time()
         try:
             state = await tools.open(task.row)
         except ToolCallError as error:
-            raise ModelCallError("tool_error", str(error)) from None
+            raise ModelCallError(error.failure_class, str(error)) from None
         tool_s = time.time() - started
         messages = task.messages
         output: list[dict[str, Any]] = []
         turns: list[dict[str, Any]] = []
-        input_tokens = output_tokens = attempts = 0
+        input_tokens = output_tokens = attempts = tool_errors = 0
         first: Generation | None = None
         for turn in range(1, self._max_turns + 1):
             call_task = task if turn == 1 else replace(task, messages=messages)
@@ -82,10 +89,12 @@ class MultiTurnBackend:
                 function = call.get("function") or {}
                 name, call_id = function.get("name", ""), call.get("id", "")
                 called = time.time()
-                try:
-                    result = await tools.call(state, name, function.get("arguments", ""))
-                except ToolCallError as error:
-                    raise ModelCallError("tool_error", str(error)) from None
+                result = await self._call(state, name, function.get("arguments", ""))
+                if result.error is not None:
+                    tool_errors += 1
+                    if self._fail_on_tool_errors:
+                        failed = f"tool {name} answered {result.error} (--tool-errors fail)"
+                        raise ModelCallError("tool_error", failed)
                 ended = time.time()
                 tool_s += ended - called
                 timed.append({"name": name, "start": called, "end": ended})
@@ -93,12 +102,12 @@ class MultiTurnBackend:
                     {
                         "type": "function_call_output",
                         "call_id": call_id,
-                        "output": result,
+                        "output": result.text,
                         "id": None,
                         "status": None,
                     }
                 )
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": result.text})
         assert first is not None  # max_turns is at least 1
         return Generation(
             text=answer.text,
@@ -114,4 +123,20 @@ class MultiTurnBackend:
             output=output,
             turns=turns,
             tool_s=tool_s,
+            tool_errors=tool_errors,
         )
+
+    async def _call(self, state: dict[str, str], name: str, arguments: str) -> ToolOutput:
+        """One tool call, counted: made, in flight while it runs, and answered an error."""
+        counters = self.counters
+        counters.tool_calls += 1
+        counters.tool_calls_in_flight += 1
+        try:
+            result = await self._tools.call(state, name, arguments)
+        except ToolCallError as error:
+            raise ModelCallError(error.failure_class, str(error)) from None
+        finally:
+            counters.tool_calls_in_flight -= 1
+        if result.error is not None:
+            counters.tool_errors += 1
+        return result

@@ -398,6 +398,8 @@ EDGES: list[tuple[str, tuple[ProbeResult, ProbeResult], tuple[ProbeResult, Probe
      at({"error_rate": 0.051}), at({"error_rate": 0.05})),
     ("timed-out model calls per rollout in the high probe",  # > 2 in 100
      at(timeouts=3), at(timeouts=2)),
+    ("tool calls hanging when the high probe ended",  # > 0
+     at(tool_calls=90, stuck_tool_calls=1), at(tool_calls=90, stuck_tool_calls=0)),
     ("rollout latency spread growth (p95/p50, high ÷ low)",  # 1.5 at low; ≥ ×2
      at(p95=3.0), at(p95=2.9)),
     ("HTTP 429 responses per rollout in the high probe's window",  # ≥ 1 in 100
@@ -469,4 +471,16 @@ def test_only_what_the_probes_measured_is_evidence() -> None:
     measured = {check.name for check in table() if check.judge(plain) is not None}
     always = [*CHECKS["unstable"], *CHECKS["rate-limited"]]
     little = "model latency growth ÷ Little's-law prediction"
-    assert measured == {check.name for check in always} | {little}
+    stuck = "tool calls hanging when the high probe ended"
+    assert measured == {check.name for check in always if check.name != stuck} | {little}
+
+
+def test_tools_that_hang_or_fail_point_at_the_environment_not_at_parallelism() -> None:
+    hung = classify(*at(tool_calls=90, stuck_tool_calls=3))
+    assert hung.verdict == "unstable" and hung.next_step.startswith("fix the environment")
+    assert "left 3 tool calls hanging" in hung.next_step
+    failing = classify(*at(error_rate=0.2, errors_by_class={"tool_timeout": 20}))
+    assert failing.verdict == "unstable" and failing.next_step.startswith("fix the environment")
+    # a model server's failures beside the tools' are the model server's to fix first
+    mixed = classify(*at(error_rate=0.2, errors_by_class={"tool_timeout": 10, "http_5xx": 10}))
+    assert mixed.verdict == "unstable" and mixed.next_step.startswith("lower parallelism")

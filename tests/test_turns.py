@@ -20,7 +20,7 @@ from autotune.diagnose import DiagnoseConfig, diagnose
 from autotune.engine import Engine
 from autotune.results import stage_durations
 from autotune.store import RolloutSink
-from autotune.tools import NULL_OUTPUT, ResourcesServerTools
+from autotune.tools import NULL_OUTPUT, ResourcesServerTools, ToolOutput
 from autotune.turns import MultiTurnBackend
 from autotune.verifiers import NoneVerifier
 from autotune.workload import WorkItem, task_from_row
@@ -81,10 +81,10 @@ class Recorded:
     async def open(self, row: dict[str, Any]) -> dict[str, str]:
         return {"session": "1"}
 
-    async def call(self, state: dict[str, str], name: str, arguments: str) -> str:
+    async def call(self, state: dict[str, str], name: str, arguments: str) -> ToolOutput:
         self.calls.append((dict(state), name, arguments))
         await asyncio.sleep(0.01)
-        return '{"weather": "cold"}'
+        return ToolOutput('{"weather": "cold"}')
 
 
 async def test_tool_outputs_go_back_into_the_conversation_until_an_answer() -> None:
@@ -151,9 +151,11 @@ async def test_a_resources_server_gets_the_session_cookie_and_its_errors_are_out
     tools = ResourcesServerTools(session, await serve_app(app), timeout_s=5)
     state = await tools.open(TASK_ROW)
     output = await tools.call(state, "get_weather", '{"city": "sf"}')
-    assert output == '{"detail": "no such city"}'  # what the model reads, as in NeMo Gym
+    assert output.text == '{"detail": "no such city"}'  # what the model reads, as in NeMo Gym
+    assert output.error == "HTTP 422"  # and counted as the environment's error
     bad = await tools.call(state, "get_weather", "{not json")
-    assert "Invalid tool call arguments" in orjson.loads(bad)["error"]
+    assert "Invalid tool call arguments" in orjson.loads(bad.text)["error"]
+    assert bad.error is None  # the model's mistake, not the environment's
     assert seen[0][0] == "/seed_session" and orjson.loads(seen[0][2]) == TASK_ROW
     assert seen[1] == ("/get_weather", "session=abc", b'{"city": "sf"}')
     assert len(seen) == 2  # the bad arguments never reached the server

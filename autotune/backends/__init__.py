@@ -40,6 +40,7 @@ class Generation:
     output: list[dict[str, Any]] | None = None
     turns: list[dict[str, Any]] | None = None
     tool_s: float = 0.0
+    tool_errors: int = 0  # tool calls that answered an error status, fed back to the model
 
 
 class ModelCallError(Exception):
@@ -48,7 +49,9 @@ class ModelCallError(Exception):
     `failure_class` keys the error tables: timeout (no answer in time, or a stream that
     stalled), connection, rate_limited, http_4xx, http_5xx, bad_response (an answer of
     the wrong shape), truncated (a stream that ended before its answer did) or
-    tool_error (a multi-turn rollout's tool endpoint could not be used).
+    tool_error (a multi-turn rollout's tool endpoint could not be used, or answered an
+    error under `--tool-errors fail`) or tool_timeout (a tool call with no answer within
+    `--tool-timeout`).
     """
 
     def __init__(self, failure_class: str, message: str, attempts: int = 1) -> None:
@@ -71,6 +74,11 @@ class CallCounters:
     # a probe of long rollouts times its throughput by them where the server does not
     # count its generated tokens itself (probe.window).
     streamed_tokens: int = 0
+    # Multi-turn rollouts' tool calls (autotune.turns): made, answered with an error
+    # status, and in flight now (a probe counts the ones still hanging when it ends).
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_calls_in_flight: int = 0
     # Where a model server's calls went when several replicas serve it (None: an agent).
     replicas: ReplicaSet | None = None
     # Set by an engine with an adaptive concurrency limit, which every retry must pass.

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from autotune.cli.common import non_negative, positive, positive_int
 from autotune.cli.options import add_options, values_of
 from autotune.config import (
+    TOOL_ERROR_TREATMENTS,
     BatchSpec,
     CollectConfig,
     LiveConfig,
@@ -73,6 +74,22 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         default=RUN_DEFAULTS.max_turns,
         metavar="N",
         help=f"model calls per multi-turn rollout, at most (default: {RUN_DEFAULTS.max_turns})",
+    )
+    group.add_argument(
+        "--tool-timeout",
+        type=positive,
+        default=RUN_DEFAULTS.tool_timeout_s,
+        metavar="SECONDS",
+        help="longest one tool call may take; a call with no answer by then fails its "
+        f"rollout as tool_timeout (default: {RUN_DEFAULTS.tool_timeout_s:g})",
+    )
+    group.add_argument(
+        "--tool-errors",
+        choices=TOOL_ERROR_TREATMENTS,
+        default=RUN_DEFAULTS.tool_errors,
+        help="a tool answering an error status: feed its body back to the model as NeMo "
+        "Gym's agent does, or fail the rollout as tool_error; counted either way "
+        f"(default: {RUN_DEFAULTS.tool_errors})",
     )
 
 
@@ -365,6 +382,8 @@ def run_config(args: argparse.Namespace) -> CollectConfig:
         verifier_timeout_s=args.verifier_timeout,
         tools=args.tools,
         max_turns=args.max_turns,
+        tool_timeout_s=args.tool_timeout,
+        tool_errors=args.tool_errors,
         output=args.output,
         resume=args.resume,
         progress=not args.quiet,

@@ -164,6 +164,7 @@ class ProbeRun:
         self.estimate: RateEstimate | None = None
         self.blocks: list[ProbeBlock] = []
         self.closed: list[tuple[float, ClosedGroup]] = []  # when each group ended
+        self.stuck_tool_calls = 0  # hanging when a block's drain gave up
 
     @property
     def windows(self) -> list[tuple[float, float]]:
@@ -232,7 +233,7 @@ class ProbeRun:
                 if window.tokens is not None and not meter.tokens:
                     # a rollout's tokens convert the rate: wait for the first to finish
                     await _first_completion(run, meter, settings.max_s + 5.0)
-                await _drain(run, _drain_limit_s(window, meter))
+                self.stuck_tool_calls += await _drain(run, _drain_limit_s(window, meter), counters)
                 drained = time.time()
         self.samples.extend(recorder.samples)
         self.unavailable.update(recorder.unavailable)
@@ -365,6 +366,9 @@ class ProbeRun:
             else [],
             groups=groups,
             blocks=list(self.blocks),
+            tool_calls=int(self.counted[4]),
+            tool_errors=int(self.counted[5]),
+            stuck_tool_calls=self.stuck_tool_calls,
         )
 
 
@@ -401,13 +405,15 @@ class EngineProbe:
 
 
 def _snapshot(counters: Any) -> tuple[float, ...]:
-    """The backend's counters the window counts: 429s, Retry-Afters, limiter waits and
-    timed-out calls that were retried."""
+    """The backend's counters the window counts: 429s, Retry-Afters, limiter waits,
+    timed-out calls that were retried, tool calls and tool calls answered with an error."""
     return (
         counters.rate_limited_responses,
         counters.retry_after_seen,
         counters.limiter_wait_s,
         counters.retries.get("timeout", 0),
+        counters.tool_calls,
+        counters.tool_errors,
     )
 
 
@@ -502,14 +508,19 @@ async def _first_completion(run: asyncio.Task[Any], meter: _Meter, limit_s: floa
         await asyncio.wait({run}, timeout=CHECK_EVERY_S)
 
 
-async def _drain(run: asyncio.Task[Any], limit_s: float) -> None:
-    """Let the rollouts in flight finish (they are not measured), but not for ever."""
+async def _drain(run: asyncio.Task[Any], limit_s: float, counters: Any) -> int:
+    """Let the rollouts in flight finish (they are not measured), but not for ever; returns
+    the tool calls still hanging when a drain of some mean latencies gave up on them (a
+    drain of 0 s cancels long rollouts on purpose: none of theirs counts)."""
     done, _ = await asyncio.wait({run}, timeout=limit_s)
+    stuck = 0
     if not done:
+        stuck = counters.tool_calls_in_flight if limit_s > 0 else 0
         run.cancel()
     await asyncio.gather(run, return_exceptions=True)
     if done and run.exception() is not None:
         raise run.exception()  # type: ignore[misc]
+    return stuck
 
 
 async def _watch(

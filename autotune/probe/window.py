@@ -215,10 +215,9 @@ def steady_window(
             return Window(started, now, "time cap", estimate)
         return None
     elapsed = now - warm
-    capped = min(now, warm + settings.max_s)  # a completion past the cap is not measured
-    estimate, end = pooled_estimate(done_at, [(warm, capped)], mean_latency_s)
+    estimate, end = pooled_estimate(done_at, [(warm, now)], mean_latency_s)
     if elapsed >= settings.max_s:
-        return Window(warm, end if end > warm else capped, "time cap", estimate)
+        return Window(warm, end if end > warm else now, "time cap", estimate)
     if (
         elapsed >= settings.min_s
         and estimate.batches >= MIN_BATCHES

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, html_table
-from autotune.results import STAGES, CollectResult, LiveSample, StageLatency
+from autotune.results import STAGES, CollectResult, CollectSummary, LiveSample, StageLatency
 
 SERIES_STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify")
 
@@ -107,6 +107,20 @@ def _verdict(result: CollectResult) -> list[str]:
     ]
 
 
+def tool_calls_line(summary: CollectSummary) -> str:
+    """Tool calls made and those answered with an error, with what was done about them."""
+    line = f"{summary.tool_calls:,} calls"
+    if summary.tool_errors:
+        done = (
+            "their rollouts failed (--tool-errors fail)"
+            if summary.tool_errors_treatment == "fail"
+            else "fed back to the model, as NeMo Gym does (--tool-errors feed)"
+        )
+        share = summary.tool_errors / summary.tool_calls
+        line += f", {summary.tool_errors:,} ({share:.1%}) answered an error: {done}"
+    return line
+
+
 def _totals(result: CollectResult) -> str:
     summary = result.summary
     last: LiveSample | None = result.samples[-1] if result.samples else None
@@ -127,6 +141,8 @@ def _totals(result: CollectResult) -> str:
         rows.append(["adaptive concurrency limit at the end", summary.concurrency_limit_final])
     if summary.cancelled:
         rows.append(["samples cancelled by a batch step's end", summary.cancelled])
+    if summary.tool_calls:
+        rows.append(["tool calls", tool_calls_line(summary)])
     groups = summary.groups
     if groups is not None:
         rows += [

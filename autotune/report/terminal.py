@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from autotune.report.collect_report import tool_calls_line
 from autotune.report.columns import REPLICA_COLUMNS, terminal_table
 from autotune.report.diagnose_report import (
     GROUP_COLUMNS,
@@ -281,6 +282,8 @@ def collect_summary_text(summary: CollectSummary) -> str:
         lines.append(f"retries       {retries}")
     if summary.rate_limited_responses:
         lines.append(f"rate limited  {summary.rate_limited_responses:,} HTTP 429 answers")
+    if summary.tool_calls:
+        lines.append(f"tools         {tool_calls_line(summary)}")
     if summary.concurrency_decreases:
         lines.append(
             f"concurrency   lowered {summary.concurrency_decreases:,}× on 429/503 "
