@@ -488,6 +488,9 @@ class ProbeResult(Record):
     tool_calls: int = 0
     tool_errors: int = 0
     stuck_tool_calls: int = 0
+    # Model calls retried, by failure class, over the probe's whole run (warm-up and
+    # drain too): which faults the server showed, though every retry succeeded.
+    retries_by_class: dict[str, int] = field(default_factory=dict)
 
     @property
     def probe_s(self) -> float:

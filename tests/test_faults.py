@@ -197,18 +197,30 @@ async def test_collect(case: Case, serve_app: ServeApp, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", DIAGNOSED, ids=lambda case: case.id)
-async def test_diagnose(case: Case, serve_app: ServeApp) -> None:
+async def test_diagnose(case: Case, serve_app: ServeApp, tmp_path: Path) -> None:
+    """The classes diagnose saw are the fault's: retried or failed, summed over both
+    probes' whole runs; a dialect read as it means costs no retry and no failure."""
     base_url = await _serve(serve_app, case)
     result, took = await _run(
         "diagnose", "--base-url", base_url, "--synthetic", str(TASKS), "--low", "2",
-        "--high", "4", "--min-s", "0.1", "--max-s", "0.3", *case.flags,
+        "--high", "4", "--min-s", "0.1", "--max-s", "0.3", "--output-dir", str(tmp_path),
+        *case.flags,
     )  # fmt: skip
     _outcome(case.id, "diagnose", result, took)
     assert result.returncode == case.diagnose_exit, result.stderr
     if case.diagnose_exit == EXIT_ERROR:
         assert case.failure_class in one_sentence_error(result)
-    else:
-        assert result.stdout.startswith("verdict:")
+        return
+    assert result.stdout.startswith("verdict:")
+    probes = orjson.loads((tmp_path / "diagnose.json").read_bytes())["probes"]
+    seen = {
+        failure_class
+        for probe in probes
+        for counts in (probe["errors_by_class"], probe["retries_by_class"])
+        for failure_class, count in counts.items()
+        if count
+    }
+    assert seen == ({case.failure_class} if case.failure_class else set()), seen
 
 
 @pytest.mark.parametrize("model", [None, "fault/model"])

@@ -14,6 +14,7 @@ import itertools
 import math
 import time
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -165,6 +166,7 @@ class ProbeRun:
         self.blocks: list[ProbeBlock] = []
         self.closed: list[tuple[float, ClosedGroup]] = []  # when each group ended
         self.stuck_tool_calls = 0  # hanging when a block's drain gave up
+        self.retries: Counter[str] = Counter()  # over every block's whole run
 
     @property
     def windows(self) -> list[tuple[float, float]]:
@@ -193,6 +195,7 @@ class ProbeRun:
             observer=meter,
             groups=groups,
         )
+        retried_before = Counter(counters.retries)
         snapshots = [_snapshot(counters)]  # at the start, then at the end of warm-up and at stop
         replica_snapshots = [self._replica_snapshot()]
 
@@ -235,6 +238,7 @@ class ProbeRun:
                     await _first_completion(run, meter, settings.max_s + 5.0)
                 self.stuck_tool_calls += await _drain(run, _drain_limit_s(window, meter), counters)
                 drained = time.time()
+        self.retries += Counter(counters.retries) - retried_before
         self.samples.extend(recorder.samples)
         self.unavailable.update(recorder.unavailable)
         warm, stop = snapshots[1] if len(snapshots) > 2 else snapshots[0], snapshots[-1]
@@ -369,6 +373,7 @@ class ProbeRun:
             tool_calls=int(self.counted[4]),
             tool_errors=int(self.counted[5]),
             stuck_tool_calls=self.stuck_tool_calls,
+            retries_by_class=dict(self.retries),
         )
 
 
