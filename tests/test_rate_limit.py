@@ -271,13 +271,16 @@ async def test_collect_backs_off_a_rate_limit_and_reports_it(
 
 @pytest.mark.slow
 def test_diagnose_says_rate_limited_with_the_rate_it_measured() -> None:
+    """The rate it accepts within ±20% of the limit. A sliding window of 1 s admits its 15
+    in a burst, so a window of T seconds may hold up to 15 × (T + 1) admissions: blocks
+    of 2-4 s read 17.6-18 a second; blocks of up to 8 s read 16.2-16.3."""
     port = free_port()
     command = [sys.executable, "-m", "tests.rate_limit", "--limit", "15", "--port", str(port)]
     spec = replace(ServerSpec.local(command, port, startup_timeout_s=30), cwd=REPO)
     with server_process(spec) as base_url:
         result = autotune(
             "diagnose", "--base-url", base_url, "--model", MODEL, "--low", "2", "--high", "16",
-            "--min-s", "4", "--max-s", "8", "--json", timeout=180,
+            "--min-s", "8", "--max-s", "16", "--json", timeout=180,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     verdict = orjson.loads(result.stdout)["verdict"]
@@ -285,4 +288,4 @@ def test_diagnose_says_rate_limited_with_the_rate_it_measured() -> None:
     assert "out of memory" not in verdict["next_step"]
     accepted = re.search(r"accepts about ([\d.]+) requests/s", verdict["next_step"])
     assert accepted is not None, verdict["next_step"]
-    assert 7.5 <= float(accepted.group(1)) <= 22.5  # the limit is 15 a second
+    assert 12 <= float(accepted.group(1)) <= 18  # the limit is 15 a second
