@@ -153,7 +153,7 @@ async def _collect(
         groups=groups.summary(stats.elapsed_s) if groups is not None and repeats > 1 else None,
         batch=batch,
     )
-    await monitor.finish(summary)
+    summary = await monitor.finish(summary)
     if live.report is not None:
         _write_report(live.report, summary, monitor, config)
     await monitor.linger()

@@ -313,10 +313,61 @@ class CollectSummary(Record):
     tool_calls: int = 0
     tool_errors: int = 0
     tool_errors_treatment: str | None = None
+    drift: DriftWarning | None = None  # --expect/--expect-rate: the warning, if it fired
     schema_version: int = SCHEMA_VERSION
 
 
 # -- a collect watched while it runs (autotune/live/) ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRecord(Record):
+    """The tasks and requests a throughput was measured on. A run holds a sweep's
+    prediction only on the same ones: other prompts (another prefix cache), lengths,
+    repeats or request fields move throughput with nothing wrong."""
+
+    input: str | None  # the task file's name; None: synthetic tasks
+    input_sha256: str | None  # its content, so a copy elsewhere still matches
+    synthetic_tasks: int | None
+    prompt_tokens: tuple[int, int] | None  # synthetic: mean, std
+    output_tokens: tuple[int, int] | None
+    seed: int | None
+    limit: int | None
+    num_repeats: int
+    extra_body: dict[str, Any]  # the request fields sent (ignore_eos included where automatic)
+    api: str
+    stream: bool
+    verifier: str
+
+    def differences(self, run: WorkloadRecord, where: str = "the sweep") -> list[str]:
+        """How `run` differs from this workload, a phrase each ("output tokens 256±64 here,
+        128±32 in the sweep"); none: the same workload."""
+
+        def shown(name: str, value: Any) -> str:
+            if value is None:
+                return "none"
+            if name in ("prompt_tokens", "output_tokens"):
+                return f"{value[0]}±{value[1]}"
+            if name == "extra_body":
+                return orjson.dumps(value).decode() if value else "none"
+            return str(value)
+
+        found = []
+        for item in dataclasses.fields(self):
+            name = item.name
+            if name == "limit":
+                continue  # fewer of the same tasks: each is the same work
+            if name == "input" and run.input_sha256 == self.input_sha256:
+                continue  # the same tasks under another name
+            ours, theirs = getattr(run, name), getattr(self, name)
+            if isinstance(ours, list):
+                ours = tuple(ours)
+            if isinstance(theirs, list):
+                theirs = tuple(theirs)
+            if ours != theirs:
+                label = name.replace("_", " ").replace("sha256", "content")
+                found.append(f"{label} {shown(name, ours)} here, {shown(name, theirs)} in {where}")
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +382,7 @@ class Expectation(Record):
     parallelism: int | None
     source: str
     note: str
+    workload: WorkloadRecord | None = None  # what the prediction was measured on
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +399,9 @@ class DriftWarning(Record):
     stage_before_s: float | None
     stage_now_s: float | None
     message: str
+    # How this run's workload differs from the one the expectation was measured on; any
+    # difference makes the shortfall the workload's to explain first, not drift.
+    workload_differs: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -860,6 +915,7 @@ class SweepResult(Record):
     p95_ttft_slo_s: float | None = None
     # The validation runs of the recommendation, in order: each failed one stepped down.
     validations: list[Validation] = field(default_factory=list)
+    workload: WorkloadRecord | None = None  # what every trial measured
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **dataclasses.asdict(self)}
@@ -961,6 +1017,7 @@ class Recommendation(Record):
     parallelism_per_engine: int | None = None
     prefix_caching: PrefixCachingGain | None = None  # both measured at the best split
     roofline_share: float | None = None  # the best trial's, of its hardware's roofline
+    workload: WorkloadRecord | None = None  # what the prediction holds for
 
 
 @dataclass(frozen=True, slots=True)

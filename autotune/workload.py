@@ -7,6 +7,7 @@ several rollouts per task).
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from typing import Any
 
 import orjson
 
-from autotune.config import Shard, SyntheticWorkload
+from autotune.config import CollectConfig, Shard, SyntheticWorkload
 from autotune.errors import UsageError
+from autotune.results import WorkloadRecord
 
 CHARS_PER_TOKEN = 4  # the rule of thumb the simulator also uses to count tokens
 
@@ -336,3 +338,68 @@ def work_items(
 def rollout_key(task_index: int, rollout_index: int) -> int:
     """One int per (task, rollout): a compact set member for resume bookkeeping."""
     return (task_index << 20) | rollout_index
+
+
+def workload_record(config: CollectConfig) -> WorkloadRecord:
+    """What `config` runs on, as a recommendation records it and `--expect` compares it;
+    `config.target.extra_body` must be the fields actually sent (automatic ones included)."""
+    target, synthetic = config.target, config.synthetic
+    path = config.input
+    return WorkloadRecord(
+        input=str(path) if path is not None else None,
+        input_sha256=_sha256(path) if path is not None else None,
+        synthetic_tasks=synthetic.num_tasks if path is None else None,
+        prompt_tokens=(synthetic.prompt_tokens_mean, synthetic.prompt_tokens_std)
+        if path is None
+        else None,
+        output_tokens=(synthetic.output_tokens_mean, synthetic.output_tokens_std)
+        if path is None
+        else None,
+        seed=synthetic.seed if path is None else None,
+        limit=config.limit,
+        num_repeats=config.num_repeats,
+        extra_body=dict(target.extra_body),
+        api=target.api,
+        stream=target.stream,
+        verifier=config.verifier,
+    )
+
+
+def _sha256(path: Path) -> str | None:
+    """The file's content hash; None where it cannot be read (the run itself says why)."""
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def workload_flags(record: WorkloadRecord) -> list[str]:
+    """The flags of `autotune collect` or `diagnose` that run on `record`'s workload."""
+    words: list[str] = []
+    if record.input is not None:
+        words += ["--input", record.input]
+    if record.synthetic_tasks is not None:
+        words += ["--synthetic", str(record.synthetic_tasks)]
+    for flag, tokens in (
+        ("--prompt-tokens", record.prompt_tokens),
+        ("--output-tokens", record.output_tokens),
+    ):
+        if tokens is not None:
+            words += [flag, f"{tokens[0]},{tokens[1]}"]
+    if record.seed is not None:
+        words += ["--seed", str(record.seed)]
+    if record.limit is not None:
+        words += ["--limit", str(record.limit)]
+    if record.num_repeats != 1:
+        words += ["--num-repeats", str(record.num_repeats)]
+    if record.extra_body:
+        words += ["--extra-body", orjson.dumps(record.extra_body).decode()]
+    if record.api != "chat":
+        words += ["--api", record.api]
+    if not record.stream:
+        words.append("--no-stream")
+    return [*words, "--verifier", record.verifier]

@@ -2,14 +2,19 @@
 
 The workflow a team follows, on the simulator 20 times faster than real time: a
 one-trial sweep over parallelism gives `recommendation.json`; then, for each seed, two
-collects at the recommended parallelism with `--expect` on it, run one after the other
-so that load on the machine hits both alike: one healthy, one whose simulated replica
-slows every engine step by --factor from --change-after seconds on
+collects with `--expect` on it and `--fail-on drift`, each the recommendation's own
+`autotune` line as the README says to paste it (the sweep's workload and server, at the
+recommended parallelism; `--limit` keeps a run short), run one after the other so that
+load on the machine hits both alike: one healthy, one whose simulated replica slows
+every engine step by --factor from --change-after seconds on
 (`--sim-arg=--slow-down-after`). A slowed run passes when it warns within five drift
-windows of the change and names the model stage; a healthy run passes when it never warns.
+windows of the change, names the model stage and exits 3; a healthy run passes when it
+never warns and exits 0. Then --different runs on another workload (outputs twice as
+long): each passes when it says its workload differs and never calls the shortfall drift
+(exit 0).
 
-    python benchmarks/drift.py [--seeds 20] [--factor 2] [--window 1] [--change-after 5]
-                               [--keep DIR] [--json]
+    python benchmarks/drift.py [--seeds 20] [--different 5] [--factor 2] [--window 1]
+                               [--change-after 5] [--keep DIR] [--json]
 
 Exit status 0 when every run passed.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -54,8 +60,9 @@ def autotune(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-def recommend(root: Path) -> tuple[Path, dict[str, Any]]:
-    """Sweep once; the recommendation's path and its `recommended` entry."""
+def recommend(root: Path) -> tuple[Path, dict[str, Any], str]:
+    """Sweep once; the recommendation's path, its `recommended` entry and its `autotune`
+    line."""
     study = root / "drift.yaml"
     study.write_text(STUDY % TIME_SCALE)
     swept = autotune(
@@ -65,7 +72,8 @@ def recommend(root: Path) -> tuple[Path, dict[str, Any]]:
     if swept.returncode != 0:
         raise SystemExit(f"the sweep failed:\n{swept.stderr}")
     path = root / "reports" / "drift" / "recommendation.json"
-    return path, orjson.loads(path.read_bytes())["recommended"]
+    saved = orjson.loads(path.read_bytes())
+    return path, saved["recommended"], saved["snippets"]["autotune"]
 
 
 def collect(
@@ -75,49 +83,72 @@ def collect(
     seed: int,
     expect: Path,
     recommended: dict[str, Any],
-    slow: list[str],
-) -> dict[str, Any]:
-    """One collect lasting about 2 × --change-after at the predicted rate; its collect.json."""
+    line: str,
+    extra: list[str],
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """The recommendation's `autotune` line with `extra` flags, lasting about 2 ×
+    --change-after at the predicted rate; its collect.json and the finished process."""
     tasks = math.ceil(recommended["predicted_throughput"] * 2 * args.change_after)
     report = root / name
+    pasted = shlex.split(line)[1:]  # `autotune collect ...` as the README says to paste it
     done = autotune(
-        "collect", f"--sim-arg=--time-scale={TIME_SCALE}", f"--sim-arg=--seed={seed}", *slow,
-        "--seed", str(seed), "--synthetic", str(tasks), "--output-tokens", "128,32",
-        "--parallelism", str(recommended["parallelism"]), "--expect", str(expect),
+        *pasted, f"--sim-arg=--seed={seed}", *extra, "--limit", str(tasks),
+        "--expect", str(expect), "--fail-on", "drift",
         "--drift-window", str(args.window), "--drift-windows", str(WINDOWS),
         "--stats-every", "0.5", "--output-dir", str(root / f"{name}-rollouts"),
         "--report", str(report), "--json", "-q", timeout=600,
     )  # fmt: skip
-    if done.returncode != 0:
+    if done.returncode not in (0, 3):
         raise SystemExit(f"collect {name} failed:\n{done.stderr}")
-    return dict(orjson.loads((report / "collect.json").read_bytes()))
+    return dict(orjson.loads((report / "collect.json").read_bytes())), done
 
 
-def judge(result: dict[str, Any], slowed: bool, change_after_s: float) -> dict[str, Any]:
-    """What one run shows: whether and when it warned, whom it blamed, and if it passed."""
+def judge(
+    result: dict[str, Any], done: subprocess.CompletedProcess[str], kind: str, change_after_s: float
+) -> dict[str, Any]:
+    """What one run shows: whether and when it warned, whom it blamed, and if it passed
+    (`kind`: healthy, slowed or different, the workload)."""
     drift = result["drift"]
+    summary = result["summary"]
     row: dict[str, Any] = {
         "warned": drift is not None,
-        "rollouts_per_s": result["summary"]["rollouts_per_s"],
+        "exit": done.returncode,
+        "rollouts_per_s": summary["rollouts_per_s"],
         "windows_compared": result["drift_windows_counted"],
+        # the warning is in the summary (--json, the last stats line) as well as the report
+        "in_summary": summary["drift"] == drift,
     }
     if drift is not None:
         windows_after = math.ceil((drift["t_s"] - change_after_s) / drift["window_s"])
         row |= {"t_s": drift["t_s"], "windows_after_change": windows_after, "stage": drift["stage"]}
-    if slowed:
+    if kind == "slowed":
         row["passed"] = (
             drift is not None
             and 0 < row["windows_after_change"] <= IN_TIME
             and drift["stage"] == "model"
+            and not drift["workload_differs"]
+            and done.returncode == 3
+        )
+    elif kind == "healthy":
+        row["passed"] = (
+            drift is None and result["drift_windows_counted"] >= WINDOWS and done.returncode == 0
         )
     else:
-        row["passed"] = drift is None and result["drift_windows_counted"] >= WINDOWS
+        said = "this run's workload differs" in done.stderr
+        row["said_workload_differs"] = said
+        row["passed"] = (
+            said and (drift is None or bool(drift["workload_differs"])) and done.returncode == 0
+        )
+    row["passed"] = row["passed"] and row["in_summary"]
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument(
+        "--different", type=int, default=5, help="runs on another workload (outputs ×2)"
+    )
     parser.add_argument("--factor", type=float, default=2.0, help="how much slower each step")
     parser.add_argument("--window", type=float, default=1.0, help="--drift-window, seconds")
     parser.add_argument("--change-after", type=float, default=5.0, help="seconds into a run")
@@ -127,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="autotune-drift-") as scratch:
         root = args.keep or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
-        expect, recommended = recommend(root)
+        expect, recommended, line = recommend(root)
         print(
             f"recommendation: parallelism {recommended['parallelism']}, "
             f"{recommended['predicted_throughput']:.1f} rollouts/s predicted",
@@ -138,17 +169,24 @@ def main(argv: list[str] | None = None) -> int:
             f"--sim-arg=--slow-down-factor={args.factor}",
         ]
         runs = []
-        for seed in range(args.seeds):
-            for slowed in (seed % 2 == 0, seed % 2 == 1):  # alternate which goes first
-                name = f"{'slowed' if slowed else 'healthy'}-{seed}"
-                found = collect(args, root, name, seed, expect, recommended, slow if slowed else [])
-                row = judge(found, slowed, args.change_after)
-                # The machine's 1-minute load after the run: on a shared machine, what else ran.
-                row["load_1m"] = round(os.getloadavg()[0], 2)
-                runs.append({"seed": seed, "slowed": slowed, **row})
-                print(f"  {name}: {row}", file=sys.stderr)
-    slowed_runs = [r for r in runs if r["slowed"]]
-    healthy_runs = [r for r in runs if not r["slowed"]]
+        longer = ["--output-tokens", "256,64"]  # after the line's own: the last one counts
+        plan = [
+            (seed, kind)
+            for seed in range(args.seeds)
+            for kind in (("slowed", "healthy") if seed % 2 == 0 else ("healthy", "slowed"))
+        ] + [(seed, "different") for seed in range(args.different)]
+        for seed, kind in plan:
+            name = f"{kind}-{seed}"
+            extra = {"slowed": slow, "healthy": [], "different": longer}[kind]
+            found, done = collect(args, root, name, seed, expect, recommended, line, extra)
+            row = judge(found, done, kind, args.change_after)
+            # The machine's 1-minute load after the run: on a shared machine, what else ran.
+            row["load_1m"] = round(os.getloadavg()[0], 2)
+            runs.append({"seed": seed, "kind": kind, "slowed": kind == "slowed", **row})
+            print(f"  {name}: {row}", file=sys.stderr)
+    slowed_runs = [r for r in runs if r["kind"] == "slowed"]
+    healthy_runs = [r for r in runs if r["kind"] == "healthy"]
+    different_runs = [r for r in runs if r["kind"] == "different"]
     result = {
         "benchmark": "drift",
         "time_scale": float(TIME_SCALE),
@@ -160,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         "slowed_runs": len(slowed_runs),
         "healthy_warned": sum(r["warned"] for r in healthy_runs),
         "healthy_runs": len(healthy_runs),
+        "different_said_so": sum(r["passed"] for r in different_runs),
+        "different_runs": len(different_runs),
+        "collect_line": line,
         "runs": runs,
     }
     if args.json:
@@ -169,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             f"slowed ×{args.factor:g} after {args.change_after:g} s: "
             f"{result['slowed_warned_in_time_naming_model']}/{len(slowed_runs)} warned within "
             f"{IN_TIME} windows of {args.window:g} s, naming the model stage; healthy: "
-            f"{result['healthy_warned']}/{len(healthy_runs)} warned"
+            f"{result['healthy_warned']}/{len(healthy_runs)} warned; another workload: "
+            f"{result['different_said_so']}/{len(different_runs)} said so, none called it drift"
         )
     return 0 if all(r["passed"] for r in runs) else 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from autotune.backends import CallCounters
+from autotune.cli import build_parser
+from autotune.cli.run_args import run_config
 from autotune.collect import _summarise
 from autotune.concurrency import AdaptiveConcurrency
 from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
@@ -54,6 +57,7 @@ from autotune.results import (
 from autotune.stats import RateEstimate
 from autotune.sweep.recommend import recommendation
 from autotune.target import MeteredConnector, Target
+from autotune.workload import workload_record
 from tests.browser import VIEWPORT, render
 from tests.helpers import REPO, autotune, free_port
 
@@ -226,7 +230,7 @@ def test_every_total_non_zero_agrees_in_the_summary_the_stats_line_and_a_scrape(
             groups.ended(task, 100.0, 101.0, reward)
     sources = Sources(stats, counters, limiter, pool, planned=80, groups=groups)
     target = cast(Target, SimpleNamespace(model="m", base_url="http://h/v1", simulated=True))
-    config = cast(CollectConfig, SimpleNamespace(parallelism=16, output=None))
+    config = cast(CollectConfig, SimpleNamespace(parallelism=16, output=None, tools=None))
     summary = replace(_summarise(sources, target, config, skipped=0), groups=groups.summary(12.5))
     last = Sampler(sources, 1e9).take(stats.finished, summary=summary)
     state = RunState(None)
@@ -407,17 +411,28 @@ def test_an_expect_file_that_is_no_recommendation_is_one_sentence(
 
 
 def test_the_diagnose_hint_repeats_the_runs_settings() -> None:
+    """Its own workload, every field of it (the task count and seed: the same prompts,
+    the same prefix cache; repeats; the request fields sent)."""
     config = CollectConfig(
-        target=TargetConfig(base_url="http://h:8000/v1", stream=False, sim_args=()),
-        synthetic=SyntheticWorkload(output_tokens_mean=128, output_tokens_std=32),
+        target=TargetConfig(
+            base_url="http://h:8000/v1", stream=False, sim_args=(), extra_body={"top_k": 5}
+        ),
+        synthetic=SyntheticWorkload(
+            num_tasks=400, output_tokens_mean=128, output_tokens_std=32, seed=7
+        ),
+        num_repeats=4,
         verifier="synthetic",
         verifier_cost_ms=2.0,
     )
-    assert diagnose_command(config, "m", 64) == (
-        "autotune diagnose --base-url http://h:8000/v1 --model m --no-stream "
-        "--prompt-tokens 256,64 --output-tokens 128,32 --verifier synthetic "
+    hint = diagnose_command(config, "m", 64)
+    assert hint == (
+        "autotune diagnose --base-url http://h:8000/v1 --model m --synthetic 400 "
+        "--prompt-tokens 256,64 --output-tokens 128,32 --seed 7 --num-repeats 4 "
+        """--extra-body '{"top_k":5}' --no-stream --verifier synthetic """
         "--verifier-cost-ms 2 --low 16 --high 64"
     )
+    parsed = run_config(build_parser().parse_args(shlex.split(hint)[1:]))
+    assert workload_record(parsed) == workload_record(config)
 
 
 # -- the collect report (must-show 4) --------------------------------------------------------
@@ -516,19 +531,26 @@ def test_collect_report_renders_offline_without_errors_or_sideways_scroll(
 @pytest.mark.slow
 def test_planted_slowdown_warns_in_time_and_a_healthy_run_does_not(tmp_path: Path) -> None:
     """One seed of benchmarks/drift.py (the benchmark runs 20): a sweep's recommendation,
-    then a collect whose simulated replica halves its speed 5 s in, and one that stays."""
+    then its own `autotune` line pasted with --expect and --fail-on drift: a collect whose
+    simulated replica halves its speed 5 s in, one that stays, and one on another workload."""
     bench = subprocess.run(
-        [sys.executable, "benchmarks/drift.py", "--seeds", "1", "--keep", str(tmp_path), "--json"],
+        [sys.executable, "benchmarks/drift.py", "--seeds", "1", "--different", "1",
+         "--keep", str(tmp_path), "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bench.returncode == 0, bench.stderr
     result = orjson.loads(bench.stdout)
-    slowed, healthy = (
-        next(r for r in result["runs"] if r["slowed"] is want) for want in (True, False)
+    slowed, healthy, different = (
+        next(r for r in result["runs"] if r["kind"] == kind)
+        for kind in ("slowed", "healthy", "different")
     )
     assert slowed["warned"] and slowed["stage"] == "model", slowed
     assert 0 < slowed["windows_after_change"] <= 5, slowed
+    assert slowed["exit"] == 3 and slowed["in_summary"], slowed  # --fail-on drift
     assert not healthy["warned"] and healthy["windows_compared"] >= 3, healthy
+    assert healthy["exit"] == 0, healthy
+    assert different["said_workload_differs"] and different["passed"], different
+    assert "--synthetic 2000" in result["collect_line"], result["collect_line"]
 
     # The slowed run's report marks the warning; `autotune report DIR` rebuilds it.
     report = tmp_path / "slowed-0"
@@ -542,3 +564,9 @@ def test_planted_slowdown_warns_in_time_and_a_healthy_run_does_not(tmp_path: Pat
     again = autotune("report", str(report))
     assert again.returncode == 0, again.stderr
     assert "Drift warning at " in page.read_text()
+
+
+def test_fail_on_drift_needs_an_expectation() -> None:
+    result = autotune("collect", "--synthetic", "5", "--no-output", "--fail-on", "drift")
+    assert result.returncode == 2 and "--expect" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from typing import Any
 
 import pytest
 
+from autotune.cli import build_parser
+from autotune.cli.run_args import run_config
 from autotune.knee import summarise_curve
-from autotune.results import CurvePoint, CurveSummary, SweepResult, TrialRecord
+from autotune.results import CurvePoint, CurveSummary, SweepResult, TrialRecord, WorkloadRecord
 from autotune.servers.flags import server_flags
 from autotune.servers.vllm import vllm_command
 from autotune.sweep.recommend import recommendation, vllm_serve_line
+from autotune.workload import workload_record
 from tests.test_sweep_curve import usl
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -98,7 +102,7 @@ def test_it_recommends_80_percent_of_the_peak_parallelism() -> None:
     assert rec.recommended.predicted_throughput < rec.peak.throughput
     assert "80%" in rec.recommended.rule
     assert rec.snippets.nemo_gym == f"+num_samples_in_parallel={parallelism}"
-    assert rec.snippets.autotune == f"autotune collect --parallelism {parallelism}"
+    assert rec.snippets.autotune.startswith(f"autotune collect --parallelism {parallelism} ")
     assert f"near {parallelism} requests" in rec.snippets.openrlhf_note
 
 
@@ -247,3 +251,28 @@ def test_a_recommendation_round_trips_its_gpu_plan() -> None:
     )
     assert rec is not None
     assert type(rec).from_dict(rec.to_dict()) == rec
+
+
+def test_the_collect_line_reruns_the_sweeps_own_workload_on_its_server() -> None:
+    """Pasted as the README says, the recommendation's `autotune` line parses into a run
+    whose workload is the one the sweep measured, field for field, on the simulator with
+    the sweep's flags and the best trial's knobs."""
+    measured = WorkloadRecord(
+        input=None, input_sha256=None, synthetic_tasks=400, prompt_tokens=(512, 64),
+        output_tokens=(128, 32), seed=3, limit=300, num_repeats=4,
+        extra_body={"ignore_eos": True}, api="chat", stream=False, verifier="synthetic",
+    )  # fmt: skip
+    result = dataclasses.replace(
+        sweep(trial(0, 15.0, KNOBS, curve=usl_curve(lam=1.0))),
+        spec={"target": {"kind": "sim", "args": ["--time-scale", "0.05"]}},
+        workload=measured,
+    )
+    rec = recommendation(result)
+    assert rec is not None and rec.workload == measured
+    argv = shlex.split(rec.snippets.autotune)[1:]
+    args = build_parser().parse_args(argv)
+    config = run_config(args)
+    sim_flags = list(config.target.sim_args)
+    assert workload_record(config) == measured, measured.differences(workload_record(config))
+    assert sim_flags[:2] == ["--time-scale", "0.05"] and "--max-num-seqs" in sim_flags
+    assert args.parallelism == rec.recommended.parallelism

@@ -45,7 +45,8 @@ def add_parser(commands: Any) -> None:
         help="collect rollouts (the engine on its own)",
         epilog=epilog(
             "the run finished, but no rollout succeeded or a larger share failed than "
-            "--max-failure-rate (the rollouts collected are kept)"
+            "--max-failure-rate, or throughput drifted under --fail-on drift (the rollouts "
+            "collected are kept)"
         ),
     )
     add_workload_arguments(collect)
@@ -82,6 +83,14 @@ def add_parser(commands: Any) -> None:
         default=RUN_DEFAULTS.max_failure_rate,
         metavar="SHARE",
         help="exit 3 when a larger share of rollouts fails (default: 0.05)",
+    )
+    run.add_argument(
+        "--fail-on",
+        choices=["drift"],
+        action="append",
+        default=[],
+        help="exit 3 when the drift watch (--expect, --expect-rate) warned of drift on the "
+        "expectation's own workload",
     )
     run.add_argument(
         "--no-adaptive-concurrency",
@@ -161,6 +170,11 @@ def run_command(args: argparse.Namespace) -> int:
             )
         args.report = args.output_dir
     config = replace(run_config(args), live=live_config(args))
+    if args.fail_on and not config.live.drift_watch:
+        raise UsageError(
+            "--fail-on drift needs the drift watch's expectation; pass --expect "
+            "RECOMMENDATION or --expect-rate R."
+        )
     if config.live.report is not None:
         check_writable_dir(config.live.report, f"--report {config.live.report}")
     if defaulted:
@@ -193,5 +207,14 @@ def run_command(args: argparse.Namespace) -> int:
     failed = failure_gate(summary, config.max_failure_rate)
     if failed is not None:
         print(f"autotune: error: {failed}", file=sys.stderr)
+        return EXIT_GATE
+    drift = summary.drift
+    if "drift" in args.fail_on and drift is not None and not drift.workload_differs:
+        print(
+            f"autotune: error: throughput drifted below the expectation {drift.t_s:.0f} s "
+            "into the run, which --fail-on drift fails; the warning above says where and "
+            "what to run next.",
+            file=sys.stderr,
+        )
         return EXIT_GATE
     return 0

@@ -54,8 +54,18 @@ def window_rate(
 class DriftWatch:
     """Fed one window at a time; warns once."""
 
-    def __init__(self, expectation: Expectation, windows: int, window_s: float, hint: str) -> None:
+    def __init__(
+        self,
+        expectation: Expectation,
+        windows: int,
+        window_s: float,
+        hint: str,
+        workload_differs: list[str] | None = None,
+    ) -> None:
         self.expectation = expectation
+        # how this run's workload differs from the expectation's: a shortfall is then the
+        # workload's to explain, and the warning says so instead of calling it drift
+        self.workload_differs = workload_differs or []
         self.windows = windows
         self.window_s = window_s
         self.hint = hint  # the command that would find out why, e.g. `autotune diagnose ...`
@@ -87,8 +97,14 @@ class DriftWatch:
             stage = None  # nothing slowed: it was below from the first window on
         expected = self.expectation
         rate = window.rate
+        differs = self.workload_differs
+        head = (
+            "throughput below the expectation on another workload, not drift"
+            if differs
+            else "throughput drifted"
+        )
         text = (
-            f"throughput drifted: {rate.rate:.3g} rollouts/s (95% interval "
+            f"{head}: {rate.rate:.3g} rollouts/s (95% interval "
             f"{rate.low:.3g}-{rate.high:.3g}) in the last of {self.windows} windows of "
             f"{self.window_s:.3g} s in a row below the {expected.low:.3g} expected "
             f"({expected.source})"
@@ -100,6 +116,11 @@ class DriftWatch:
             )
         else:
             text += "; no stage slowed since the first window: it was slow from the start"
+        if differs:
+            text += (
+                f"; this run's workload differs from the expectation's ({'; '.join(differs)}): "
+                "rerun on the same workload (the recommendation's `autotune` line) to tell"
+            )
         return DriftWarning(
             t_s=window.end_s,
             windows=self.windows,
@@ -111,4 +132,5 @@ class DriftWatch:
             stage_before_s=before[stage] if stage is not None else None,
             stage_now_s=now[stage] if stage is not None else None,
             message=f"{text}; find out why with: {self.hint}",
+            workload_differs=list(differs),
         )

@@ -20,6 +20,7 @@ import orjson
 from autotune.config import PROBE_DEFAULTS, CollectConfig, LiveConfig
 from autotune.errors import UsageError
 from autotune.results import Expectation, Recommendation, SweepResult, load_result
+from autotune.workload import workload_flags, workload_record
 
 RECOMMENDATION_FILE = "recommendation.json"
 
@@ -76,7 +77,16 @@ def from_recommendation(path: Path) -> Expectation:
         parallelism=recommended.parallelism,
         source=str(path),
         note=note,
+        workload=recommendation.workload,
     )
+
+
+def workload_differences(expectation: Expectation, run: CollectConfig) -> list[str]:
+    """How `run`'s workload differs from the one the expectation was measured on (none
+    where it records none: a rate given by hand, an older recommendation)."""
+    if expectation.workload is None:
+        return []
+    return expectation.workload.differences(workload_record(run), where="the sweep")
 
 
 def _derived_halfwidth(sweep_path: Path) -> tuple[float, str]:
@@ -121,29 +131,16 @@ def _derived_halfwidth(sweep_path: Path) -> tuple[float, str]:
 
 
 def diagnose_command(config: CollectConfig, model: str, parallelism: int) -> str:
-    """`autotune diagnose` against what this collect runs on, probing its parallelism
-    against a quarter of it: the next step when throughput drifts."""
+    """`autotune diagnose` against what this collect runs on, with its own workload
+    (`config.target.extra_body`: the fields it sends), probing its parallelism against a
+    quarter of it: the next step when throughput drifts."""
     target = config.target
     words = ["autotune", "diagnose"]
     for url in target.base_urls:
         words += ["--base-url", url]
     words += ["--model", model]
-    if target.api != "chat":
-        words += ["--api", target.api]
-    if not target.stream:
-        words.append("--no-stream")
     words += [f"--sim-arg={flag}" for flag in target.sim_args]
-    if config.input is not None:
-        words += ["--input", str(config.input)]
-    else:
-        spec = config.synthetic
-        words += [
-            "--prompt-tokens",
-            f"{spec.prompt_tokens_mean},{spec.prompt_tokens_std}",
-            "--output-tokens",
-            f"{spec.output_tokens_mean},{spec.output_tokens_std}",
-        ]
-    words += ["--verifier", config.verifier]
+    words += workload_flags(workload_record(config))
     if config.verifier_workers is not None:
         words += ["--verifier-workers", str(config.verifier_workers)]
     if config.verifier_cost_ms:

@@ -20,11 +20,12 @@ import time
 from array import array
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autotune.config import PROBE_DEFAULTS, CollectConfig
 from autotune.engine import EngineObserver
-from autotune.live.expect import diagnose_command
+from autotune.live.expect import diagnose_command, workload_differences
 from autotune.live.figures import RunState, Sources, StageHistograms
 from autotune.live.samples import Sampler, StatsFile, stats_path
 from autotune.pipeline import Pipeline
@@ -102,8 +103,19 @@ class LiveMonitor:
             self._tasks.append(asyncio.create_task(self._sample_every(sources, every)))
         expectation = self.state.expectation
         if expectation is not None and self._clock is not None:
-            hint = diagnose_command(self._config, pipeline.target.model, parallelism)
-            watching = self._watch_drift(sources, expectation, hint, self._clock, parallelism)
+            run = replace(self._config, target=pipeline.target_config)  # the fields sent
+            differs = workload_differences(expectation, run)
+            if differs:
+                self._say(
+                    f"autotune: warning: this run's workload differs from the one "
+                    f"{expectation.source} was measured on ({'; '.join(differs)}): a shortfall "
+                    "will be reported as the workload's, not as drift; for a like-with-like "
+                    "check run the recommendation's `autotune` line with --expect"
+                )
+            hint = diagnose_command(run, pipeline.target.model, parallelism)
+            watching = self._watch_drift(
+                sources, expectation, hint, self._clock, parallelism, differs
+            )
             self._tasks.append(asyncio.create_task(watching))
 
     async def _sample_every(self, sources: Sources, every: float) -> None:
@@ -130,6 +142,7 @@ class LiveMonitor:
         hint: str,
         clock: _CompletionClock,
         parallelism: int,
+        differs: list[str],
     ) -> None:
         """Windows from the end of warm-up until the drain begins, each fed to the watch."""
         from autotune.live.drift import DriftWatch, WindowFigures, auto_window_s, window_rate
@@ -145,7 +158,7 @@ class LiveMonitor:
         if width is None:
             totals = samples["total"]
             width = auto_window_s(sum(totals) / len(totals) if totals else 0.0)
-        watch = DriftWatch(expectation, self._live.drift_windows, width, hint)
+        watch = DriftWatch(expectation, self._live.drift_windows, width, hint, differs)
         self.watch = watch
         cuts = {stage: len(values) for stage, values in samples.items()}
         start, told_short = warm, False
@@ -187,11 +200,14 @@ class LiveMonitor:
         errors = [task.exception() for task in tasks if not task.cancelled()]
         return next((error for error in errors if error is not None), None)
 
-    async def finish(self, summary: CollectSummary) -> None:
-        """The run has ended: its last sample carries the closing summary; figures final."""
+    async def finish(self, summary: CollectSummary) -> CollectSummary:
+        """The run has ended: the closing summary with the drift warning, if one fired,
+        which the last sample carries; figures final."""
         error = await self.stop_tasks()
         if error is not None:
             raise error  # a stats file that could not be written: one sentence
+        if self.watch is not None:
+            summary = replace(summary, drift=self.watch.warning)
         sources = self.state.sources
         if self._sampler is not None and sources is not None:
             drift, self._unreported = self._unreported, None
@@ -199,6 +215,7 @@ class LiveMonitor:
             finished = sources.stats.finished
             self._record(self._sampler.take(finished, steady=steady, drift=drift, summary=summary))
         self.state.finished = True
+        return summary
 
     async def linger(self) -> None:
         """With --metrics-linger: serve until one scrape has read the final figures."""

@@ -284,6 +284,8 @@ def collect_summary_text(summary: CollectSummary) -> str:
         lines.append(f"rate limited  {summary.rate_limited_responses:,} HTTP 429 answers")
     if summary.tool_calls:
         lines.append(f"tools         {tool_calls_line(summary)}")
+    if summary.drift is not None:
+        lines.append(f"drift         {summary.drift.message}")
     if summary.concurrency_decreases:
         lines.append(
             f"concurrency   lowered {summary.concurrency_decreases:,}× on 429/503 "

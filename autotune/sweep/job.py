@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from autotune.config import GOODPUT, Study
+from autotune.config import GOODPUT, Study, collect_config
 from autotune.errors import UsageError
 from autotune.results import (
     Recommendation,
@@ -27,12 +27,18 @@ from autotune.results import (
     SweepResult,
     TrialOutcome,
     Validation,
+    WorkloadRecord,
     machine_identity,
     save,
     to_json,
 )
 from autotune.sweep.curve import Launcher
-from autotune.sweep.launchers import agent_launcher, command_launcher, http_launcher
+from autotune.sweep.launchers import (
+    agent_launcher,
+    command_launcher,
+    http_launcher,
+    study_target_config,
+)
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import (
     check_space,
@@ -47,6 +53,7 @@ from autotune.sweep.search import (
 from autotune.sweep.steps import steps_recommendation, validate_steps
 from autotune.sweep.validate import validate
 from autotune.verifiers import VerifierOptions, load_verifier
+from autotune.workload import workload_record
 
 log = logging.getLogger("autotune")
 
@@ -135,6 +142,7 @@ async def _search(
         machine=machine_identity(),
         p95_latency_slo_s=study.objective.p95_latency_slo_s,
         p95_ttft_slo_s=study.objective.p95_ttft_slo_s,
+        workload=_workload(study),
     )
     best = result.best()
     saved = optuna_study.user_attrs.get(VALIDATIONS, {})
@@ -257,6 +265,13 @@ def _saved_spec(study: Study) -> dict[str, Any]:
     """The study as validated, without the server's environment (redact_result hides the
     secrets in the rest)."""
     return study.model_dump(mode="json", exclude={"target": {"env"}})
+
+
+def _workload(study: Study) -> WorkloadRecord | None:
+    """The workload every trial measured; None where a user's command made the rollouts."""
+    if study.target.kind == "command":
+        return None
+    return workload_record(collect_config(study.workload, study_target_config(study)))
 
 
 def _model_name(study: Study) -> str | None:

@@ -127,10 +127,12 @@ def command_launcher(study: Study, studies_dir: Path) -> CommandLauncher:
 def http_launcher(study: Study, verifier: Verifier) -> HttpLauncher:
     """Probes of autotune's engine with the study's tasks, per configuration."""
     settings = ProbeSettings.of(study.probe, parallelism=1)
-    return HttpLauncher(_target_config(study), verifier, _tasks(study), settings, _server(study))
+    target = study_target_config(study)
+    return HttpLauncher(target, verifier, _tasks(study), settings, _server(study))
 
 
-def _target_config(study: Study) -> TargetConfig:
+def study_target_config(study: Study) -> TargetConfig:
+    """What the study's probes call the server with (ignore_eos where automatic)."""
     workload = study.workload
     extra_body = workload.extra_body
     if extra_body is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from autotune.results import (
     TrialRecord,
 )
 from autotune.servers.flags import server_flags
+from autotune.workload import workload_flags
 
 # OpenRLHF's dotted flags for the vLLM knobs it exposes (a switch: given when true).
 OPENRLHF_FLAGS = {
@@ -63,6 +65,21 @@ def vllm_serve_line(model: str | None, knobs: dict[str, object]) -> str:
     if engines > 1:
         flags = {"data_parallel_size": engines, **flags}
     return " ".join(["vllm serve", model or "MODEL", *server_flags(flags)])
+
+
+def collect_line(result: SweepResult, parallelism: int, knobs: dict[str, object]) -> str:
+    """`autotune collect` at the recommended parallelism on the sweep's own workload (and,
+    on the simulator, its server flags): the run whose throughput `--expect` may hold to
+    the prediction."""
+    words = ["autotune", "collect", "--parallelism", str(parallelism)]
+    if result.simulated:
+        served = {name: value for name, value in knobs.items() if name != ENGINES}
+        target = result.spec.get("target") or {}
+        sim = [*map(str, target.get("args") or []), *server_flags(served)]
+        words += [f"--sim-arg={arg}" for arg in sim]
+    if result.workload is not None:
+        words += workload_flags(result.workload)
+    return shlex.join(words)
 
 
 def openrlhf_flags(knobs: dict[str, object]) -> str:
@@ -295,7 +312,7 @@ def recommendation(result: SweepResult) -> Recommendation | None:
                 f"keep rollout.batch_size × rollout.n_samples_per_prompt ÷ vllm.num_engines "
                 f"near {per_engine} requests in flight per engine"
             ),
-            autotune=f"autotune collect --parallelism {parallelism}",
+            autotune=collect_line(result, parallelism, knobs),
         ),
         knee_interval=boot.knee_parallelism if boot else None,
         p95_latency_slo_s=result.p95_latency_slo_s,
@@ -308,4 +325,5 @@ def recommendation(result: SweepResult) -> Recommendation | None:
         parallelism_per_engine=per_engine,
         prefix_caching=prefix_caching_gain(result, best),
         roofline_share=best.roofline_share,
+        workload=result.workload,
     )
