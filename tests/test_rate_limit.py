@@ -186,14 +186,17 @@ class NoVerifier:
 
 
 class RefusingBackend:
-    """Refuses every attempt until `open_at` (counting each as a 429), then answers; a
-    refused call sleeps `backoff_s` and passes `before_retry`, as OpenAIBackend does."""
+    """Refuses every attempt for `open_after_s` from the first one (counting each as a
+    429), then answers; a refused call sleeps `backoff_s` and passes `before_retry`, as
+    OpenAIBackend does. Timed from the first attempt, not from construction: on a busy
+    machine the engine may start later than the window would last."""
 
     model = "fake"
 
     def __init__(self, open_after_s: float, backoff_s: float = 0.02) -> None:
         self.counters = CallCounters()
-        self.open_at = time.monotonic() + open_after_s
+        self.open_after_s = open_after_s
+        self.open_at: float | None = None
         self.backoff_s = backoff_s
         self.sending = 0
         self.most_sending_after_refusals = 0
@@ -201,6 +204,8 @@ class RefusingBackend:
 
     async def generate(self, task: Task) -> Generation:
         attempt = 0
+        if self.open_at is None:
+            self.open_at = time.monotonic() + self.open_after_s
         while True:
             attempt += 1
             self.sending += 1
