@@ -130,10 +130,10 @@ def test_diagnose_measures_each_replica_in_every_probe(
     result = autotune(
         "diagnose", *_urls(two_replicas), "--low", "2", "--high", "8", "--min-s", "3",
         "--max-s", "20", "--synthetic", "200", *WORK, "--no-stream",
-        "--output-dir", str(tmp_path), "--json", timeout=300,
+        "--output-dir", str(tmp_path), timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr + _logs(two_replicas)
-    diagnosis: dict[str, Any] = orjson.loads(result.stdout)
+    diagnosis: dict[str, Any] = orjson.loads((tmp_path / "diagnose.json").read_bytes())
     # Two replicas of 16 sequences each, 1 then 4 in flight on each: continuous batching
     # still has room, so throughput grows with parallelism, as on one 64-sequence server.
     verdict = diagnosis["verdict"]
