@@ -18,6 +18,7 @@ from aiohttp import web
 from autotune.collect import collect
 from autotune.config import CollectConfig, TargetConfig
 from autotune.diagnose import DiagnoseConfig, diagnose
+from autotune.results import CollectSummary
 from tests.helpers import ServeApp, SimProcess, autotune, read_rows
 
 WEATHER = {
@@ -131,14 +132,23 @@ async def test_tool_errors_are_fed_back_and_counted(
     assert len(fed_back) == 24
 
 
+async def _collect(
+    start: StartToolServer, sim_process: SimProcess, tmp_path: Path, fault: str, every: int,
+    tasks: int, **run: object,
+) -> tuple[ToolServer, CollectSummary]:  # fmt: skip
+    """A collect of `tasks` multi-turn rollouts against a tool server with `fault`."""
+    server, url = await start(fault, every)
+    async with sim_process("--tool-call-share", "1") as sim:
+        config = _config(sim.base_url, _tasks(tmp_path / "t.jsonl", tasks), url, **run)
+        return server, await collect(config)
+
+
 async def test_tool_errors_fail_their_rollouts_when_asked(
     tool_server: StartToolServer, sim_process: SimProcess, tmp_path: Path
 ) -> None:
-    server, url = await tool_server("error", 5)
-    async with sim_process("--tool-call-share", "1") as sim:
-        summary = await collect(
-            _config(sim.base_url, _tasks(tmp_path / "t.jsonl", 40), url, tool_errors="fail")
-        )
+    server, summary = await _collect(
+        tool_server, sim_process, tmp_path, "error", 5, 40, tool_errors="fail"
+    )
     # A rollout stops at its first error, so each error fails one rollout.
     assert summary.errors_by_class == {"tool_error": server.faults} and server.faults > 0
     assert summary.completed + summary.failed == 40 and summary.failed == server.faults
@@ -149,11 +159,9 @@ async def test_a_hanging_tool_call_fails_as_a_tool_timeout(
     tool_server: StartToolServer, sim_process: SimProcess, tmp_path: Path
 ) -> None:
     """The model's --timeout is minutes; a tool's own is --tool-timeout."""
-    server, url = await tool_server("hang", 7)
-    async with sim_process("--tool-call-share", "1") as sim:
-        summary = await collect(
-            _config(sim.base_url, _tasks(tmp_path / "t.jsonl", 30), url, tool_timeout_s=0.3)
-        )
+    server, summary = await _collect(
+        tool_server, sim_process, tmp_path, "hang", 7, 30, tool_timeout_s=0.3
+    )
     assert summary.errors_by_class == {"tool_timeout": server.faults} and server.faults > 0
     assert summary.completed + summary.failed == 30
 
