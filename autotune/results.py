@@ -326,7 +326,7 @@ class WorkloadRecord(Record):
     prediction only on the same ones: other prompts (another prefix cache), lengths,
     repeats or request fields move throughput with nothing wrong."""
 
-    input: str | None  # the task file's name; None: synthetic tasks
+    input: str | None  # the task file's path as given; None: synthetic tasks
     input_sha256: str | None  # its content, so a copy elsewhere still matches
     synthetic_tasks: int | None
     prompt_tokens: tuple[int, int] | None  # synthetic: mean, std

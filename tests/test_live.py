@@ -424,7 +424,7 @@ def test_the_diagnose_hint_repeats_the_runs_settings() -> None:
         verifier="synthetic",
         verifier_cost_ms=2.0,
     )
-    hint = diagnose_command(config, "m", 64)
+    hint = diagnose_command(config, workload_record(config), "m", 64)
     assert hint == (
         "autotune diagnose --base-url http://h:8000/v1 --model m --synthetic 400 "
         "--prompt-tokens 256,64 --output-tokens 128,32 --seed 7 --num-repeats 4 "

@@ -19,8 +19,14 @@ import orjson
 
 from autotune.config import PROBE_DEFAULTS, CollectConfig, LiveConfig
 from autotune.errors import UsageError
-from autotune.results import Expectation, Recommendation, SweepResult, load_result
-from autotune.workload import workload_flags, workload_record
+from autotune.results import (
+    Expectation,
+    Recommendation,
+    SweepResult,
+    WorkloadRecord,
+    load_result,
+)
+from autotune.workload import workload_flags
 
 RECOMMENDATION_FILE = "recommendation.json"
 
@@ -81,12 +87,12 @@ def from_recommendation(path: Path) -> Expectation:
     )
 
 
-def workload_differences(expectation: Expectation, run: CollectConfig) -> list[str]:
-    """How `run`'s workload differs from the one the expectation was measured on (none
+def workload_differences(expectation: Expectation, run: WorkloadRecord) -> list[str]:
+    """How the `run`'s workload differs from the one the expectation was measured on (none
     where it records none: a rate given by hand, an older recommendation)."""
     if expectation.workload is None:
         return []
-    return expectation.workload.differences(workload_record(run), where="the sweep")
+    return expectation.workload.differences(run)
 
 
 def _derived_halfwidth(sweep_path: Path) -> tuple[float, str]:
@@ -130,17 +136,19 @@ def _derived_halfwidth(sweep_path: Path) -> tuple[float, str]:
     )
 
 
-def diagnose_command(config: CollectConfig, model: str, parallelism: int) -> str:
-    """`autotune diagnose` against what this collect runs on, with its own workload
-    (`config.target.extra_body`: the fields it sends), probing its parallelism against a
-    quarter of it: the next step when throughput drifts."""
+def diagnose_command(
+    config: CollectConfig, workload: WorkloadRecord, model: str, parallelism: int
+) -> str:
+    """`autotune diagnose` against what this collect runs on, with its own `workload`
+    (`workload_record` of it), probing its parallelism against a quarter of it: the next
+    step when throughput drifts."""
     target = config.target
     words = ["autotune", "diagnose"]
     for url in target.base_urls:
         words += ["--base-url", url]
     words += ["--model", model]
     words += [f"--sim-arg={flag}" for flag in target.sim_args]
-    words += workload_flags(workload_record(config))
+    words += workload_flags(workload)
     if config.verifier_workers is not None:
         words += ["--verifier-workers", str(config.verifier_workers)]
     if config.verifier_cost_ms:

@@ -30,6 +30,7 @@ from autotune.live.figures import RunState, Sources, StageHistograms
 from autotune.live.samples import Sampler, StatsFile, stats_path
 from autotune.pipeline import Pipeline
 from autotune.results import CollectSummary, DriftWarning, Expectation, LiveSample
+from autotune.workload import workload_record
 
 if TYPE_CHECKING:
     from autotune.live.drift import DriftWatch
@@ -104,7 +105,8 @@ class LiveMonitor:
         expectation = self.state.expectation
         if expectation is not None and self._clock is not None:
             run = replace(self._config, target=pipeline.target_config)  # the fields sent
-            differs = workload_differences(expectation, run)
+            workload = workload_record(run)  # hashes a task file: once
+            differs = workload_differences(expectation, workload)
             if differs:
                 self._say(
                     f"autotune: warning: this run's workload differs from the one "
@@ -112,7 +114,7 @@ class LiveMonitor:
                     "will be reported as the workload's, not as drift; for a like-with-like "
                     "check run the recommendation's `autotune` line with --expect"
                 )
-            hint = diagnose_command(run, pipeline.target.model, parallelism)
+            hint = diagnose_command(run, workload, pipeline.target.model, parallelism)
             watching = self._watch_drift(
                 sources, expectation, hint, self._clock, parallelism, differs
             )
