@@ -17,6 +17,7 @@ from autotune.bench.stats import (
     bootstrap_ratio_interval,
     mann_whitney_u,
     median,
+    paired_ratio,
 )
 
 
@@ -115,3 +116,42 @@ def test_a_wider_confidence_gives_a_wider_interval() -> None:
     wide = bootstrap_ratio_interval(new, old, confidence=0.99)
     assert wide[0] <= narrow[0] and narrow[1] <= wide[1]
     assert not math.isclose(wide[1] - wide[0], narrow[1] - narrow[0])
+
+
+def test_the_paired_interval_is_the_textbook_t_interval_of_the_log_ratios() -> None:
+    """Log ratios 0, 0.1, 0.2, 0.3, 0.4: mean 0.2, s = √0.025, df 4, t(0.975, 4) = 2.7764."""
+    new = [math.exp(x) for x in (0.0, 0.1, 0.2, 0.3, 0.4)]
+    test = paired_ratio(new, [1.0] * 5, confidence=0.95)
+    half = 2.7764 * math.sqrt(0.025 / 5)
+    assert test.ratio == pytest.approx(math.exp(0.2))
+    assert test.interval == pytest.approx((math.exp(0.2 - half), math.exp(0.2 + half)), rel=1e-4)
+    # t = 0.2 ÷ √(0.025 ÷ 5) = 2.828 on 4 degrees of freedom, just past 2.776: p just below 5%
+    assert test.p_value == pytest.approx(0.0474, abs=5e-4)
+
+
+def test_pairing_cancels_the_drift_a_pair_shares() -> None:
+    """A machine slowing ×2 over the run moves both sides of each pair alike: the pairs
+    see a steady 10% fall that the unpaired samples, spread over the drift, hide."""
+    drift = [1.0, 0.8, 0.65, 0.55, 0.5, 0.6, 0.9]
+    baseline = [100 * d for d in drift]
+    candidate = [90 * d * (1 + 0.002 * (-1) ** i) for i, d in enumerate(drift)]
+    paired = paired_ratio(candidate, baseline, confidence=1 - 0.01 / 8)
+    assert paired.p_value < 0.01 / 8
+    assert 0.88 < paired.interval[0] < paired.ratio < paired.interval[1] < 0.92
+    assert mann_whitney_u(candidate, baseline).p_value > 0.3
+
+
+def test_a_side_against_itself_is_ratio_one_with_p_one() -> None:
+    same = paired_ratio([5.0, 7.0, 6.0], [5.0, 7.0, 6.0], confidence=0.99)
+    assert (same.ratio, same.interval, same.p_value) == (1.0, (1.0, 1.0), 1.0)
+    one = paired_ratio([5.0], [4.0], confidence=0.99)  # one pair: no spread, nothing known
+    assert one.interval == (0.0, math.inf) and one.p_value == 1.0
+    with pytest.raises(ValueError, match="same number"):
+        paired_ratio([1.0, 2.0], [1.0], confidence=0.99)
+
+
+def test_a_stricter_level_widens_the_paired_interval() -> None:
+    new, old = [9.0, 9.5, 8.8, 9.2, 9.1], [10.0, 10.1, 9.9, 10.0, 10.2]
+    loose, strict = paired_ratio(new, old, 0.99), paired_ratio(new, old, 1 - 0.01 / 8)
+    assert strict.interval[0] < loose.interval[0] < loose.interval[1] < strict.interval[1]
+    assert strict.p_value == loose.p_value

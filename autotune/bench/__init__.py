@@ -7,7 +7,8 @@
 suite.py reads the YAML suite → runner.py measures it (probes, or the engine against a
 bare loop on the null server: overhead.py) → results.py saves raw samples with
 fingerprint.py's environment → compare.py judges them with stats.py (exact Mann-Whitney
-U, bootstrap interval of the ratio) → outputs.py writes JUnit XML, Markdown and HTML.
+U and a bootstrap interval against a saved baseline; a paired t test on the pairs'
+ratios for `bench ab`) → outputs.py writes JUnit XML, Markdown and HTML.
 
 Exit codes: 0 no regression, 1 regression, 2 usage error, 3 baseline missing or not
 comparable, 4 the benchmark could not run.

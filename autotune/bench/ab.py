@@ -13,11 +13,14 @@ one repetition a pair, in a process of its own:
     a command      this autotune against the server a command starts (`{port}`), so two
                    server builds or flag sets can be A/B'd as well as two code versions
 
-After `min_pairs` pairs it stops as soon as every verdict is clear (a significant fall
-past the threshold, or an interval that rules one out), else at `max_pairs`. The
-verdicts are `compare`'s (the same statistics, outputs and exit codes), with the test at
-alpha / looks for the `max_pairs - min_pairs + 1` points where it may stop: a version
-against itself must not be flagged more often for being looked at more often.
+The statistics use the pairing: each pair's candidate ÷ baseline ratio, judged by a paired
+t test on their logarithms (stats.paired_ratio), so the drift a pair shares cancels. After
+`min_pairs` pairs it stops as soon as every verdict is clear (a significant fall past the
+threshold, or an interval that rules one out), else at `max_pairs`. The verdicts,
+outputs and exit codes are `compare`'s; the test and the interval are both at alpha /
+looks for the `max_pairs - min_pairs + 1` points where it may stop: a version against
+itself must not be flagged, nor a fall ruled out, more often for being looked at more
+often.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from autotune.bench.results import BenchResults, CaseResult, Metric, load, save
 from autotune.errors import CollectionError, UsageError
 from autotune.servers.launcher import PACKAGE_ROOT
 
-MIN_PAIRS = 5  # the exact Mann-Whitney test needs 5 against 5 to reach p < 0.01
+MIN_PAIRS = 5  # fewer pairs' spread is too poorly known to end an A/B on
 MAX_PAIRS = 12
 RUN_TIMEOUT_S = 600.0
 
@@ -325,7 +328,8 @@ def _pair_ratios(baseline: BenchResults, candidate: BenchResults) -> dict[str, t
 
 
 def _clear(comparison: Comparison) -> bool:
-    """Every verdict settled: more pairs could not change it."""
+    """Every verdict settled at the corrected level (its interval is at 1 - alpha / looks):
+    more pairs could not change it."""
     for verdict in comparison.verdicts:
         if verdict.verdict in (REGRESSION, COULD_NOT_RUN, NOT_COMPARABLE):
             continue

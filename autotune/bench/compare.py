@@ -2,7 +2,9 @@
 
 A metric regresses when its median falls by more than the case's threshold AND the fall
 is significant (exact two-sided Mann-Whitney U, p < alpha); an improvement is the mirror
-image; anything else is unchanged, however significant (a 2% change is not news). A case
+image; anything else is unchanged, however significant (a 2% change is not news). A
+`bench ab` comparison judges its pairs instead (stats.paired_ratio): the ratio is the
+pairs' geometric mean, the test a paired t test, both at alpha ÷ looks. A case
 whose fingerprint differs from the baseline's in a decisive field is not comparable and
 is not compared. No measuring here: saved files in, a Comparison out, every output drawn
 from it.
@@ -21,7 +23,12 @@ from typing import Any
 
 from autotune.bench.fingerprint import DECISIVE, differences
 from autotune.bench.results import BenchResults, CaseResult, load
-from autotune.bench.stats import bootstrap_ratio_interval, mann_whitney_u, median
+from autotune.bench.stats import (
+    bootstrap_ratio_interval,
+    mann_whitney_u,
+    median,
+    paired_ratio,
+)
 from autotune.errors import BaselineUnavailable, UsageError
 
 EXIT_OK = 0
@@ -48,8 +55,8 @@ class Verdict:
     threshold: float
     median: float | None = None
     baseline_median: float | None = None
-    ratio: float | None = None  # median / baseline median
-    interval: tuple[float, float] | None = None  # bootstrap interval of the ratio, 1 - alpha
+    ratio: float | None = None  # median ÷ baseline median; an A/B's: its pairs' geometric mean
+    interval: tuple[float, float] | None = None  # the ratio's, at Comparison.confidence
     p_value: float | None = None
     samples: tuple[float, ...] = ()
     baseline_samples: tuple[float, ...] = ()
@@ -96,6 +103,11 @@ class Comparison:
     ab: AbRecord | None = None  # set by `bench ab`: how the two sides were measured
     kind: str = "bench-comparison"
     schema_version: int = 1
+
+    @property
+    def confidence(self) -> float:
+        """The verdicts' intervals' level: an A/B's is corrected for its looks."""
+        return 1 - self.alpha / (self.ab.looks if self.ab is not None else 1)
 
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v.verdict == verdict)
@@ -186,7 +198,9 @@ def compare_results(
     verdicts = tuple(
         v
         for case in newest.cases
-        for v in compare_case(case, base.case(case.name), level, threshold, ignore, looks)
+        for v in compare_case(
+            case, base.case(case.name), level, threshold, ignore, looks, paired=ab is not None
+        )
     )
     verdicts += tuple(
         Verdict(
@@ -239,9 +253,12 @@ def compare_case(
     threshold: float | None = None,
     ignore: Sequence[str] = (),
     looks: int = 1,
+    paired: bool = False,
 ) -> list[Verdict]:
-    """One verdict per metric of `case` (one, metric "-", if it could not run); the test's
-    level is alpha / looks, the interval's confidence 1 - alpha."""
+    """One verdict per metric of `case` (one, metric "-", if it could not run). Unpaired
+    (a saved baseline): the rank test at alpha, a bootstrap interval at 1 - alpha. Paired
+    (`bench ab`: sample i of each side measured together): the paired test at
+    alpha / looks and its interval at 1 - alpha / looks."""
     limit = case.threshold if threshold is None else threshold
     if case.error is not None:
         return [Verdict(case.name, "-", "", COULD_NOT_RUN, case.error, limit)]
@@ -257,9 +274,17 @@ def compare_case(
             )  # fmt: skip
             continue
         old = base.metrics[name].samples
-        ratio = now / median(old)
-        p_value = mann_whitney_u(metric.samples, old).p_value
-        verdict, reason = _judge(ratio, p_value, limit, alpha / looks)
+        level = alpha / looks
+        if paired:
+            test = paired_ratio(metric.samples, old, confidence=1 - level)
+            ratio, interval, p_value = test.ratio, test.interval, test.p_value
+        else:
+            ratio = now / median(old)
+            interval = bootstrap_ratio_interval(metric.samples, old, confidence=1 - level)
+            p_value = mann_whitney_u(metric.samples, old).p_value
+        verdict, reason = _judge(
+            ratio, p_value, limit, level, "the pairs' ratio" if paired else "the median"
+        )
         verdicts.append(
             Verdict(
                 case=case.name,
@@ -271,7 +296,7 @@ def compare_case(
                 median=now,
                 baseline_median=median(old),
                 ratio=ratio,
-                interval=bootstrap_ratio_interval(metric.samples, old, confidence=1 - alpha),
+                interval=interval,
                 p_value=p_value,
                 samples=metric.samples,
                 baseline_samples=old,
@@ -281,24 +306,27 @@ def compare_case(
     return verdicts
 
 
-def _judge(ratio: float, p_value: float, threshold: float, alpha: float) -> tuple[str, str]:
+def _judge(
+    ratio: float, p_value: float, threshold: float, alpha: float, what: str
+) -> tuple[str, str]:
+    """The verdict on `what` (the median, or an A/B's pairs' ratio) moving to `ratio`."""
     change = ratio - 1
     significant = p_value < alpha
     if change < -threshold and significant:
         return REGRESSION, (
-            f"the median fell {-change:.1%} (more than {threshold:.0%}), p = {p_value:.2g}."
+            f"{what} fell {-change:.1%} (more than {threshold:.0%}), p = {p_value:.2g}."
         )
     if change > threshold and significant:
         return IMPROVEMENT, (
-            f"the median rose {change:.1%} (more than {threshold:.0%}), p = {p_value:.2g}; "
+            f"{what} rose {change:.1%} (more than {threshold:.0%}), p = {p_value:.2g}; "
             "update the baseline to keep the gain."
         )
     if abs(change) > threshold:
         return UNCHANGED, (
-            f"the median moved {change:+.1%}, but not significantly (p = {p_value:.2g} "
+            f"{what} moved {change:+.1%}, but not significantly (p = {p_value:.2g} "
             f"≥ {alpha:g}); more repetitions would tell."
         )
-    return UNCHANGED, f"the median moved {change:+.1%}, within ±{threshold:.0%}."
+    return UNCHANGED, f"{what} moved {change:+.1%}, within ±{threshold:.0%}."
 
 
 def _not_comparable(

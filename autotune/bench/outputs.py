@@ -39,7 +39,7 @@ def _figure(value: float | None, unit: str = "") -> str:
 
 
 def _columns(c: Comparison) -> list[str]:
-    interval = f"{1 - c.alpha:.0%} interval"
+    interval = f"{c.confidence:.2%} interval".replace(".00%", "%")
     return ["case", "metric", "baseline", "now", "ratio", interval, "p-value", "verdict"]
 
 
@@ -92,6 +92,13 @@ def _verdict_sentence(c: Comparison) -> str:
 
 
 def _rule(c: Comparison) -> str:
+    if c.ab is not None:
+        return (
+            f"A regression is a fall of the pairs' ratio (the geometric mean of candidate ÷ "
+            f"baseline, pair by pair) by more than the case's threshold with "
+            f"p < {c.alpha / c.ab.looks:.2g} (paired two-sided t test on the log ratios); "
+            f"the interval is the ratio's {c.confidence:.2%} t interval."
+        )
     return (
         f"A regression is a fall of the median by more than the case's threshold with "
         f"p < {c.alpha:g} (exact two-sided Mann-Whitney U); the interval is a "
@@ -141,7 +148,7 @@ def _faster(c: Comparison) -> list[str]:
             continue
         low, high = v.interval
         shown = (
-            f"candidate ÷ baseline {v.ratio:.3f}, {1 - c.alpha:.0%} interval {low:.3f}–{high:.3f}"
+            f"candidate ÷ baseline {v.ratio:.3f}, {c.confidence:.2%} interval {low:.3f}–{high:.3f}"
         )
         looks = c.ab.looks if c.ab is not None else 1
         significant = v.p_value is not None and v.p_value < c.alpha / looks

@@ -1,10 +1,17 @@
 """Pure statistics for the regression gate: no I/O, unit-tested on their own.
 
 A regression needs two things (as in asv): a large enough fall of the median and a fall
-that noise is unlikely to explain. The second is an exact Mann-Whitney U test: benchmarks
-run few repetitions (5 by default), where the normal approximation is poor and where the
-exact test's floor matters: with 5 against 5 the smallest two-sided p is 2/252 ≈ 0.0079,
-reached only when every new sample lies below every baseline sample.
+that noise is unlikely to explain. Against a saved baseline the second is an exact
+Mann-Whitney U test: benchmarks run few repetitions (5 by default), where the normal
+approximation is poor and where the exact test's floor matters: with 5 against 5 the
+smallest two-sided p is 2/252 ≈ 0.0079, reached only when every new sample lies below
+every baseline sample.
+
+`bench ab` measures its two sides in pairs, seconds apart, so the machine's drift is
+shared within a pair and not between pairs: there the statistic is the pairs' own ratios
+(a paired t test on their logarithms, as a ratio of speeds is judged). The rank test would
+throw the pairing away, and its floor (7 against 7 before p < 0.00125) would keep an A/B
+that may stop at several looks from ever stopping early.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from scipy.special import stdtr, stdtrit
 
 MAX_EXACT_SAMPLES = 40
 """Beyond this many samples in all the exact distribution costs too much (O(N⁴))."""
@@ -104,3 +113,32 @@ def bootstrap_ratio_interval(
     low = ratios[math.floor(tail * (resamples - 1))]
     high = ratios[math.ceil((1 - tail) * (resamples - 1))]
     return low, high
+
+
+@dataclass(frozen=True, slots=True)
+class PairedRatio:
+    """New ÷ baseline over paired measurements: the geometric mean of the pair ratios,
+    its interval, and the two-sided p of a paired t test on their logarithms."""
+
+    ratio: float
+    interval: tuple[float, float]
+    p_value: float
+
+
+def paired_ratio(new: Sequence[float], baseline: Sequence[float], confidence: float) -> PairedRatio:
+    """The pairs (new[i], baseline[i]) judged on log(new ÷ baseline): a ratio of speeds is
+    symmetric in logarithms (×0.8 and ×1.25 are the same distance from ×1)."""
+    if len(new) != len(baseline) or not new:
+        raise ValueError("a paired test needs the same number (at least one) of each")
+    logs = [math.log(n / b) for n, b in zip(new, baseline, strict=True)]
+    center = sum(logs) / len(logs)
+    ratio = math.exp(center)
+    if len(logs) < 2:
+        return PairedRatio(ratio, (0.0, math.inf), 1.0)
+    dof = len(logs) - 1
+    spread = math.sqrt(sum((x - center) ** 2 for x in logs) / dof / len(logs))
+    if spread == 0:
+        return PairedRatio(ratio, (ratio, ratio), 1.0 if center == 0 else 0.0)
+    p_value = float(2 * stdtr(dof, -abs(center) / spread))
+    half = float(stdtrit(dof, 1 - (1 - confidence) / 2)) * spread
+    return PairedRatio(ratio, (math.exp(center - half), math.exp(center + half)), p_value)
