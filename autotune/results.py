@@ -888,6 +888,10 @@ class Validation(Record):
     probe_s: float
     passed: bool
     problems: list[str]  # one phrase per failed check; empty when it passed
+    # The sweep's nearest point of this configuration re-measured now ÷ as the sweep
+    # measured it, where a run fell below its prediction (1: the machine is as it was);
+    # below 1 the prediction was scaled by it. None: not measured.
+    machine_speed: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

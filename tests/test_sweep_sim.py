@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from autotune.config import Study
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualProbe, VirtualSimLauncher
@@ -146,3 +148,80 @@ async def test_a_validation_that_fails_above_the_predicted_point_steps_down(
     assert saved["validated"] is True
     assert [v["parallelism"] for v in saved["validations"]] == [predicted, last.parallelism]
     assert saved["validations"][0]["passed"] is False
+
+
+@dataclasses.dataclass
+class SlowerMachineLauncher:
+    """A planted busier machine: every launch after the first `normal` ones (the sweep's
+    trials) measures everything at `speed` times the rate and latencies ÷ `speed`; with
+    `only_above`, only parallelisms above it are slowed (a server, not a machine)."""
+
+    inner: VirtualSimLauncher
+    normal: int
+    speed: float
+    only_above: int = 0
+    launches: int = 0
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[Any]:
+        self.launches += 1
+        slowed = self.launches > self.normal
+        async with self.inner.running(knobs) as probe:
+            yield _Slowed(probe, self.speed if slowed else 1.0, self.only_above)
+
+
+@dataclasses.dataclass
+class _Slowed:
+    inner: VirtualProbe
+    speed: float
+    only_above: int
+
+    async def measure(self, parallelism: int, settings: ProbeSettings | None = None) -> ProbeResult:
+        result = await self.inner.measure(parallelism, settings)
+        if parallelism <= self.only_above or self.speed == 1.0:
+            return result
+        low, high = result.rollouts_per_s_ci
+        latency = {
+            stage: dataclasses.replace(
+                figures,
+                p50=figures.p50 / self.speed if figures.p50 is not None else None,
+                p95=figures.p95 / self.speed if figures.p95 is not None else None,
+            )
+            for stage, figures in result.latency_s.items()
+        }
+        return dataclasses.replace(
+            result,
+            rollouts_per_s=result.rollouts_per_s * self.speed,
+            rollouts_per_s_ci=(low * self.speed, high * self.speed),
+            output_tokens_per_s=result.output_tokens_per_s * self.speed,
+            latency_s=latency,
+        )
+
+
+async def test_a_machine_slower_at_validation_than_during_the_sweep_is_measured_not_blamed(
+    tmp_path: Path,
+) -> None:
+    """The machine slows ×0.7 after the sweep (another job on its cores): the validation
+    run falls below its prediction, the sweep's nearest point measured again falls alike,
+    and the run is judged against the prediction scaled by that speed: it passes at the
+    recommended parallelism. A server slow only above the recommendation still fails."""
+    spec = study(validate_rollouts=2000)
+    virtual = VirtualSimLauncher(ARGS, ProbeSettings(1), PROMPT, OUTPUT, spec.seed)
+    _, healthy = await sweep(tmp_path, spec.model_copy(update={"name": "healthy"}))
+    busier = SlowerMachineLauncher(virtual, normal=1, speed=0.7)
+    _, found = await sweep(tmp_path, spec.model_copy(update={"name": "busier"}), busier)
+    (run,) = found.validations
+    assert run.passed and found.validated is True, run.problems
+    assert run.machine_speed is not None and 0.6 < run.machine_speed < 0.8
+    assert found.recommended.parallelism == healthy.recommended.parallelism
+    assert run.predicted_throughput == pytest.approx(
+        healthy.validations[0].predicted_throughput * run.machine_speed
+    )
+
+    predicted = healthy.recommended.parallelism
+    slow_server = SlowerMachineLauncher(virtual, normal=1, speed=0.7, only_above=predicted - 1)
+    _, found = await sweep(tmp_path, spec.model_copy(update={"name": "server"}), slow_server)
+    first = found.validations[0]
+    assert not first.passed and first.machine_speed == 1.0
+    assert any(problem.startswith("throughput") for problem in first.problems), first.problems
+    assert found.recommended.parallelism < predicted

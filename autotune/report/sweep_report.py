@@ -275,6 +275,7 @@ VALIDATION_COLUMNS: tuple[Column[Validation], ...] = (
     Column("error rate", lambda v: v.error_rate, digits=3),
     Column("p95 latency s", lambda v: v.p95_latency_s, digits=3),
     Column("p95 ÷ p50", lambda v: v.latency_dispersion, digits=3),
+    Column("machine speed", lambda v: v.machine_speed, digits=3),
     Column("passed", lambda v: v.passed),
     Column("problems", lambda v: "; ".join(v.problems)),
 )
@@ -605,6 +606,11 @@ def validated_text(recommended: Recommendation, wording: ValidationWording) -> s
         f"{last.completed} rollouts at parallelism {last.parallelism}: "
         f"{wording.number(last.throughput)}, error rate {last.error_rate:.1%}"
     )
+    if last.machine_speed is not None and last.machine_speed != 1.0:
+        figures += (
+            f", judged against the prediction ×{last.machine_speed:.2f}: the sweep's nearest "
+            "point measured again was that much slower (a busier machine)"
+        )
     line = wording.held if recommended.validated else wording.failed
     return line.format(figures=figures, problems="; ".join(last.problems))
 

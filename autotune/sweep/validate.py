@@ -10,6 +10,13 @@ that fails steps down (to 80% of its parallelism, the same headroom again) and v
 again, at most MAX_STEP_DOWNS times. Each run is saved in the SweepResult; the
 recommendation (recommend.py) takes the last one's parallelism and says whether it
 passed.
+
+The prediction was measured minutes or hours earlier, and a busy machine (another job on
+the cores, a noisy neighbour) slows everything after it. So a run below its prediction
+first runs the sweep's nearest measured parallelism below it again: if that too falls
+clearly below its own prediction, the machine changed, and the prediction is scaled by
+the speed it has now (`machine_speed`) before the run is judged. A server that is slow
+only where the recommendation puts it still fails.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from autotune.sweep.recommend import curve_bootstrap, predicted_at, recommendati
 MAX_STEP_DOWNS = 3
 DISPERSION_GROWTH = 1.5  # p95 ÷ p50 may grow this much over the sweep's worst point
 SERVER_GONE = "the server"  # how a problem that ends the validation begins
+BELOW_PREDICTION = "throughput"  # how the problem of a run below its prediction begins
 
 
 async def validate(study: Study, launcher: Launcher, result: SweepResult) -> list[Validation]:
@@ -40,10 +48,15 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
         return []
     parallelism = planned.recommended.parallelism
     runs: list[Validation] = []
+    speed: float | None = None  # the machine's now ÷ during the sweep, once measured
     try:
         async with launcher.running(best.knobs) as probe:
             for _ in range(MAX_STEP_DOWNS + 1):
-                run = await _validate_at(study, probe, result, best, parallelism, rollouts)
+                measured = await _measure_at(study, probe, result, best, parallelism, rollouts)
+                run = _judged(result, best, rollouts, measured, speed)
+                if speed is None and _below_prediction(run):
+                    speed = await _machine_speed(study, probe, result, best, parallelism, rollouts)
+                    run = _judged(result, best, rollouts, measured, speed)
                 runs.append(run)
                 lower = max(1, math.floor(parallelism * HEADROOM))
                 gone = any(problem.startswith(SERVER_GONE) for problem in run.problems)
@@ -55,18 +68,68 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
     return runs
 
 
-async def _validate_at(
+async def _measure_at(
     study: Study,
     probe: Probe,
     result: SweepResult,
     best: TrialRecord,
     parallelism: int,
     rollouts: int,
-) -> Validation:
-    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
+) -> CurvePoint:
+    """The validation run itself: at least `rollouts` rollouts at `parallelism`."""
+    predicted, _ = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
     points = usable_points(result, best)
     settings = _settings(study, points, parallelism, predicted, result.metric, rollouts)
-    measured = CurvePoint.of(await probe.measure(parallelism, settings))
+    return CurvePoint.of(await probe.measure(parallelism, settings))
+
+
+def _below_prediction(run: Validation) -> bool:
+    return any(problem.startswith(BELOW_PREDICTION) for problem in run.problems)
+
+
+async def _machine_speed(
+    study: Study,
+    probe: Probe,
+    result: SweepResult,
+    best: TrialRecord,
+    parallelism: int,
+    rollouts: int,
+) -> float:
+    """The sweep's nearest point of this configuration below `parallelism`, run again as
+    long as a validation run and held to its own prediction: measured ÷ predicted where it
+    is clearly below (its interval under the prediction's), else 1 (the machine is as it
+    was, within the noise). A point below, because a server that fails above some load
+    must not excuse itself."""
+    below = [p for p in usable_points(result, best) if p.parallelism < parallelism]
+    if not below:
+        return 1.0
+    reference = max(below, key=lambda p: p.parallelism).parallelism
+    measured = await _measure_at(study, probe, result, best, reference, rollouts)
+    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), reference)
+    ci = measured.metric_interval(result.metric)
+    reach = ci[1] if ci else measured.metric(result.metric)
+    if interval is None or reach >= interval[0]:
+        return 1.0
+    return measured.metric(result.metric) / predicted
+
+
+def _judged(
+    result: SweepResult,
+    best: TrialRecord,
+    rollouts: int,
+    measured: CurvePoint,
+    speed: float | None,
+) -> Validation:
+    """A validation run against the prediction at its parallelism, scaled by the machine's
+    speed where that was measured."""
+    parallelism = measured.parallelism
+    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
+    scaled = ""
+    if speed is not None and speed != 1.0:
+        predicted *= speed
+        interval = (interval[0] * speed, interval[1] * speed) if interval else None
+        scaled = f" (scaled ×{speed:.2f}: the machine is slower than during the sweep)"
+    points = usable_points(result, best)
     throughput = measured.metric(result.metric)
     ci = measured.metric_interval(result.metric)
     dispersion = _dispersion(measured)
@@ -81,8 +144,8 @@ async def _validate_at(
     reach = ci[1] if ci else throughput
     if interval is not None and reach < interval[0]:
         problems.append(
-            f"throughput {throughput:.3g} below the predicted 95% interval "
-            f"{interval[0]:.3g}–{interval[1]:.3g}"
+            f"{BELOW_PREDICTION} {throughput:.3g} below the predicted 95% interval "
+            f"{interval[0]:.3g}–{interval[1]:.3g}{scaled}"
         )
     if dispersion is not None and limit is not None and dispersion > limit:
         problems.append(f"latency dispersion (p95 ÷ p50) {dispersion:.2f} above {limit:.2f}")
@@ -111,6 +174,7 @@ async def _validate_at(
         probe_s=measured.probe_s,
         passed=not problems,
         problems=problems,
+        machine_speed=speed,
     )
 
 
