@@ -37,6 +37,7 @@ from autotune.bench.overhead import (
     core_plan,
     engine_run,
     pinned,
+    side_by_side,
 )
 from autotune.bench.results import BenchResults, CaseResult, Metric
 from autotune.bench.suite import Case, OverheadCase, ProbeCase, Suite
@@ -51,6 +52,7 @@ from autotune.workload import Workload
 
 # Bumped when what a metric means changes: results of another method are not comparable.
 METHODS = {"probe": "probe/1", "overhead": "overhead/1"}
+FIRST_REQUESTS = 300  # each client's untimed start in an overhead case
 SIM_DEFAULT_ARGS = ("--time-scale", "0.05")  # before the case's own sim_args, which win
 MAX_PROBE_TASKS = 5000
 MAX_WAIT_SHARE = 0.25  # run-queue wait (client + server threads) per second of a probe
@@ -300,15 +302,12 @@ def _overhead_case(case: OverheadCase, progress: _Progress) -> _Measured:
         NullServer(core=server_core) as server,
         tempfile.TemporaryDirectory() as tmp,
     ):
+        # Untimed: a fresh process's first requests import and build what later ones reuse.
+        bare_loop(server.base_url, case.concurrency, FIRST_REQUESTS)
+        engine_run(server.base_url, case.concurrency, FIRST_REQUESTS, Path(tmp))
         for index in range(case.warmup + case.repetitions):
-            # Alternating the order spreads slow drifts of the machine over both clients.
-            order = ("bare", "engine") if index % 2 == 0 else ("engine", "bare")
-            runs = {
-                kind: bare_loop(server.base_url, case.concurrency, case.requests)
-                if kind == "bare"
-                else engine_run(server.base_url, case.concurrency, case.requests, Path(tmp))
-                for kind in order
-            }
+            bare, engine = side_by_side(server.base_url, case.concurrency, case.requests, Path(tmp))
+            runs = {"bare": bare, "engine": engine}
             failed = sum(run.failed for run in runs.values())
             if failed:
                 raise CollectionError(
@@ -332,7 +331,6 @@ def _overhead_case(case: OverheadCase, progress: _Progress) -> _Measured:
                         "engine_cpu_us_per_rollout": engine_cpu * 1e6,
                         "bare_req_per_s": runs["bare"].per_s,
                         "engine_rollouts_per_s": runs["engine"].per_s,
-                        "first": order[0],
                     }
                 )
     work = digest({"requests": case.requests, "prompt_chars": PROMPT_CHARS, "verifier": "exact"})
