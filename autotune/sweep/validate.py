@@ -22,6 +22,7 @@ only where the recommendation puts it still fails.
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from autotune.config import Study
@@ -51,11 +52,15 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
     speed: float | None = None  # the machine's now ÷ during the sweep, once measured
     try:
         async with launcher.running(best.knobs) as probe:
+
+            async def measure(at: int) -> CurvePoint:
+                return await _measure_at(study, probe, result, best, at, rollouts)
+
             for _ in range(MAX_STEP_DOWNS + 1):
-                measured = await _measure_at(study, probe, result, best, parallelism, rollouts)
+                measured = await measure(parallelism)
                 run = _judged(result, best, rollouts, measured, speed)
                 if speed is None and _below_prediction(run):
-                    speed = await _machine_speed(study, probe, result, best, parallelism, rollouts)
+                    speed = await _machine_speed(result, best, parallelism, measure)
                     run = _judged(result, best, rollouts, measured, speed)
                 runs.append(run)
                 lower = max(1, math.floor(parallelism * HEADROOM))
@@ -88,12 +93,10 @@ def _below_prediction(run: Validation) -> bool:
 
 
 async def _machine_speed(
-    study: Study,
-    probe: Probe,
     result: SweepResult,
     best: TrialRecord,
     parallelism: int,
-    rollouts: int,
+    measure: Callable[[int], Awaitable[CurvePoint]],
 ) -> float:
     """The sweep's nearest point of this configuration below `parallelism`, run again as
     long as a validation run and held to its own prediction: measured ÷ predicted where it
@@ -104,7 +107,7 @@ async def _machine_speed(
     if not below:
         return 1.0
     reference = max(below, key=lambda p: p.parallelism).parallelism
-    measured = await _measure_at(study, probe, result, best, reference, rollouts)
+    measured = await measure(reference)
     predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), reference)
     ci = measured.metric_interval(result.metric)
     reach = ci[1] if ci else measured.metric(result.metric)
