@@ -302,3 +302,26 @@ def test_the_html_report_shows_the_history_of_runs(tmp_path: Path) -> None:
     assert "autotune bench: 1 regression (exit 1)" in shot.text
     assert "History" in shot.text and "SIMULATED" in shot.text
     assert page.read_text().count("data:image/png;base64,") == 2  # samples + history
+
+
+def test_an_ab_judges_its_pairs_where_the_samples_alone_could_not_tell(tmp_path: Path) -> None:
+    """The machine slows ×2 across an A/B and back; each pair's candidate is 10% slower
+    than its baseline. Paired (`bench ab`): a regression, the ratio its pairs' ×0.90 and
+    its interval at the corrected level. The same samples unpaired: unchanged."""
+    from autotune.bench.compare import AbRecord, compare_results
+
+    drift = [1.0, 0.8, 0.65, 0.55, 0.5, 0.6, 0.9]
+    old = [100 * d for d in drift]
+    new = [90 * d * (1 + 0.002 * (-1) ** i) for i, d in enumerate(drift)]
+    results = load(write(tmp_path / "new.json", case(new)))
+    base = load(write(tmp_path / "old.json", case(old)))
+    record = AbRecord("old", "new", len(drift), 8, "", {}, 1.0)
+    paired = compare_results(results, base, results_name="n", baseline_name="o", ab=record)
+    (verdict,) = paired.verdicts
+    assert verdict.verdict == "regression" and verdict.p_value is not None
+    assert verdict.ratio == pytest.approx(0.9, abs=0.002) and verdict.p_value < 0.01 / 8
+    assert verdict.interval is not None and 0.88 < verdict.interval[0] < verdict.interval[1] < 0.92
+    assert paired.confidence == pytest.approx(1 - 0.01 / 8)
+    assert "paired two-sided t test" in outputs.markdown(paired)
+    unpaired = compare_results(results, base, results_name="n", baseline_name="o")
+    assert [v.verdict for v in unpaired.verdicts] == ["unchanged"]
