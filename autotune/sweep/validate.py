@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from autotune.config import Study
 from autotune.errors import ServerStartupError
-from autotune.knee import HEADROOM
+from autotune.knee import HEADROOM, Interval
 from autotune.probe import Probe, ProbeSettings
 from autotune.results import CurvePoint, SweepResult, TrialRecord, Validation
 from autotune.sweep.curve import Launcher
@@ -37,6 +37,7 @@ MAX_STEP_DOWNS = 3
 DISPERSION_GROWTH = 1.5  # p95 ÷ p50 may grow this much over the sweep's worst point
 SERVER_GONE = "the server"  # how a problem that ends the validation begins
 BELOW_PREDICTION = "throughput"  # how the problem of a run below its prediction begins
+Prediction = tuple[float, Interval | None]  # throughput, its 95% interval
 
 
 async def validate(study: Study, launcher: Launcher, result: SweepResult) -> list[Validation]:
@@ -50,18 +51,23 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
     parallelism = planned.recommended.parallelism
     runs: list[Validation] = []
     speed: float | None = None  # the machine's now ÷ during the sweep, once measured
+    boot = curve_bootstrap(result, best)  # the curve's fit, bootstrapped once for every run
+
+    def predict(at: int) -> Prediction:
+        return predicted_at(result, best, boot, at)
+
     try:
         async with launcher.running(best.knobs) as probe:
 
             async def measure(at: int) -> CurvePoint:
-                return await _measure_at(study, probe, result, best, at, rollouts)
+                return await _measure_at(study, probe, result, best, predict(at)[0], at, rollouts)
 
             for _ in range(MAX_STEP_DOWNS + 1):
                 measured = await measure(parallelism)
-                run = _judged(result, best, rollouts, measured, speed)
+                run = _judged(result, best, rollouts, measured, predict, speed)
                 if speed is None and _below_prediction(run):
-                    speed = await _machine_speed(result, best, parallelism, measure)
-                    run = _judged(result, best, rollouts, measured, speed)
+                    speed = await _machine_speed(result, best, parallelism, measure, predict)
+                    run = _judged(result, best, rollouts, measured, predict, speed)
                 runs.append(run)
                 lower = max(1, math.floor(parallelism * HEADROOM))
                 gone = any(problem.startswith(SERVER_GONE) for problem in run.problems)
@@ -69,7 +75,7 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
                     break
                 parallelism = lower
     except ServerStartupError as error:
-        runs.append(_not_started(result, best, parallelism, rollouts, error.reason))
+        runs.append(_not_started(result, best, parallelism, rollouts, predict, error.reason))
     return runs
 
 
@@ -78,11 +84,12 @@ async def _measure_at(
     probe: Probe,
     result: SweepResult,
     best: TrialRecord,
+    predicted: float,
     parallelism: int,
     rollouts: int,
 ) -> CurvePoint:
-    """The validation run itself: at least `rollouts` rollouts at `parallelism`."""
-    predicted, _ = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
+    """The validation run itself: at least `rollouts` rollouts at `parallelism`, sized by
+    the throughput `predicted` there."""
     points = usable_points(result, best)
     settings = _settings(study, points, parallelism, predicted, result.metric, rollouts)
     return CurvePoint.of(await probe.measure(parallelism, settings))
@@ -97,6 +104,7 @@ async def _machine_speed(
     best: TrialRecord,
     parallelism: int,
     measure: Callable[[int], Awaitable[CurvePoint]],
+    predict: Callable[[int], Prediction],
 ) -> float:
     """The sweep's nearest point of this configuration below `parallelism`, run again as
     long as a validation run and held to its own prediction: measured ÷ predicted where it
@@ -108,7 +116,7 @@ async def _machine_speed(
         return 1.0
     reference = max(below, key=lambda p: p.parallelism).parallelism
     measured = await measure(reference)
-    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), reference)
+    predicted, interval = predict(reference)
     ci = measured.metric_interval(result.metric)
     reach = ci[1] if ci else measured.metric(result.metric)
     if interval is None or reach >= interval[0]:
@@ -121,12 +129,13 @@ def _judged(
     best: TrialRecord,
     rollouts: int,
     measured: CurvePoint,
+    predict: Callable[[int], Prediction],
     speed: float | None,
 ) -> Validation:
     """A validation run against the prediction at its parallelism, scaled by the machine's
     speed where that was measured."""
     parallelism = measured.parallelism
-    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
+    predicted, interval = predict(parallelism)
     scaled = ""
     if speed is not None and speed != 1.0:
         predicted *= speed
@@ -216,9 +225,10 @@ def _not_started(
     best: TrialRecord,
     parallelism: int,
     rollouts: int,
+    predict: Callable[[int], Prediction],
     reason: str,
 ) -> Validation:
-    predicted, interval = predicted_at(result, best, curve_bootstrap(result, best), parallelism)
+    predicted, interval = predict(parallelism)
     return Validation(
         trial=best.number,
         knobs=best.knobs,
