@@ -105,9 +105,14 @@ class Comparison:
     schema_version: int = 1
 
     @property
+    def level(self) -> float:
+        """What each verdict's test is held to: alpha, or an A/B's alpha ÷ its looks."""
+        return self.alpha / (self.ab.looks if self.ab is not None else 1)
+
+    @property
     def confidence(self) -> float:
         """The verdicts' intervals' level: an A/B's is corrected for its looks."""
-        return 1 - self.alpha / (self.ab.looks if self.ab is not None else 1)
+        return 1 - self.level
 
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v.verdict == verdict)

@@ -38,8 +38,13 @@ def _figure(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".strip()
 
 
+def _percent(share: float) -> str:
+    """99% as "99%", an A/B's corrected 99.875% as "99.88%"."""
+    return f"{share * 100:.4g}%"
+
+
 def _columns(c: Comparison) -> list[str]:
-    interval = f"{c.confidence:.2%} interval".replace(".00%", "%")
+    interval = f"{_percent(c.confidence)} interval"
     return ["case", "metric", "baseline", "now", "ratio", interval, "p-value", "verdict"]
 
 
@@ -96,8 +101,8 @@ def _rule(c: Comparison) -> str:
         return (
             f"A regression is a fall of the pairs' ratio (the geometric mean of candidate ÷ "
             f"baseline, pair by pair) by more than the case's threshold with "
-            f"p < {c.alpha / c.ab.looks:.2g} (paired two-sided t test on the log ratios); "
-            f"the interval is the ratio's {c.confidence:.2%} t interval."
+            f"p < {c.level:.2g} (paired two-sided t test on the log ratios); "
+            f"the interval is the ratio's {_percent(c.confidence)} t interval."
         )
     return (
         f"A regression is a fall of the median by more than the case's threshold with "
@@ -135,7 +140,7 @@ def _measured(c: Comparison) -> str:
         f"A/B in one run on this machine: the candidate `{c.ab.candidate}` beside the "
         f"baseline `{c.ab.baseline}`, interleaved, {c.ab.pairs} pairs in "
         f"{c.ab.wall_s:.0f} s ({c.ab.stopped}); it could stop at {c.ab.looks} points, so "
-        f"each tests at p < {c.alpha / c.ab.looks:.2g} (alpha ÷ {c.ab.looks})."
+        f"each tests at p < {c.level:.2g} (alpha ÷ {c.ab.looks})."
     )
 
 
@@ -148,10 +153,10 @@ def _faster(c: Comparison) -> list[str]:
             continue
         low, high = v.interval
         shown = (
-            f"candidate ÷ baseline {v.ratio:.3f}, {c.confidence:.2%} interval {low:.3f}–{high:.3f}"
+            f"candidate ÷ baseline {v.ratio:.3f}, {_percent(c.confidence)} interval "
+            f"{low:.3f}–{high:.3f}"
         )
-        looks = c.ab.looks if c.ab is not None else 1
-        significant = v.p_value is not None and v.p_value < c.alpha / looks
+        significant = v.p_value is not None and v.p_value < c.level
         if low > 1 and significant:
             lines.append(
                 f"{v.case} / {v.metric}: the candidate is faster by {v.ratio - 1:.1%} ({shown})."
