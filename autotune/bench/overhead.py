@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,9 +239,11 @@ def engine_run(
 def side_by_side(base_url: str, concurrency: int, total: int, out_dir: Path) -> tuple[Run, Run]:
     """(bare, engine): the engine runs `total` rollouts in one thread while the bare loop
     runs in another, in slices of BARE_SLICE requests, until the engine is done (a slice
-    under way then finishes and counts); each one's `cpu_s` is its own thread's."""
+    under way then finishes and counts); each one's `cpu_s` is its own thread's. An error
+    in either thread is raised here, as the client raised it."""
     done = threading.Event()
     runs: dict[str, Run] = {}
+    errors: list[BaseException] = []
 
     def bare() -> None:
         cpu0, t0 = time.thread_time(), time.perf_counter()
@@ -262,14 +264,21 @@ def side_by_side(base_url: str, concurrency: int, total: int, out_dir: Path) -> 
             done.set()
         runs["engine"] = dataclasses.replace(run, cpu_s=time.thread_time() - cpu0)
 
-    threads = [threading.Thread(target=bare), threading.Thread(target=engine)]
+    def keeping_errors(client: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                client()
+            except BaseException as error:  # re-raised in the caller's thread below
+                done.set()
+                errors.append(error)
+
+        return run
+
+    threads = [threading.Thread(target=keeping_errors(c)) for c in (bare, engine)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    if set(runs) != {"bare", "engine"}:
-        raise RuntimeError(
-            "a client of the overhead case stopped with an error; run "
-            "`python benchmarks/overhead.py` to see which"
-        )
+    if errors:
+        raise errors[0]
     return runs["bare"], runs["engine"]
