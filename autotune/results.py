@@ -47,12 +47,20 @@ def _decode(kind: Any, value: Any) -> Any:
         (item,) = get_args(kind)
         return [_decode(item, v) for v in _expect(value, list)]
     if origin is tuple:
-        return tuple(_expect(value, list))
+        items, args = _expect(value, list), get_args(kind)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in items)
+        if len(args) == len(items):
+            return tuple(_decode(arg, v) for arg, v in zip(args, items, strict=True))
+        return tuple(items)
     if origin in (dict, Mapping):
         _, item = get_args(kind)
         return {str(k): _decode(item, v) for k, v in _expect(value, dict).items()}
-    if kind is float and isinstance(value, int):
-        return float(value)
+    if kind is float:
+        if value is None:  # written for NaN
+            return math.nan
+        if isinstance(value, int) or value in _INFINITIES:
+            return float(value)
     return value
 
 
@@ -86,10 +94,28 @@ class Record:
         return cls(**values)
 
 
+_INFINITIES = ("Infinity", "-Infinity")
+
+
+def _finite_or_named(value: Any) -> Any:
+    """`value` with every infinity as the string JSON has no number for: an unbounded
+    interval must read back unbounded, not as the null orjson writes for it."""
+    if isinstance(value, float) and math.isinf(value):
+        return _INFINITIES[value < 0]
+    if isinstance(value, dict):
+        return {k: _finite_or_named(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_named(v) for v in value]
+    return value
+
+
 def to_json(value: Record | Mapping[str, Any]) -> bytes:
-    """The one JSON writer of saved files: indented, UTF-8, NaN written as null."""
+    """The one JSON writer of saved files: indented, UTF-8, NaN written as null and an
+    infinity as "Infinity" or "-Infinity" (read back as floats)."""
     data = value.to_dict() if isinstance(value, Record) else value
-    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps(
+        _finite_or_named(data), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+    )
 
 
 def save(value: Record | Mapping[str, Any], path: Path) -> Path:

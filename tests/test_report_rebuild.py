@@ -9,6 +9,7 @@ without a Software chunk), so a rebuilt file must equal the original byte for by
 from __future__ import annotations
 
 import csv
+import math
 import re
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import orjson
 import pytest
 import yaml
 
-from autotune.results import SCHEMA_VERSION
+from autotune.results import SCHEMA_VERSION, DiagnoseResult, to_json
 from tests.helpers import autotune, one_sentence_error, sweep
 
 DIAGNOSE = ("--synthetic", "40", "--low", "2", "--high", "4", "--min-s", "0.2", "--max-s", "1")
@@ -99,6 +100,23 @@ def test_report_rebuilds_every_output_from_the_saved_json(
     moved = autotune("report", str(directory / SAVED[kind]), "--output-dir", str(elsewhere))
     assert moved.returncode == 0, moved.stderr
     assert _files(elsewhere) == original
+
+
+def test_an_unbounded_interval_reads_back_unbounded_and_rebuilds(
+    finished: dict[str, Path], tmp_path: Path
+) -> None:
+    """A probe of one batch has no upper bound: its interval is saved as "Infinity", not as
+    the null JSON writes for a non-finite number, so the report rebuilds from it."""
+    path, data = _saved_copy(finished, "diagnose", tmp_path)
+    data["probes"][0]["rollouts_per_s_ci"][1] = math.inf
+    path.write_bytes(to_json(data))
+    assert b'"Infinity"' in path.read_bytes()
+    rebuilt = autotune("report", str(path.parent))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (path.parent / "index.html").is_file()
+    assert b'"Infinity"' in path.read_bytes()  # the rewritten JSON keeps the infinity
+    loaded = DiagnoseResult.from_dict(orjson.loads(path.read_bytes()))
+    assert math.isinf(loaded.probes[0].rollouts_per_s_ci[1])
 
 
 def test_trials_csv_and_the_pages_trials_table_are_one_table(finished: dict[str, Path]) -> None:
