@@ -50,8 +50,9 @@ class ModelCallError(Exception):
     stalled), connection, rate_limited, http_4xx, http_5xx, bad_response (an answer of
     the wrong shape), truncated (a stream that ended before its answer did) or
     tool_error (a multi-turn rollout's tool endpoint could not be used, or answered an
-    error under `--tool-errors fail`) or tool_timeout (a tool call with no answer within
-    `--tool-timeout`).
+    error under `--tool-errors fail`), tool_timeout (a tool call with no answer within
+    `--tool-timeout`) or aborted (the server ended it, `finish_reason: abort`: a pause
+    for a weight sync; never retried, the RL loop re-sends it after the sync).
     """
 
     def __init__(self, failure_class: str, message: str, attempts: int = 1) -> None:

@@ -204,6 +204,14 @@ class OpenAIBackend:
             except BaseException:  # cancelled: the call did not finish, for better or worse
                 self.replicas.abandoned(replica)
                 raise
+            if generation.finish_reason == "abort":  # a pause for a weight sync ended it
+                self.replicas.abandoned(replica)
+                raise ModelCallError(
+                    "aborted",
+                    "the server aborted the request (finish_reason abort: a pause or sleep "
+                    f"for a weight sync) after {generation.output_tokens} output tokens",
+                    attempt,
+                )
             generation.attempts = attempt
             generation.replica = replica.index
             self.replicas.succeeded(

@@ -24,6 +24,10 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)
 SIM_PREFIX = "sim/"
 
 
+DEFAULT_WEIGHT_SYNC_GBPS = 50.0
+DEFAULT_HOST_GBPS = 25.0
+
+
 class SimConfigError(ValueError):
     """A flag value the simulator (like vLLM) refuses at start-up; str() is the error text."""
 
@@ -165,6 +169,22 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         "--slow-down-factor times longer, like a replica that slows mid-run (drift tests)",
     )
     p.add_argument(
+        "--weight-sync-gbps",
+        type=float,
+        default=DEFAULT_WEIGHT_SYNC_GBPS,
+        metavar="GB/S",
+        help="how fast POST /update_weights receives one GPU's share of the weights from a "
+        f"trainer (default: {DEFAULT_WEIGHT_SYNC_GBPS:g}, a 400 Gb/s NIC)",
+    )
+    p.add_argument(
+        "--host-gbps",
+        type=float,
+        default=DEFAULT_HOST_GBPS,
+        metavar="GB/S",
+        help="how fast weights move between a GPU and host memory on /sleep and /wake_up "
+        f"(default: {DEFAULT_HOST_GBPS:g}, PCIe 4.0 x16 as measured)",
+    )
+    p.add_argument(
         "--slow-down-factor",
         type=float,
         default=2.0,
@@ -203,12 +223,19 @@ class SimConfig:
     tool_call_share: float
     slow_down_after_s: float | None
     slow_down_factor: float
+    weight_sync_gbps: float
+    host_gbps: float
     kv_capacity_tokens: int  # of one engine
     ignored_flags: tuple[str, ...]
 
     @property
     def served_model_name(self) -> str:
         return self.served_model_names[0]
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        """One GPU's share of the weights: what a weight sync or a sleep moves."""
+        return self.model.params * self.model.bytes_per_param / self.tensor_parallel_size
 
     @classmethod
     def from_args(cls, argv: Sequence[str], prog: str | None = None) -> Self:
@@ -289,6 +316,12 @@ class SimConfig:
             raise SimConfigError("--slow-down-after must be a finite number of seconds >= 0.")
         if not (math.isfinite(ns.slow_down_factor) and ns.slow_down_factor > 0):
             raise SimConfigError("--slow-down-factor must be a finite number above 0.")
+        for flag, value in (
+            ("--weight-sync-gbps", ns.weight_sync_gbps),
+            ("--host-gbps", ns.host_gbps),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise SimConfigError(f"{flag} must be a finite number of GB/s above 0.")
         try:
             capacity = kv_capacity_tokens(gpu, model, tp, ns.gpu_memory_utilization, ns.block_size)
         except InsufficientMemory as e:
@@ -328,6 +361,8 @@ class SimConfig:
             tool_call_share=ns.tool_call_share,
             slow_down_after_s=ns.slow_down_after,
             slow_down_factor=ns.slow_down_factor,
+            weight_sync_gbps=ns.weight_sync_gbps,
+            host_gbps=ns.host_gbps,
             kv_capacity_tokens=capacity,
             ignored_flags=tuple(unknown),
         )

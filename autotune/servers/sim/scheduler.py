@@ -177,6 +177,7 @@ class Request:
         "prefix_key",
         "prompt_tokens",
         "rid",
+        "server_aborted",
         "shared",
         "state",
         "tokens_before",
@@ -209,6 +210,7 @@ class Request:
         self.prefill_done = 0
         self.decode_start = 0  # step whose end emitted the first token of this admission
         self.base = 0  # own KV tokens after step s while decoding = base + s
+        self.server_aborted = False  # ended by a pause or sleep, not by its client
 
     def tokens_done(self) -> int:
         """Output tokens generated so far (what a stream may have sent)."""
@@ -253,6 +255,9 @@ class SimEngine:
         self._cached_free = 0  # Σ tokens of prefixes held by nobody (free, evictable)
         self._next_rid = 0
         self._wakeup = asyncio.Event()
+        self._paused: str | None = None  # "new": admit nothing; "all": step nothing
+        self._frozen = 0  # weight loads under way: no step runs
+        self.sleeping: int | None = None  # the level it sleeps at; None awake
         self._task: asyncio.Task[None] | None = None
         self._debt = 0.0
         self._last_real = 0.0
@@ -329,7 +334,10 @@ class SimEngine:
         self._wakeup.set()
         return req
 
-    def abort(self, req: Request) -> None:
+    def abort(self, req: Request, by_server: bool = False) -> None:
+        """Drop `req`: its client went away (its futures are cancelled), or `by_server` a
+        pause in abort mode ended it (they resolve: the answer ends `finish_reason:
+        abort`, with the tokens made so far)."""
         if req.state == _WAITING:
             self._n_waiting -= 1
         elif req.state == _PREFILL:
@@ -346,8 +354,82 @@ class SimEngine:
         self._release(req)
         req.state = _ABORTED
         req.epoch += 1
-        req.first_token.cancel()
-        req.finished.cancel()
+        if by_server:
+            req.server_aborted = True
+            for future in (req.first_token, req.finished):
+                if not future.done():
+                    future.set_result(None)
+        else:
+            req.first_token.cancel()
+            req.finished.cancel()
+
+    # -- RL weight syncs: pause, resume, caches, weight loads ----------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused is not None
+
+    async def pause(self, mode: str) -> None:
+        """vLLM's pause_generation: every mode queues new requests until `resume`; `abort`
+        ends the requests inside (their answers end `finish_reason: abort`), `wait` lets
+        the running ones finish and returns when they have, `keep` freezes them where
+        they are (no step runs, so no token comes) until `resume`."""
+        if mode == "abort":
+            inside = [r for e, r in self._waiting if r.epoch == e and r.state == _WAITING]
+            for req in (*inside, *self._running.values()):
+                self.abort(req, by_server=True)
+        self._paused = "all" if mode == "keep" else "new"
+        self._wakeup.set()
+        while mode == "wait" and self._running:
+            await asyncio.sleep(MIN_SLEEP_S)
+
+    def resume(self) -> None:
+        self._paused = None
+        self._wakeup.set()
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix no running request holds (new weights make them
+        wrong); how many tokens were dropped."""
+        dropped = self._cached_free
+        while self._released:
+            _, prefix = self._released.popitem(last=False)
+            del self._prefixes[prefix.key]
+        self._cached_free = 0
+        return dropped
+
+    async def sleep(self, level: int, mode: str, offload_s: float) -> None:
+        """vLLM's sleep: pause in `mode`; from level 1 the KV cache is discarded (every
+        cached prefix goes, a request kept by `keep` must recompute its prompt and output
+        on wake-up) and the weights leave the GPU, which takes `offload_s` simulated
+        seconds at level 1 (a copy to the host) and none at level 2 (dropped)."""
+        await self.pause(mode)
+        if level >= 1:
+            while self._running:
+                self._preempt_last()
+            self.reset_prefix_cache()
+            if level == 1:
+                await self.busy(offload_s)
+        self.sleeping = level
+
+    async def wake_up(self, load_s: float) -> None:
+        """Weights back on the GPU (`load_s` simulated seconds from level 1 or 2), then
+        requests run again."""
+        if self.sleeping:
+            await self.busy(load_s)
+        self.sleeping = None
+        self.resume()
+
+    async def busy(self, seconds: float) -> None:
+        """The engine does something other than stepping for `seconds` simulated seconds
+        (a weight load or copy): no step runs meanwhile, as in vLLM, whose workers are
+        busy with it."""
+        self._frozen += 1
+        try:
+            await asyncio.sleep(seconds * self.config.time_scale)
+            self.sim_time_s += seconds
+        finally:
+            self._frozen -= 1
+            self._wakeup.set()
 
     # -- gauges ----------------------------------------------------------------------------
 
@@ -442,16 +524,15 @@ class SimEngine:
         slow_after, slow_factor = self.config.slow_down_after_s, self.config.slow_down_factor
         slow_from: float | None = None  # loop time the planted slowdown begins
         while True:
+            if self._frozen or self._paused == "all":
+                await self._idle()
+                continue
             if not self._running and not self._n_waiting:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                self._debt = 0.0
-                self._last_real = loop.time()
+                await self._idle()
                 continue
             planned = self.plan_step()
-            if planned is None:  # nothing can run (cannot happen with valid requests)
-                self._wakeup.clear()
-                await self._wakeup.wait()
+            if planned is None:  # nothing can run: paused, admitting no new request
+                await self._idle()
                 continue
             duration, decodes, completing = planned
             if slow_after is not None:
@@ -474,6 +555,14 @@ class SimEngine:
             else:
                 await asyncio.sleep(0)
             self.end_step(duration, decodes, completing, loop.time())
+
+    async def _idle(self) -> None:
+        """Wait for something to run; the time waited is owed to nobody (an engine that
+        sat paused must not catch up on it by running steps without their time)."""
+        self._wakeup.clear()
+        await self._wakeup.wait()
+        self._debt = 0.0
+        self._last_real = asyncio.get_running_loop().time()
 
     def _preempt_last(self) -> None:
         """Recompute-mode preemption of the most recently admitted running sequence."""
@@ -526,7 +615,10 @@ class SimEngine:
 
         waiting = self._waiting
         now: float | None = None
-        while self._n_waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
+        admitting = self._paused is None
+        while (
+            admitting and self._n_waiting and budget > 0 and len(self._running) < cfg.max_num_seqs
+        ):
             epoch, req = waiting[0]
             if req.epoch != epoch or req.state != _WAITING:
                 waiting.popleft()

@@ -51,6 +51,7 @@ from aiohttp import web
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.servers.sim.policy import Policy, RolloutReplay, uniform
+from autotune.servers.sim.rl import WeightSyncEndpoints
 from autotune.servers.sim.scheduler import EngineConfig, Histogram, Request, SimEngine
 
 log = logging.getLogger(__name__)
@@ -346,12 +347,15 @@ class _Service:
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
                 return await self._stream(request, req, chat, finish, usage, call, answer)
             await req.finished
-            return self._full_response(req, chat, finish, call, answer)
+            return self._full_response(req, chat, _reason(req, finish), call, answer)
         finally:
             aborted = not req.done
             if aborted:
                 req.abort()
-            reason = "abort" if aborted else "length" if finish == "length" else "stop"
+            if aborted or req.server_aborted:
+                reason = "abort"
+            else:
+                reason = "length" if finish == "length" else "stop"
             self._finished[self.engines.index(engine)][reason] += 1
 
     def _engine(self) -> SimEngine:
@@ -402,7 +406,9 @@ class _Service:
         call: dict[str, Any] | None = None,
         answer: str = "",
     ) -> web.Response:
-        text = TOKEN_TEXT * req.output_tokens + answer
+        text = TOKEN_TEXT * req.tokens_done() + answer
+        if finish == "abort":
+            call = None
         name = self.config.served_model_name
         choice: dict[str, Any]
         if call is not None:
@@ -461,16 +467,18 @@ class _Service:
         try:
             await req.first_token
             sent = 0
-            if call is not None:  # the whole call in one chunk once it is generated
+            if call is not None and not req.server_aborted:  # the whole call at its end
                 await req.finished
+            if call is not None and not req.server_aborted:
                 delta = {"role": "assistant", "tool_calls": [{"index": 0, **call}]}
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
                 await resp.write(b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n")
-            while call is None:
+            while call is None or req.server_aborted:
                 done = req.tokens_done()
                 finished = req.done
                 if done > sent or finished:
-                    await resp.write(chunk(done - sent, sent == 0, finish if finished else None))
+                    reason = _reason(req, finish) if finished else None
+                    await resp.write(chunk(done - sent, sent == 0, reason))
                     sent = done
                 if finished:
                     break
@@ -590,6 +598,11 @@ class _Service:
         return "\n".join(lines) + "\n"
 
 
+def _reason(req: Request, finish: str) -> str:
+    """The finish_reason of a request that has ended: `abort` when a pause ended it."""
+    return "abort" if req.server_aborted else finish
+
+
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
@@ -615,6 +628,7 @@ def build_app(config: ServerConfig, engines: Sequence[SimEngine]) -> web.Applica
     app.router.add_get("/metrics", service.metrics)
     app.router.add_post("/v1/chat/completions", service.chat)
     app.router.add_post("/v1/completions", service.completions)
+    WeightSyncEndpoints(config, engines).register(app)
     return app
 
 
