@@ -80,6 +80,16 @@ class RunStats:
         return max(self.finished - self.started, 1e-9)
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one rollout: written as completed (`failure_class` None, its reward
+    and output tokens), or failed with its class (the failures file holds it)."""
+
+    failure_class: str | None
+    reward: float | None = None
+    output_tokens: int = 0
+
+
 class Engine:
     """Runs work items through a backend and a verifier into a sink."""
 
@@ -168,10 +178,11 @@ class Engine:
                 assert self._queue is not None
                 await self._queue.put((item, generation, row, queued))
 
-    async def one(self, item: WorkItem) -> None:
-        """Make one rollout, model call and verification inline: a batch step launches each
-        of its samples as a task of this. A sample cancelled when its step ends is written
-        to the failures file as `cancelled` and counted apart from failures."""
+    async def one(self, item: WorkItem) -> Outcome:
+        """Make one rollout, model call and verification inline: a batch step or the RL
+        loop launches each of its samples as a task of this. A sample cancelled when its
+        step ends is written to the failures file as `cancelled` and counted apart from
+        failures."""
         self.stats.taken += 1
         queued = time.time()
         try:
@@ -179,9 +190,9 @@ class Engine:
                 generation = await self._backend.generate(item.task)
             except ModelCallError as error:
                 self._model_failed(item, error, queued)
-                return
+                return Outcome(error.failure_class)
             self._consecutive_connection_failures = 0
-            await self._verify(item, generation, self._row(item, generation), queued)
+            return await self._verify(item, generation, self._row(item, generation), queued)
         except asyncio.CancelledError:
             self._cancelled(item, queued)
             raise
@@ -284,7 +295,7 @@ class Engine:
         generation: Generation,
         row: dict[str, Any],
         queued: float,
-    ) -> None:
+    ) -> Outcome:
         verify_start = time.time()
         try:
             result = storable(await self._verifier.verify(row))
@@ -299,7 +310,7 @@ class Engine:
                 _timings(queued, generation, verify_start, verify_end),
                 response=row["response"],
             )
-            return
+            return Outcome("verifier_error")
         verify_end = time.time()
         row.update(result)
         row["agent_ref"] = AGENT_REF
@@ -325,6 +336,7 @@ class Engine:
             self.groups.ended(item.task.index, queued, verify_end, reward, generation.output_tokens)
         if self._observer is not None:
             self._observer.rollout_done(timings, generation.output_tokens)
+        return Outcome(None, reward, generation.output_tokens)
 
     def stop(self) -> None:
         """Finish the rollouts in flight, start no new one (a probe has measured enough)."""

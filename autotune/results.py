@@ -304,6 +304,63 @@ class BatchSummary(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class LoopStep(Record):
+    """One trainer step of the RL loop, its times in seconds from the loop's start: the
+    HTML report draws them as the generation, training and sync lanes."""
+
+    index: int
+    version: int  # the policy version the step trains (syncs made before it)
+    batch_ready_at: float  # when its B groups were there: the trainer waited until then
+    wait_s: float  # how long the trainer waited for them
+    train_start: float
+    train_end: float
+    sync_start: float
+    sync_end: float
+    pause_s: float  # the server's answer to /pause (wait: the drain), or colocated to /sleep
+    resume_s: float  # ... to /resume, or colocated to /wake_up
+    transfer_s: float  # the weight transfer itself
+    samples: int  # trained on
+    dropped_stale: int  # samples of groups older than --max-staleness, dropped
+    staleness: list[int]  # each trained group's versions behind the trainer
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSummary(Record):
+    """What the RL loop trained and where its time went (`autotune loop --json`)."""
+
+    mode: str
+    batch_groups: int
+    group_size: int
+    pause_mode: str
+    pause_source: str  # "server" (its /pause and /resume) or "client" (no new requests only)
+    max_ahead: int
+    max_staleness: int | None
+    elapsed_s: float
+    steps: list[LoopStep]
+    trained_samples: int
+    trained_samples_per_s: float  # the objective
+    trainer_idle_share: float  # waiting for a batch
+    generator_idle_share: float  # no sample in flight
+    sync_share: float  # pause to resume, the sleep and wake-up of the colocated mode included
+    staleness_histogram: dict[str, int]  # versions behind → samples trained
+    staleness_p50: float | None
+    staleness_p95: float | None
+    staleness_max: int | None
+    dropped_stale_samples: int
+    aborted_samples: int  # ended by a pause in abort mode, and sent again
+    failed_samples: int
+    cancelled_samples: int  # in flight when the loop ended
+    untrained_samples: int  # complete when the loop ended, never trained on
+    pause_s: StageLatency  # the server's answers to /pause (or /sleep), measured
+    resume_s: StageLatency  # ... to /resume (or /wake_up)
+    output_tokens: int
+    model: str
+    base_url: str
+    simulated: bool
+    output: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class CollectSummary(Record):
     """What a collection run did; `--json` prints exactly this."""
 

@@ -345,7 +345,7 @@ def _replica_gpus(values: list[str], replicas: int) -> tuple[tuple[int, ...], ..
 
 def batch_spec(args: argparse.Namespace) -> BatchSpec | None:
     """--batch-groups and its remedies, checked together; None when not given."""
-    if not hasattr(args, "batch_groups"):  # a command without batch steps (diagnose)
+    if not hasattr(args, "over_sample"):  # a command without batch steps (diagnose, loop)
         return None
     try:
         spec = BatchSpec(**values_of(args, BatchSpec, *BatchSpec.model_fields))

@@ -32,6 +32,7 @@ from autotune.results import (
     STAGES,
     CollectSummary,
     DiagnoseResult,
+    LoopSummary,
     Recommendation,
     StepsRecommendation,
     SweepResult,
@@ -247,6 +248,46 @@ def probe_progress(
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:,.1f}"
+
+
+def loop_summary_text(summary: LoopSummary) -> str:
+    """The closing summary of `autotune loop`, for people."""
+    lines = []
+    if summary.simulated:
+        lines.append("SIMULATED: these figures come from autotune's simulated vLLM-like server.")
+    bound = f", at most {summary.max_ahead} groups ahead" if summary.mode == "async" else ""
+    if summary.max_staleness is not None:
+        bound += f", older than {summary.max_staleness} versions dropped"
+    stale = summary.staleness_histogram
+    lines += [
+        f"model {summary.model} at {summary.base_url}",
+        f"mode          {summary.mode}: {summary.batch_groups} groups of "
+        f"{summary.group_size} a step{bound}; pause {summary.pause_mode} "
+        f"({summary.pause_source})",
+        f"trained       {summary.trained_samples:,} samples in {len(summary.steps)} steps, "
+        f"{summary.trained_samples_per_s:,.2f} samples/s over {summary.elapsed_s:,.1f} s",
+        f"time          trainer idle {summary.trainer_idle_share:.0%}, generator idle "
+        f"{summary.generator_idle_share:.0%}, syncing {summary.sync_share:.0%}",
+        "staleness     "
+        + (", ".join(f"{k}: {v:,}" for k, v in stale.items()) if stale else "-")
+        + (
+            f" (p50 {summary.staleness_p50:g}, p95 {summary.staleness_p95:g}, "
+            f"max {summary.staleness_max})"
+            if summary.staleness_p50 is not None and summary.staleness_p95 is not None
+            else ""
+        ),
+        f"pause/resume  {_ms(summary.pause_s.mean)} / {_ms(summary.resume_s.mean)} ms mean",
+    ]
+    ends = [
+        (summary.dropped_stale_samples, "dropped as stale"),
+        (summary.aborted_samples, "aborted by a pause and sent again"),
+        (summary.failed_samples, "failed"),
+        (summary.cancelled_samples, "cancelled at the end"),
+        (summary.untrained_samples, "complete but not trained at the end"),
+    ]
+    if any(n for n, _ in ends):
+        lines.append("samples       " + ", ".join(f"{n:,} {what}" for n, what in ends if n))
+    return "\n".join(lines)
 
 
 def collect_summary_text(summary: CollectSummary) -> str:

@@ -86,12 +86,13 @@ def parse_prometheus(
     return sums
 
 
+def server_root(base_url: str) -> str:
+    """The server's root, where vLLM serves /metrics and its RL endpoints beside /v1."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
 def metrics_url(base_url: str) -> str:
-    """vLLM serves /metrics at the root, beside /v1."""
-    root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
-    return root + "/metrics"
+    return server_root(base_url) + "/metrics"
 
 
 def replica_key(index: int, metric: str) -> str:

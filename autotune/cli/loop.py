@@ -1,0 +1,111 @@
+"""`autotune loop`: the RL loop, a trainer stand-in beside the rollouts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from autotune.cli.common import (
+    REPORTS,
+    ROLLOUTS_FILE,
+    add_json,
+    add_output_dir,
+    add_quiet,
+    epilog,
+    new_run_dir,
+    positive_int,
+)
+from autotune.cli.options import add_options, values_of
+from autotune.cli.run_args import (
+    RUN_DEFAULTS,
+    add_target_arguments,
+    add_workload_arguments,
+    run_config,
+)
+from autotune.config import LoopSpec, spec_problem
+from autotune.errors import AutotuneError, UsageError
+from autotune.results import save, to_json
+
+
+def add_parser(commands: Any) -> None:
+    loop = commands.add_parser(
+        "loop",
+        help="run the RL loop: a trainer stand-in beside the rollouts (sync, colocated, async)",
+        description="A trainer stand-in takes --batch-groups groups of --num-repeats samples "
+        "a step, trains for --train-s (or runs --train-command), then syncs weights: pause "
+        "generation, the transfer, the prefix cache cleared, resume. It reports trained "
+        "samples/s, where the time went and how stale the trained samples were.",
+        epilog=epilog(),
+    )
+    add_workload_arguments(loop)
+    add_target_arguments(loop)
+    group = loop.add_argument_group("the trainer and its weight syncs")
+    add_options(group, LoopSpec, *LoopSpec.model_fields)
+    run = loop.add_argument_group("run")
+    run.add_argument(
+        "--parallelism",
+        type=positive_int,
+        default=RUN_DEFAULTS.parallelism,
+        help="samples in flight at once, at most (default: every sample of the groups "
+        "started, as a trainer sends them)",
+    )
+    add_output_dir(
+        run,
+        f"a new {REPORTS}/loop-<date>-<time>; it holds {ROLLOUTS_FILE}, its failures, "
+        "groups.jsonl (each group's fate) and loop.json",
+    )
+    run.add_argument(
+        "--no-output", action="store_true", help="measure only: keep no rollout (nothing written)"
+    )
+    add_json(run, "the loop's summary")
+    add_quiet(run)
+    loop.set_defaults(
+        handler=run_command,
+        output=None,
+        resume=False,
+        adaptive_concurrency=False,
+        max_failure_rate=RUN_DEFAULTS.max_failure_rate,
+    )
+
+
+def loop_spec(args: argparse.Namespace) -> LoopSpec:
+    try:
+        return LoopSpec(**values_of(args, LoopSpec, *LoopSpec.model_fields))
+    except ValidationError as error:
+        raise UsageError(spec_problem(LoopSpec, error).removeprefix("the file: ") + ".") from None
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from autotune.loop import RESULT_FILE, run_loop
+    from autotune.report.terminal import loop_summary_text
+
+    spec = loop_spec(args)
+    if args.num_repeats < 2:
+        raise UsageError(
+            "a trainer takes GRPO groups: pass --num-repeats N (N samples a prompt, at least 2)."
+        )
+    if not args.no_output:
+        args.output_dir = args.output_dir or new_run_dir("loop")
+        args.output = args.output_dir / ROLLOUTS_FILE
+    config = run_config(args)
+    config = replace(config, progress=False)
+    summary = run_loop(config, spec)
+    if args.output_dir is not None and not args.no_output:
+        try:
+            save(summary, args.output_dir / RESULT_FILE)
+        except OSError as error:
+            raise AutotuneError(
+                f"could not write {args.output_dir / RESULT_FILE} ({error.strerror}); the "
+                "rollouts are kept and the summary below is the same figures."
+            ) from None
+    if args.json:
+        print(to_json(summary).decode())
+    else:
+        print(loop_summary_text(summary))
+        if args.output_dir is not None and not args.no_output and not args.quiet:
+            print(f"files: {args.output_dir}/", file=sys.stderr)
+    return 0
