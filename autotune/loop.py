@@ -46,7 +46,7 @@ from autotune.config import CollectConfig, LoopSpec
 from autotune.engine import Engine, Outcome
 from autotune.errors import CollectionError, UsageError
 from autotune.pipeline import open_pipeline
-from autotune.results import LoopStep, LoopSummary, StageLatency, percentile
+from autotune.results import LoopResult, LoopStep, LoopSummary, StageLatency, percentile, save
 from autotune.store import RolloutSink, save_run
 from autotune.telemetry.prometheus import server_root
 from autotune.workload import Task, WorkItem, Workload
@@ -190,6 +190,8 @@ class LoopRunner:
         self._in_flight = 0
         self._idle_since: float | None = None
         self._idle_s = 0.0
+        self._busy_since = 0.0
+        self._generating: list[tuple[float, float]] = []  # spans with a sample in flight
         self._aborted = 0
         self._failed_samples = 0
         self._output_tokens = 0
@@ -200,6 +202,7 @@ class LoopRunner:
         `group_size` tasks, cycled); returns the steps and the loop's totals."""
         await self._control.probe(self._spec)
         self._started = time.perf_counter()
+        started_at = time.time()
         self._idle_since = self._started
         generator = asyncio.create_task(self._generate(_groups(tasks, self._size)))
         try:
@@ -216,7 +219,11 @@ class LoopRunner:
             self._ledger.write(group, "untrained")
             untrained += group.size
         self._idle_tick(time.perf_counter())
+        if self._in_flight:
+            self._generating.append((self._busy_since - self._started, elapsed))
         totals = {
+            "generating": self._generating,
+            "started_at": started_at,
             "elapsed_s": elapsed,
             "generator_idle_s": self._idle_s,
             "aborted": self._aborted,
@@ -284,9 +291,11 @@ class LoopRunner:
         now = time.perf_counter()
         if self._in_flight == 0:
             self._idle_tick(now)
+            self._busy_since = now
         self._in_flight += change
         if self._in_flight == 0:
             self._idle_since = now
+            self._generating.append((self._busy_since - self._started, now - self._started))
 
     def _idle_tick(self, now: float) -> None:
         if self._idle_since is not None:
@@ -476,6 +485,7 @@ def summarise(
         pause_source=pause_source,
         max_ahead=spec.ahead,
         max_staleness=spec.max_staleness,
+        started_at=totals["started_at"],
         elapsed_s=elapsed,
         steps=steps,
         trained_samples=trained,
@@ -495,6 +505,7 @@ def summarise(
         pause_s=StageLatency.of([s.pause_s for s in steps]),
         resume_s=StageLatency.of([s.resume_s for s in steps]),
         output_tokens=totals["output_tokens"],
+        generating=totals["generating"],
         **identity,
     )
 
@@ -541,6 +552,14 @@ async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
     }
     source = "server" if control.pauses else "client"
     return summarise(spec, config.num_repeats, source, steps, totals, identity)
+
+
+def write_outputs(result: LoopResult, directory: Path) -> list[Path]:
+    """loop.json, then index.html rebuilt from it (also what `autotune report` calls)."""
+    from autotune.report import loop_report
+
+    saved = save(result, directory / RESULT_FILE)
+    return [saved, loop_report.write(result, directory)]
 
 
 def run_loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:

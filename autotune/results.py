@@ -335,6 +335,7 @@ class LoopSummary(Record):
     pause_source: str  # "server" (its /pause and /resume) or "client" (no new requests only)
     max_ahead: int
     max_staleness: int | None
+    started_at: float  # Unix time of the loop's start: the steps' times count from it
     elapsed_s: float
     steps: list[LoopStep]
     trained_samples: int
@@ -358,6 +359,7 @@ class LoopSummary(Record):
     base_url: str
     simulated: bool
     output: str | None
+    generating: list[tuple[float, float]] = field(default_factory=list)  # samples in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,6 +534,22 @@ class CollectResult(Record):
     expectation: Expectation | None
     drift: DriftWarning | None
     drift_windows_counted: int  # steady-state windows the drift watch compared
+    settings: dict[str, Any]
+    machine: dict[str, str]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class LoopResult(Record):
+    """A finished `autotune loop` as it saves it (loop.json): the summary, the trainer's
+    settings and the machine; its HTML page is rebuilt from this alone."""
+
+    kind: ClassVar[str] = "loop"
+    created_at: float
+    summary: LoopSummary
     settings: dict[str, Any]
     machine: dict[str, str]
     schema_version: int = SCHEMA_VERSION
@@ -1144,30 +1162,31 @@ class StepsRecommendation(Record):
 
 # -- the reader ------------------------------------------------------------------------------
 
-SAVED_KINDS: dict[str, type[DiagnoseResult] | type[SweepResult] | type[CollectResult]] = {
+Saved = DiagnoseResult | SweepResult | CollectResult | LoopResult
+SAVED_KINDS: dict[str, type[Saved]] = {
     "diagnose": DiagnoseResult,
     "sweep": SweepResult,
     "collect": CollectResult,
+    "loop": LoopResult,
 }
-SAVED_FILES = {"diagnose": "diagnose.json", "sweep": "sweep.json", "collect": "collect.json"}
+SAVED_FILES = {kind: f"{kind}.json" for kind in SAVED_KINDS}
 
 
-def load_result(path: Path) -> DiagnoseResult | SweepResult | CollectResult:
-    """A saved diagnose, sweep or collect result (the JSON file, or the directory holding it)."""
+def load_result(path: Path) -> Saved:
+    """A saved diagnose, sweep, collect or loop result (the JSON file, or the directory
+    holding it)."""
+    files = ", ".join(SAVED_FILES.values())
     if path.is_dir():
         found = [path / name for name in SAVED_FILES.values() if (path / name).exists()]
         if not found:
-            raise UsageError(
-                f"{path} holds no diagnose.json, sweep.json or collect.json; "
-                "pass a report directory."
-            )
+            raise UsageError(f"{path} holds none of {files}; pass a report directory.")
         path = found[0]
     data = read_json(path)
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in SAVED_KINDS:
         raise ResultFormatError(
-            f"{path} is not a saved autotune result (no diagnose, sweep or collect kind); pass "
-            "the diagnose.json, sweep.json or collect.json a job wrote."
+            f"{path} is not a saved autotune result (no diagnose, sweep, collect or loop "
+            f"kind); pass the {files.replace(', loop', ' or loop')} a job wrote."
         )
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:

@@ -24,7 +24,7 @@ import pytest
 from autotune.config import CollectConfig, LoopSpec, SyntheticWorkload, TargetConfig
 from autotune.loop import LEDGER_FILE, loop
 from autotune.results import LoopSummary
-from tests.helpers import SimProcess
+from tests.helpers import SimProcess, autotune, one_sentence_error
 
 GROUPS, SAMPLES, TOKENS = 4, 4, 200
 SIM = ("--time-scale", "0.5")  # a batch of 16 samples of 200 tokens: about 0.7 s
@@ -258,3 +258,44 @@ async def test_weight_loads_take_the_weights_over_the_set_bandwidth(
         assert await timed("/sleep", level="2") < 0.1  # level 2 drops the weights
         assert 0.4 <= await timed("/wake_up") < 0.5
         assert await _stream(session, root, 5) == ("length", 5)  # awake and serving
+
+
+# -- the command and its report --------------------------------------------------------------
+
+
+def test_loop_writes_its_files_and_a_page_the_report_command_rebuilds(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = autotune(
+        "loop", "--num-repeats", "2", "--batch-groups", "2", "--steps", "3",
+        "--mode", "async", "--train-s", "0.05", "--sync-s", "0.02", "--output-tokens", "16,0",
+        "--sim-arg=--time-scale=0.01", "--output-dir", str(out), "--json", "--quiet",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = orjson.loads(result.stdout)
+    assert summary["trained_samples"] == 3 * 2 * 2 and summary["mode"] == "async"
+    assert {p.name for p in out.iterdir()} >= {"loop.json", "index.html", "groups.jsonl"}
+    page = (out / "index.html").read_text()
+    for lane in ("generation", "training", "sync"):
+        assert f'id="lanes-{lane}-0"' in page, lane
+    assert page.count('id="lanes-training-') == 3
+    original = page
+    (out / "index.html").unlink()
+    rebuilt = autotune("report", str(out))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (out / "index.html").read_text() == original
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--max-ahead", "4"), "bound the async mode"),
+        (("--mode", "async", "--max-ahead", "1"), "must be at least batch_groups"),
+        (("--train-s", "soon"), "--train-s: must be seconds"),
+        (("--sync-s", "1", "--sync-via-server"), "give one weight transfer"),
+        (("--num-repeats", "1"), "a trainer takes GRPO groups"),
+    ],
+)
+def test_a_bad_loop_flag_is_one_sentence(flags: tuple[str, ...], says: str) -> None:
+    args = ("--num-repeats", "2", "--batch-groups", "2", *flags)
+    line = one_sentence_error(autotune("loop", *args))
+    assert says in line

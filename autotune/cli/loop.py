@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +29,7 @@ from autotune.cli.run_args import (
 )
 from autotune.config import LoopSpec, spec_problem
 from autotune.errors import AutotuneError, UsageError
-from autotune.results import save, to_json
+from autotune.results import LoopResult, machine_identity, to_json
 
 
 def add_parser(commands: Any) -> None:
@@ -56,7 +57,7 @@ def add_parser(commands: Any) -> None:
     add_output_dir(
         run,
         f"a new {REPORTS}/loop-<date>-<time>; it holds {ROLLOUTS_FILE}, its failures, "
-        "groups.jsonl (each group's fate) and loop.json",
+        "groups.jsonl (each group's fate), loop.json and its page, index.html",
     )
     run.add_argument(
         "--no-output", action="store_true", help="measure only: keep no rollout (nothing written)"
@@ -80,7 +81,7 @@ def loop_spec(args: argparse.Namespace) -> LoopSpec:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.loop import RESULT_FILE, run_loop
+    from autotune.loop import RESULT_FILE, run_loop, write_outputs
     from autotune.report.terminal import loop_summary_text
 
     spec = loop_spec(args)
@@ -95,12 +96,19 @@ def run_command(args: argparse.Namespace) -> int:
     config = replace(config, progress=False)
     summary = run_loop(config, spec)
     if args.output_dir is not None and not args.no_output:
+        result = LoopResult(
+            created_at=time.time(),
+            summary=summary,
+            settings=spec.model_dump(mode="json"),
+            machine=machine_identity(),
+        )
         try:
-            save(summary, args.output_dir / RESULT_FILE)
+            write_outputs(result, args.output_dir)
         except OSError as error:
             raise AutotuneError(
-                f"could not write {args.output_dir / RESULT_FILE} ({error.strerror}); the "
-                "rollouts are kept and the summary below is the same figures."
+                f"could not write {args.output_dir / RESULT_FILE} or its page "
+                f"({error.strerror}); the rollouts are kept and the summary below is the "
+                "same figures."
             ) from None
     if args.json:
         print(to_json(summary).decode())

@@ -35,7 +35,8 @@ def add_parser(commands: Any) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from autotune.collect import write_outputs as collect_outputs
     from autotune.diagnose import write_outputs as diagnose_outputs
-    from autotune.results import CollectResult, DiagnoseResult, load_result
+    from autotune.loop import write_outputs as loop_outputs
+    from autotune.results import CollectResult, DiagnoseResult, LoopResult, load_result
     from autotune.sweep.job import write_outputs as sweep_outputs
 
     result = load_result(args.directory)
@@ -47,6 +48,8 @@ def run_command(args: argparse.Namespace) -> int:
         written = diagnose_outputs(result, directory)
     elif isinstance(result, CollectResult):
         written = collect_outputs(result, directory)
+    elif isinstance(result, LoopResult):
+        written = loop_outputs(result, directory)
     else:
         written = sweep_outputs(result, directory)
     if args.json:

@@ -28,6 +28,7 @@ __all__ = [
     "figure_svg",
     "horizontal_bars",
     "interval_against_thresholds",
+    "lanes",
     "pareto",
     "probe_timelines",
     "throughput_with_bands",
@@ -284,6 +285,38 @@ def horizontal_bars(
     ax.set_xlabel(xlabel)
     _finish(ax, "", title, legend=False)
     return figure_png(fig)
+
+
+LANE_COLOURS = {"generation": "#2563eb", "training": "#16a34a", "sync": "#dc2626"}
+
+
+def lanes(
+    spans: Mapping[str, Sequence[tuple[float, float]]],
+    title: str,
+    *,
+    key: str,
+    xlabel: str = "time since the loop began (s)",
+    simulated: bool = False,
+) -> str:
+    """One horizontal lane a name (top to bottom in order), each (start, end) span a bar:
+    what ran when. Ids: `{key}-{lane}-{n}` for the n-th span of a lane."""
+    fig = _new_figure(simulated, (_SIZE[0], 1.2 + 0.7 * max(len(spans), 1)))
+    ax = fig.add_subplot()
+    names = list(spans)
+    for row, name in enumerate(names):
+        y = len(names) - 1 - row
+        for n, (start, end) in enumerate(spans[name]):
+            ax.broken_barh(
+                [(start, max(end - start, 0.0))],
+                (y - 0.35, 0.7),
+                facecolors=LANE_COLOURS.get(name, "#6b7280"),
+                gid=f"{key}-{name}-{n}",
+            )
+    ax.set_yticks(range(len(names)), names[::-1])
+    ax.set_xlabel(xlabel)
+    ax.set_xlim(left=0)
+    _finish(ax, "", title, legend=False)
+    return figure_svg(fig, key)
 
 
 def _finish(

@@ -35,7 +35,8 @@ TEST_FLAGS: dict[str, object] = {
     "block_size": 32,
     "enforce_eager": True,
 }
-TEST_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# Dev mode serves the RL endpoints (/pause, /resume, /update_weights, ...) the loop calls.
+TEST_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
 
 
 @dataclass(frozen=True, slots=True)

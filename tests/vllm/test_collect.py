@@ -1,4 +1,5 @@
-"""`autotune collect` against real vLLM: token counts, NeMo Gym rows, batch steps.
+"""`autotune collect` and `autotune loop` against real vLLM: token counts, NeMo Gym rows,
+batch steps, and the loop's pauses through vLLM's own endpoints.
 
 Every finished request's `usage` must add up to exactly what vLLM counted itself in
 /metrics, for streaming and non-streaming calls to both APIs; every NeMo Gym example
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 
 from autotune.servers.vllm import VllmServer
 from autotune.store import failures_path
+from autotune.telemetry import parse_prometheus
 from tests.helpers import autotune, read_rows
 from tests.vllm.conftest import server_counters
 
@@ -281,3 +284,87 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
         for row in failures
     )
     assert 0 < wasted < asked, (wasted, asked)
+
+
+# -- the RL loop: each sync really pauses and resumes vLLM through its own endpoints --------
+
+
+def _gauges(
+    server: VllmServer, stop: threading.Event, into: list[tuple[float, float, float]]
+) -> None:
+    """(Unix time, running requests, generated tokens) from vLLM's /metrics every 50 ms."""
+    root = (server.base_url or "").removesuffix("/v1")
+    names = ("vllm:num_requests_running", "vllm:generation_tokens_total")
+    while not stop.is_set():
+        with urllib.request.urlopen(f"{root}/metrics", timeout=10) as response:
+            values = parse_prometheus(response.read().decode(), names=names)
+        into.append((time.time(), values.get(names[0], 0.0), values.get(names[1], 0.0)))
+        stop.wait(0.05)
+
+
+@pytest.mark.parametrize("pause_mode", ["keep", "abort"])
+def test_the_loop_pauses_and_resumes_vllm_at_each_sync(
+    vllm_server: VllmServer, tmp_path: Path, pause_mode: str
+) -> None:
+    """Async, two batches ahead, so requests are in flight at every sync: with `keep` vLLM
+    holds them frozen (running, no token made) until /resume; with `abort` it ends them
+    (none running) and the loop sends them again. Every launched group ends in the ledger."""
+    samples: list[tuple[float, float, float]] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_gauges, args=(vllm_server, stop, samples))
+    watcher.start()
+    try:
+        result = autotune(
+            "loop", "--base-url", vllm_server.base_url or "",
+            "--synthetic", "16", "--output-tokens", "256,0", "--num-repeats", "4",
+            "--mode", "async", "--batch-groups", "2", "--max-ahead", "4", "--steps", "3",
+            "--train-s", "0.5", "--sync-s", "1", "--pause-mode", pause_mode,
+            "--output-dir", str(tmp_path), "--json", "--quiet",
+            timeout=300,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        watcher.join()
+    assert result.returncode == 0, result.stderr + vllm_server.log_tail()
+    summary = json.loads(result.stdout)
+    assert summary["pause_source"] == "server"
+    print(
+        f"{pause_mode}: pause {summary['pause_s']['mean'] * 1000:.0f} ms, resume "
+        f"{summary['resume_s']['mean'] * 1000:.0f} ms (means of {summary['pause_s']['count']}); "
+        f"{summary['trained_samples_per_s']:.2f} trained samples/s, aborted "
+        f"{summary['aborted_samples']}"
+    )
+    paused_windows = [
+        (
+            summary["started_at"] + step["sync_start"] + step["pause_s"],
+            summary["started_at"] + step["sync_end"] - step["resume_s"],
+        )
+        for step in summary["steps"]
+    ]
+    held = 0
+    for start, end in paused_windows:
+        inside = [(running, made) for t, running, made in samples if start + 0.1 < t < end - 0.1]
+        assert len(inside) >= 5, (start, end, len(samples))
+        assert len({made for _, made in inside}) == 1, inside  # paused: no token made
+        if pause_mode == "keep":
+            assert len({running for running, _ in inside}) == 1, inside  # frozen where it was
+            held += inside[0][0] > 0
+        else:
+            assert all(running == 0 for running, _ in inside), inside  # ended
+    if pause_mode == "keep":
+        assert held, "no sync found a request in flight to hold"
+    else:
+        assert summary["aborted_samples"] > 0
+    failures = read_rows(failures_path(tmp_path / "rollouts.jsonl"))
+    aborted = [row for row in failures if row["failure_class"] == "aborted"]
+    assert len(aborted) == summary["aborted_samples"]
+    assert {row["failure_class"] for row in failures} <= {"aborted", "cancelled"}
+    ledger = read_rows(tmp_path / "groups.jsonl")
+    assert sorted(entry["group"] for entry in ledger) == list(range(len(ledger)))
+    trained = {entry["group"] for entry in ledger if entry["fate"] == "trained"}
+    assert len(trained) * 4 == summary["trained_samples"] == 3 * 2 * 4
+    done = {
+        (row["_ng_task_index"], row["_ng_rollout_index"])
+        for row in read_rows(tmp_path / "rollouts.jsonl")
+    }
+    assert all((group, sample) in done for group in trained for sample in range(4))
