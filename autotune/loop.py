@@ -29,11 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import random
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -52,6 +53,8 @@ from autotune.telemetry.prometheus import server_root
 from autotune.workload import Task, WorkItem, Workload
 
 LEDGER_FILE = "groups.jsonl"
+log = logging.getLogger("autotune")
+Figure = tuple[str, str, str, float]  # as autotune.live.metrics reads them
 
 
 def draw(duration: tuple[str, float, float], rng: random.Random) -> float:
@@ -171,6 +174,7 @@ class LoopRunner:
         parallelism: int | None,
         ledger: GroupLedger,
         seed: int = 0,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self._engine = engine
         self._control = control
@@ -179,6 +183,9 @@ class LoopRunner:
         self._slots = asyncio.Semaphore(parallelism) if parallelism is not None else None
         self._ledger = ledger
         self._rng = random.Random(seed)
+        self._say = say  # a line a step, for the person watching
+        self.steps: list[LoopStep] = []
+        self.finished = False
         self.version = 0
         self._open = asyncio.Event()  # the generator may send requests
         self._open.set()
@@ -208,6 +215,7 @@ class LoopRunner:
         try:
             steps = await self._train(generator)
         finally:
+            self.finished = True
             generator.cancel()
             cancelled = await self._cancel_running()
             await asyncio.gather(generator, return_exceptions=True)
@@ -283,6 +291,32 @@ class LoopRunner:
             self._ready.append(group)
         self._changed.set()
 
+    def figures(self) -> list[Figure]:
+        """The loop's figures now, for `--metrics-port` (read at scrape time)."""
+        steps = self.steps
+        return [
+            ("autotune_loop_finished", "gauge", "1 once the loop has ended.", self.finished),
+            ("autotune_loop_steps", "counter", "Trainer steps done.", len(steps)),
+            ("autotune_loop_policy_version", "gauge", "Weight syncs made.", self.version),
+            ("autotune_loop_trained_samples", "counter", "Samples trained on.",
+             sum(s.samples for s in steps)),
+            ("autotune_loop_dropped_stale_samples", "counter",
+             "Samples dropped as older than --max-staleness.",
+             sum(s.dropped_stale for s in steps)),
+            ("autotune_loop_aborted_samples", "counter",
+             "Samples a pause aborted (each sent again).", self._aborted),
+            ("autotune_loop_failed_samples", "counter", "Samples that failed.",
+             self._failed_samples),
+            ("autotune_loop_samples_in_flight", "gauge", "Samples sent, not yet ended.",
+             self._in_flight),
+            ("autotune_loop_groups_ready", "gauge", "Complete groups waiting for the trainer.",
+             len(self._ready)),
+            ("autotune_loop_trainer_wait_seconds", "counter",
+             "Seconds the trainer waited for a batch.", sum(s.wait_s for s in steps)),
+            ("autotune_loop_sync_seconds", "counter", "Seconds from a sync's pause to its resume.",
+             sum(s.sync_end - s.sync_start for s in steps)),
+        ]  # fmt: skip
+
     def annotate(self, item: WorkItem) -> dict[str, int]:
         """The `_autotune` fields of a row: the policy version its sample was sent under."""
         return {"policy_version": self._sent_under.get((item.task.index, item.rollout_index), -1)}
@@ -313,7 +347,7 @@ class LoopRunner:
     # -- the trainer -----------------------------------------------------------------------
 
     async def _train(self, generator: asyncio.Task[None]) -> list[LoopStep]:
-        spec, steps = self._spec, []
+        spec, steps = self._spec, self.steps
         for index in range(spec.steps):
             waited_from = self._now()
             batch, dropped = await self._take(generator)
@@ -368,6 +402,8 @@ class LoopRunner:
                     staleness=staleness,
                 )
             )
+            if self._say is not None:
+                self._say(step_line(steps[-1], spec.steps))
         return steps
 
     async def _take(self, generator: asyncio.Task[None]) -> tuple[list[_Group], int]:
@@ -446,6 +482,18 @@ class LoopRunner:
         return time.perf_counter() - self._started
 
 
+def step_line(step: LoopStep, steps: int) -> str:
+    """One step for the person watching: what the trainer waited, trained and synced."""
+    behind = sorted(set(step.staleness))
+    stale = "/".join(map(str, behind))
+    dropped = f", {step.dropped_stale} dropped as stale" if step.dropped_stale else ""
+    trained, synced = step.train_end - step.train_start, step.sync_end - step.sync_start
+    return (
+        f"step {step.index + 1}/{steps}: waited {step.wait_s:.2f} s, trained {trained:.2f} s, "
+        f"synced {synced:.2f} s; {step.samples} samples {stale} versions old{dropped}"
+    )
+
+
 def _groups(tasks: Sequence[Task], group_size: int) -> Iterator[tuple[int, list[WorkItem]]]:
     """Groups without end: every `group_size`-th task is a prompt, cycled; each group gets
     its own index (its rows' `_ng_task_index`), so a prompt sent again is another group."""
@@ -513,6 +561,10 @@ def summarise(
 RESULT_FILE = "loop.json"
 
 
+def _stderr_line(line: str) -> None:
+    log.info(line)
+
+
 async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
     """The RL loop on the configured target and workload to its last step; rows go to
     `config.output` (with its failures file and groups.jsonl beside it) when given."""
@@ -536,11 +588,21 @@ async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
                 extra_row_fields={"simulated": True} if target.simulated else None,
             )
             control = ServerControl(pipeline.session, target.base_url)
+            say = _stderr_line if config.progress else None
             runner = LoopRunner(
-                engine, control, spec, config.num_repeats, config.parallelism, ledger
+                engine, control, spec, config.num_repeats, config.parallelism, ledger, say=say
             )
             engine.annotate = runner.annotate
-            steps, totals = await runner.run(tasks)
+            async with contextlib.AsyncExitStack() as stack:
+                live = config.live
+                if live.metrics_port is not None:
+                    from autotune.live.metrics import FiguresCollector, serve_metrics
+
+                    served = serve_metrics(
+                        FiguresCollector(runner.figures), live.metrics_host, live.metrics_port
+                    )
+                    await stack.enter_async_context(served)
+                steps, totals = await runner.run(tasks)
     finally:
         ledger.close()
         sink.close()

@@ -10,21 +10,29 @@ B/G is measured on its own (a loop that neither trains nor syncs), the rest pred
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
 
-from autotune.config import CollectConfig, LoopSpec, SyntheticWorkload, TargetConfig
+from autotune.config import (
+    CollectConfig,
+    LiveConfig,
+    LoopSpec,
+    SyntheticWorkload,
+    TargetConfig,
+)
 from autotune.loop import LEDGER_FILE, loop
 from autotune.results import LoopSummary
-from tests.helpers import SimProcess, autotune, one_sentence_error
+from tests.helpers import SimProcess, autotune, free_port, one_sentence_error
 
 GROUPS, SAMPLES, TOKENS = 4, 4, 200
 SIM = ("--time-scale", "0.5")  # a batch of 16 samples of 200 tokens: about 0.7 s
@@ -299,3 +307,38 @@ def test_a_bad_loop_flag_is_one_sentence(flags: tuple[str, ...], says: str) -> N
     args = ("--num-repeats", "2", "--batch-groups", "2", *flags)
     line = one_sentence_error(autotune("loop", *args))
     assert says in line
+
+
+async def test_metrics_port_serves_the_loops_figures_while_it_runs(
+    sim_process: SimProcess, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = replace(_config("", tmp_path / "rollouts.jsonl"), live=LiveConfig(metrics_port=port))
+    spec = LoopSpec(batch_groups=2, steps=4, mode="async", train_s=0.3)
+    async with sim_process("--time-scale", "0.05") as sim:
+        config = replace(config, target=TargetConfig(base_url=sim.base_url))
+        running = asyncio.create_task(loop(config, spec))
+        seen: dict[str, float] = {}
+        while not running.done():
+            with contextlib.suppress(aiohttp.ClientError):  # not bound yet
+                seen = await _scrape(session, port)
+            if seen.get("autotune_loop_steps_total", 0) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        summary = await running
+    assert 2 <= seen["autotune_loop_steps_total"] <= 4
+    assert (
+        seen["autotune_loop_trained_samples_total"]
+        == seen["autotune_loop_steps_total"] * 2 * SAMPLES
+    )
+    assert seen["autotune_loop_policy_version"] >= 1
+    assert summary.trained_samples == 4 * 2 * SAMPLES
+
+
+async def _scrape(session: aiohttp.ClientSession, port: int) -> dict[str, float]:
+    async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    return {
+        name: float(value)
+        for name, value in re.findall(r"^(autotune_loop_\w+) (\S+)$", text, re.MULTILINE)
+    }

@@ -25,6 +25,7 @@ from autotune.cli.run_args import (
     RUN_DEFAULTS,
     add_target_arguments,
     add_workload_arguments,
+    port,
     run_config,
 )
 from autotune.config import LoopSpec, spec_problem
@@ -62,6 +63,18 @@ def add_parser(commands: Any) -> None:
     run.add_argument(
         "--no-output", action="store_true", help="measure only: keep no rollout (nothing written)"
     )
+    run.add_argument(
+        "--metrics-port",
+        type=port,
+        metavar="PORT",
+        help="serve Prometheus metrics of the loop at http://HOST:PORT/metrics while it runs",
+    )
+    run.add_argument(
+        "--metrics-host",
+        default=RUN_DEFAULTS.live.metrics_host,
+        metavar="HOST",
+        help="the address --metrics-port listens on (default: 127.0.0.1, this machine only)",
+    )
     add_json(run, "the loop's summary")
     add_quiet(run)
     loop.set_defaults(
@@ -92,8 +105,10 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.no_output:
         args.output_dir = args.output_dir or new_run_dir("loop")
         args.output = args.output_dir / ROLLOUTS_FILE
-    config = run_config(args)
-    config = replace(config, progress=False)
+    live = replace(
+        RUN_DEFAULTS.live, metrics_port=args.metrics_port, metrics_host=args.metrics_host
+    )
+    config = replace(run_config(args), live=live)
     summary = run_loop(config, spec)
     if args.output_dir is not None and not args.no_output:
         result = LoopResult(

@@ -155,7 +155,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _port(text: str) -> int:
+def port(text: str) -> int:
     """An argparse type: a TCP port to listen on."""
     try:
         value = int(text)
@@ -172,7 +172,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("while it runs: metrics, stats, drift watch, report")
     group.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         metavar="PORT",
         help="serve Prometheus metrics of the run at http://HOST:PORT/metrics while it runs",
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 
 from aiohttp import web
@@ -148,11 +148,29 @@ class RunCollector(Collector):
         yield latency
 
 
+Figure = tuple[str, str, str, float]  # name, "counter" or "gauge", help, value
+
+
+class FiguresCollector(Collector):
+    """Metrics from a function of the moment's figures (the RL loop's runner gives one):
+    it is called at scrape time, so nothing is counted twice."""
+
+    def __init__(self, figures: Callable[[], Sequence[Figure]]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        for name, kind, help_text, value in self._figures():
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(name, help_text, value=value)
+
+
 @asynccontextmanager
-async def serve_metrics(state: RunState, host: str, port: int) -> AsyncIterator[Scrapes]:
-    """`http://host:port/metrics` for the block; a port that cannot be bound is one sentence."""
+async def serve_metrics(collector: Collector, host: str, port: int) -> AsyncIterator[Scrapes]:
+    """`http://host:port/metrics` for the block, built by `collector` at each scrape (a
+    collect's RunCollector, the loop's LoopCollector); a port that cannot be bound is one
+    sentence."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(state))
+    registry.register(collector)
     scrapes = Scrapes()
 
     async def metrics(request: web.Request) -> web.Response:

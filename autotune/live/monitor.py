@@ -234,10 +234,10 @@ async def open_monitor(
     live = config.live
     async with AsyncExitStack() as stack:
         if live.metrics_port is not None:
-            from autotune.live.metrics import serve_metrics
+            from autotune.live.metrics import RunCollector, serve_metrics
 
             monitor.scrapes = await stack.enter_async_context(
-                serve_metrics(monitor.state, live.metrics_host, live.metrics_port)
+                serve_metrics(RunCollector(monitor.state), live.metrics_host, live.metrics_port)
             )
         try:
             yield monitor
