@@ -30,8 +30,9 @@ from autotune.config import (
     SyntheticWorkload,
     TargetConfig,
 )
-from autotune.loop import LEDGER_FILE, loop
+from autotune.loop import loop
 from autotune.results import LoopSummary
+from autotune.trainer import LEDGER_FILE
 from tests.helpers import SimProcess, autotune, free_port, one_sentence_error
 
 GROUPS, SAMPLES, TOKENS = 4, 4, 200

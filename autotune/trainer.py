@@ -1,0 +1,576 @@
+"""The RL loop's trainer stand-in beside the rollouts (`autotune loop`, loop studies).
+
+Training interleaves generation with optimizer steps and weight syncs; where the time
+goes between them decides how many samples a GPU-hour trains. The runner plays the
+trainer: a step takes `batch_groups` complete GRPO groups, trains for `train_s` (or runs
+the user's command), then syncs weights: pause generation (the server's POST /pause in
+`pause_mode`, or, on a server without it, no new request from this client), the transfer
+(`sync_s` seconds, the server's /update_weights, or the user's command), the prefix cache
+cleared, resume. Each sync makes a new policy version; a sample records the version it
+was sent under, and a group's staleness when trained on is the trainer's version less its
+oldest sample's.
+
+The modes users choose between:
+- sync: generate B groups, train, sync; nothing is generated while the trainer works.
+- colocated: the same with the server asleep while the trainer trains (its GPUs are the
+  trainer's): POST /sleep before training, /wake_up after, caches lost; the memory a
+  shared GPU leaves (a lower `gpu_memory_utilization`) is the server's own setting.
+- async: generation goes on while the trainer trains, at most `max_ahead` groups started
+  and not yet trained on (OpenRLHF's async queue); groups older than `max_staleness`
+  versions are dropped, counted and written down.
+
+A sample a pause aborted is sent again after the sync (the failures file records the
+abort). Every launched group ends in the ledger (groups.jsonl): trained, stale, failed,
+cancelled (in flight at the end) or untrained (complete at the end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import orjson
+
+from autotune.backends import ModelBackend
+from autotune.config import LoopSpec
+from autotune.engine import Engine, Outcome
+from autotune.errors import CollectionError, UsageError
+from autotune.results import LoopStep, LoopSummary, StageLatency, percentile
+from autotune.store import RolloutSink
+from autotune.telemetry.prometheus import server_root
+from autotune.verifiers import Verifier
+from autotune.workload import Task, WorkItem
+
+LEDGER_FILE = "groups.jsonl"
+Figure = tuple[str, str, str, float]  # as autotune.live.metrics reads them
+
+
+def draw(duration: tuple[str, float, float], rng: random.Random) -> float:
+    """One value of a `Duration` (config.py): fixed, normal (held at 0 and above), uniform."""
+    kind, a, b = duration
+    if kind == "normal":
+        return max(0.0, rng.gauss(a, b))
+    if kind == "uniform":
+        return rng.uniform(a, b)
+    return a
+
+
+async def run_command(command: str, env: dict[str, str], what: str) -> None:
+    """A user's shell command, to its end; a failing one is one sentence."""
+    process = await asyncio.create_subprocess_shell(
+        command,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, stderr = await process.communicate()
+    except asyncio.CancelledError:
+        process.kill()
+        await process.wait()
+        raise
+    if process.returncode:
+        last = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise CollectionError(
+            f"the {what} command {command!r} exited with status {process.returncode} "
+            f"({last[0][:200]}); the rollouts so far are kept: fix the command and rerun."
+        )
+
+
+@dataclass(slots=True)
+class _Group:
+    index: int
+    size: int
+    pending: int
+    version: int | None = None  # the oldest version any of its samples was sent under
+    failed: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class GroupLedger:
+    """groups.jsonl: one line per launched group, its fate and the step that took it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._handle: IO[bytes] | None = path.open("ab") if path is not None else None
+
+    def write(self, group: _Group, fate: str, **fields: Any) -> None:
+        if self._handle is not None:
+            line = {"group": group.index, "samples": group.size, "version": group.version}
+            self._handle.write(orjson.dumps({**line, "fate": fate, **fields}) + b"\n")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
+class ServerControl:
+    """The server's pause, resume, sleep and weight endpoints, each timed; a server
+    without /pause is paused from the client's side (no new request is sent)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+        self._session = session
+        self._root = server_root(base_url)
+        self.pauses = True  # the server serves /pause and /resume
+
+    async def probe(self, spec: LoopSpec) -> None:
+        """What the server serves, looked at before the first step, so a mode it cannot
+        run is refused at once."""
+        self.pauses = await self._serves("/is_paused")
+        if spec.mode == "colocated" and not await self._serves("/is_sleeping"):
+            raise UsageError(
+                f"the colocated mode puts the server at {self._root} to sleep while the "
+                "trainer trains (POST /sleep and /wake_up), which it does not serve: start "
+                "vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, or pick --mode "
+                "sync or async."
+            )
+
+    async def _serves(self, path: str) -> bool:
+        try:
+            async with self._session.get(self._root + path) as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    async def post(self, path: str, body: Any = None, **query: str) -> float:
+        """POST `path`; the seconds its answer took."""
+        started = time.perf_counter()
+        try:
+            async with self._session.post(self._root + path, json=body, params=query) as answer:
+                text = await answer.text()
+                if answer.status >= 400:
+                    raise CollectionError(
+                        f"the server refused POST {path} (HTTP {answer.status}: "
+                        f"{text.strip()[:200]}); the rollouts so far are kept."
+                    )
+        except aiohttp.ClientError as error:
+            raise CollectionError(
+                f"POST {path} to {self._root} failed ({error}); the rollouts so far are kept: "
+                "restart the server and rerun."
+            ) from None
+        return time.perf_counter() - started
+
+
+class LoopRunner:
+    """Runs the trainer stand-in and the generator beside it; see the module docstring."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        control: ServerControl,
+        spec: LoopSpec,
+        group_size: int,
+        parallelism: int | None,
+        ledger: GroupLedger,
+        seed: int = 0,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._control = control
+        self._spec = spec
+        self._size = group_size
+        self._slots = asyncio.Semaphore(parallelism) if parallelism is not None else None
+        self._ledger = ledger
+        self._rng = random.Random(seed)
+        self._say = say  # a line a step, for the person watching
+        self.steps: list[LoopStep] = []
+        self.finished = False
+        self.version = 0
+        self._open = asyncio.Event()  # the generator may send requests
+        self._open.set()
+        self._changed = asyncio.Event()  # a group ended or the gate moved
+        self._outstanding = 0  # groups started and not yet trained on, dropped or failed
+        self._running: dict[int, _Group] = {}
+        self._sent_under: dict[tuple[int, int], int] = {}  # a sample in flight → its version
+        self._ready: deque[_Group] = deque()
+        self._in_flight = 0
+        self._idle_since: float | None = None
+        self._idle_s = 0.0
+        self._busy_since = 0.0
+        self._generating: list[tuple[float, float]] = []  # spans with a sample in flight
+        self._aborted = 0
+        self._failed_samples = 0
+        self._output_tokens = 0
+        self._started = 0.0
+
+    async def run(self, tasks: Sequence[Task]) -> tuple[list[LoopStep], dict[str, Any]]:
+        """`spec.steps` trainer steps on groups of `tasks`' prompts (one every
+        `group_size` tasks, cycled); returns the steps and the loop's totals."""
+        await self._control.probe(self._spec)
+        self._started = time.perf_counter()
+        started_at = time.time()
+        self._idle_since = self._started
+        generator = asyncio.create_task(self._generate(_groups(tasks, self._size)))
+        try:
+            steps = await self._train(generator)
+        finally:
+            self.finished = True
+            generator.cancel()
+            cancelled = await self._cancel_running()
+            await asyncio.gather(generator, return_exceptions=True)
+            if not self._open.is_set() and self._control.pauses:
+                await asyncio.shield(self._resume_quietly())
+        elapsed = time.perf_counter() - self._started
+        untrained = 0
+        for group in self._ready:
+            self._ledger.write(group, "untrained")
+            untrained += group.size
+        self._idle_tick(time.perf_counter())
+        if self._in_flight:
+            self._generating.append((self._busy_since - self._started, elapsed))
+        totals = {
+            "generating": self._generating,
+            "started_at": started_at,
+            "elapsed_s": elapsed,
+            "generator_idle_s": self._idle_s,
+            "aborted": self._aborted,
+            "failed": self._failed_samples,
+            "cancelled": cancelled,
+            "untrained": untrained,
+            "output_tokens": self._output_tokens,
+        }
+        return steps, totals
+
+    # -- the generator ---------------------------------------------------------------------
+
+    async def _generate(self, groups: Iterator[tuple[int, list[WorkItem]]]) -> None:
+        for index, items in groups:
+            while not (self._open.is_set() and self._outstanding < self._spec.ahead):
+                self._changed.clear()
+                await self._changed.wait()
+            if self._engine.stats.stopped_early:
+                return
+            group = self._running[index] = _Group(index, len(items), len(items))
+            self._outstanding += 1
+            group.tasks = [asyncio.create_task(self._sample(group, item)) for item in items]
+
+    async def _sample(self, group: _Group, item: WorkItem) -> None:
+        while True:
+            await self._open.wait()  # paused: a sample waits (an aborted one is sent again)
+            if self._slots is not None:
+                await self._slots.acquire()
+            version = self.version
+            group.version = version if group.version is None else min(group.version, version)
+            key = (item.task.index, item.rollout_index)
+            self._sent_under[key] = version
+            self._in_flight_by(+1)
+            try:
+                outcome: Outcome = await self._engine.one(item)
+            finally:
+                self._in_flight_by(-1)
+                del self._sent_under[key]
+                if self._slots is not None:
+                    self._slots.release()
+            if outcome.failure_class != "aborted":
+                break
+            self._aborted += 1
+        group.pending -= 1
+        if outcome.failure_class is not None:
+            group.failed = True
+            self._failed_samples += 1
+        else:
+            self._output_tokens += outcome.output_tokens
+        if group.pending:
+            return
+        del self._running[group.index]
+        if group.failed:
+            self._outstanding -= 1
+            self._ledger.write(group, "failed")
+        else:
+            self._ready.append(group)
+        self._changed.set()
+
+    def figures(self) -> list[Figure]:
+        """The loop's figures now, for `--metrics-port` (read at scrape time)."""
+        steps = self.steps
+        return [
+            ("autotune_loop_finished", "gauge", "1 once the loop has ended.", self.finished),
+            ("autotune_loop_steps", "counter", "Trainer steps done.", len(steps)),
+            ("autotune_loop_policy_version", "gauge", "Weight syncs made.", self.version),
+            ("autotune_loop_trained_samples", "counter", "Samples trained on.",
+             sum(s.samples for s in steps)),
+            ("autotune_loop_dropped_stale_samples", "counter",
+             "Samples dropped as older than --max-staleness.",
+             sum(s.dropped_stale for s in steps)),
+            ("autotune_loop_aborted_samples", "counter",
+             "Samples a pause aborted (each sent again).", self._aborted),
+            ("autotune_loop_failed_samples", "counter", "Samples that failed.",
+             self._failed_samples),
+            ("autotune_loop_samples_in_flight", "gauge", "Samples sent, not yet ended.",
+             self._in_flight),
+            ("autotune_loop_groups_ready", "gauge", "Complete groups waiting for the trainer.",
+             len(self._ready)),
+            ("autotune_loop_trainer_wait_seconds", "counter",
+             "Seconds the trainer waited for a batch.", sum(s.wait_s for s in steps)),
+            ("autotune_loop_sync_seconds", "counter", "Seconds from a sync's pause to its resume.",
+             sum(s.sync_end - s.sync_start for s in steps)),
+        ]  # fmt: skip
+
+    def annotate(self, item: WorkItem) -> dict[str, int]:
+        """The `_autotune` fields of a row: the policy version its sample was sent under."""
+        return {"policy_version": self._sent_under.get((item.task.index, item.rollout_index), -1)}
+
+    def _in_flight_by(self, change: int) -> None:
+        now = time.perf_counter()
+        if self._in_flight == 0:
+            self._idle_tick(now)
+            self._busy_since = now
+        self._in_flight += change
+        if self._in_flight == 0:
+            self._idle_since = now
+            self._generating.append((self._busy_since - self._started, now - self._started))
+
+    def _idle_tick(self, now: float) -> None:
+        if self._idle_since is not None:
+            self._idle_s += now - self._idle_since
+            self._idle_since = None if self._in_flight else now
+
+    async def _cancel_running(self) -> int:
+        tasks = [t for group in self._running.values() for t in group.tasks if t.cancel()]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for group in self._running.values():
+            self._ledger.write(group, "cancelled")
+        self._running.clear()
+        return len(tasks)
+
+    # -- the trainer -----------------------------------------------------------------------
+
+    async def _train(self, generator: asyncio.Task[None]) -> list[LoopStep]:
+        spec, steps = self._spec, self.steps
+        for index in range(spec.steps):
+            waited_from = self._now()
+            batch, dropped = await self._take(generator)
+            ready = self._now()
+            synchronous = spec.mode != "async"
+            if synchronous:
+                self._open.clear()  # nothing is generated while the trainer works
+            staleness = [self.version - (g.version or 0) for g in batch]
+            for group, behind in zip(batch, staleness, strict=True):
+                self._ledger.write(group, "trained", step=index, staleness=behind)
+            self._outstanding -= len(batch)
+            self._changed.set()
+            pause_s = 0.0
+            if spec.mode == "colocated":
+                pause_s = await self._control.post(
+                    "/sleep", level=str(spec.sleep_level), mode=spec.pause_mode
+                )
+            train_start = self._now()
+            samples = sum(g.size for g in batch)
+            await self._train_step(index, samples)
+            train_end = self._now()
+            if spec.mode == "colocated":
+                resume_s = await self._control.post("/wake_up")
+                sync_start = self._now()
+                transfer_s = await self._transfer(index)
+                await self._clear_cache()
+            else:
+                sync_start = train_end
+                self._open.clear()
+                pause_s = await self._pause()
+                transfer_s = await self._transfer(index)
+                resume_s = await self._resume()
+            self.version += 1
+            self._open.set()
+            self._changed.set()
+            sync_end = self._now()
+            steps.append(
+                LoopStep(
+                    index=index,
+                    version=self.version - 1,
+                    batch_ready_at=ready,
+                    wait_s=ready - waited_from,
+                    train_start=train_start,
+                    train_end=train_end,
+                    sync_start=sync_start,
+                    sync_end=sync_end,
+                    pause_s=pause_s,
+                    resume_s=resume_s,
+                    transfer_s=transfer_s,
+                    samples=samples,
+                    dropped_stale=dropped,
+                    staleness=staleness,
+                )
+            )
+            if self._say is not None:
+                self._say(step_line(steps[-1], spec.steps))
+        return steps
+
+    async def _take(self, generator: asyncio.Task[None]) -> tuple[list[_Group], int]:
+        """The next B complete groups, oldest first, dropping those past --max-staleness."""
+        spec, dropped = self._spec, 0
+        while True:
+            if spec.max_staleness is not None:
+                for group in [g for g in self._ready if self._behind(g) > spec.max_staleness]:
+                    self._ready.remove(group)
+                    self._outstanding -= 1
+                    dropped += group.size
+                    self._ledger.write(group, "stale", staleness=self._behind(group))
+                    self._changed.set()
+            if len(self._ready) >= spec.batch_groups:
+                return [self._ready.popleft() for _ in range(spec.batch_groups)], dropped
+            stopped = self._engine.stats.stopped_early
+            if stopped or generator.done():
+                if generator.done() and not generator.cancelled():
+                    generator.result()  # its error, if it failed
+                raise CollectionError(
+                    f"the loop stopped: {stopped or 'no more groups'}; the rollouts so far "
+                    "are kept: restart the server and rerun."
+                )
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _behind(self, group: _Group) -> int:
+        return self.version - (group.version or 0)
+
+    async def _train_step(self, index: int, samples: int) -> None:
+        spec = self._spec
+        if spec.train_command is None:
+            await asyncio.sleep(draw(spec.train_s, self._rng))
+            return
+        env = {
+            "AUTOTUNE_STEP": str(index),
+            "AUTOTUNE_POLICY_VERSION": str(self.version),
+            "AUTOTUNE_BATCH_SAMPLES": str(samples),
+        }
+        await run_command(spec.train_command, env, "training step's")
+
+    async def _transfer(self, index: int) -> float:
+        spec, started = self._spec, time.perf_counter()
+        if spec.sync_via_server:
+            await self._control.post("/update_weights", {"update_info": {}})
+        elif spec.sync_command is not None:
+            env = {"AUTOTUNE_STEP": str(index), "AUTOTUNE_POLICY_VERSION": str(self.version + 1)}
+            await run_command(spec.sync_command, env, "weight sync's")
+        else:
+            await asyncio.sleep(draw(spec.sync_s, self._rng))
+        return time.perf_counter() - started
+
+    async def _pause(self) -> float:
+        if not self._control.pauses:
+            return 0.0
+        spec = self._spec
+        clear = "true" if spec.clear_cache else "false"
+        return await self._control.post("/pause", mode=spec.pause_mode, clear_cache=clear)
+
+    async def _clear_cache(self) -> None:
+        if self._spec.clear_cache and self._control.pauses:
+            await self._control.post("/reset_prefix_cache")
+
+    async def _resume(self) -> float:
+        if not self._control.pauses:
+            return 0.0
+        if self._spec.pause_mode == "keep":  # /pause kept the cache for the frozen requests
+            await self._clear_cache()
+        return await self._control.post("/resume")
+
+    async def _resume_quietly(self) -> None:
+        with contextlib.suppress(CollectionError):  # the server is gone: nothing to resume
+            await self._control.post("/resume")
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._started
+
+
+def step_line(step: LoopStep, steps: int) -> str:
+    """One step for the person watching: what the trainer waited, trained and synced."""
+    behind = sorted(set(step.staleness))
+    stale = "/".join(map(str, behind))
+    dropped = f", {step.dropped_stale} dropped as stale" if step.dropped_stale else ""
+    trained, synced = step.train_end - step.train_start, step.sync_end - step.sync_start
+    return (
+        f"step {step.index + 1}/{steps}: waited {step.wait_s:.2f} s, trained {trained:.2f} s, "
+        f"synced {synced:.2f} s; {step.samples} samples {stale} versions old{dropped}"
+    )
+
+
+def _groups(tasks: Sequence[Task], group_size: int) -> Iterator[tuple[int, list[WorkItem]]]:
+    """Groups without end: every `group_size`-th task is a prompt, cycled; each group gets
+    its own index (its rows' `_ng_task_index`), so a prompt sent again is another group."""
+    prompts = tasks[::group_size]
+    for index in itertools.count():
+        task = replace(prompts[index % len(prompts)], index=index)
+        yield index, [WorkItem(task, sample) for sample in range(group_size)]
+
+
+def summarise(
+    spec: LoopSpec,
+    group_size: int,
+    pause_source: str,
+    steps: list[LoopStep],
+    totals: dict[str, Any],
+    identity: dict[str, Any],
+) -> LoopSummary:
+    """The loop's figures from its steps and totals; `identity`: model, base_url,
+    simulated, output."""
+    elapsed = totals["elapsed_s"]
+    trained = sum(s.samples for s in steps)
+    sync_s = sum(s.sync_end - s.sync_start for s in steps)
+    if spec.mode == "colocated":
+        sync_s += sum(s.pause_s for s in steps)  # the sleep before training
+    histogram: dict[str, int] = {}
+    per_sample: list[float] = []
+    for step in steps:
+        share = step.samples // max(1, len(step.staleness))
+        for behind in step.staleness:
+            histogram[str(behind)] = histogram.get(str(behind), 0) + share
+            per_sample.extend([float(behind)] * share)
+    return LoopSummary(
+        mode=spec.mode,
+        batch_groups=spec.batch_groups,
+        group_size=group_size,
+        pause_mode=spec.pause_mode,
+        pause_source=pause_source,
+        max_ahead=spec.ahead,
+        max_staleness=spec.max_staleness,
+        started_at=totals["started_at"],
+        elapsed_s=elapsed,
+        steps=steps,
+        trained_samples=trained,
+        trained_samples_per_s=trained / elapsed if elapsed > 0 else 0.0,
+        trainer_idle_share=sum(s.wait_s for s in steps) / elapsed if elapsed > 0 else 0.0,
+        generator_idle_share=totals["generator_idle_s"] / elapsed if elapsed > 0 else 0.0,
+        sync_share=sync_s / elapsed if elapsed > 0 else 0.0,
+        staleness_histogram=dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        staleness_p50=percentile(per_sample, 50),
+        staleness_p95=percentile(per_sample, 95),
+        staleness_max=int(max(per_sample)) if per_sample else None,
+        dropped_stale_samples=sum(s.dropped_stale for s in steps),
+        aborted_samples=totals["aborted"],
+        failed_samples=totals["failed"],
+        cancelled_samples=totals["cancelled"],
+        untrained_samples=totals["untrained"],
+        pause_s=StageLatency.of([s.pause_s for s in steps]),
+        resume_s=StageLatency.of([s.resume_s for s in steps]),
+        output_tokens=totals["output_tokens"],
+        generating=totals["generating"],
+        **identity,
+    )
+
+
+async def run_on_server(
+    backend: ModelBackend,
+    verifier: Verifier,
+    session: aiohttp.ClientSession,
+    base_url: str,
+    tasks: Sequence[Task],
+    spec: LoopSpec,
+    group_size: int,
+    identity: dict[str, Any],
+) -> LoopSummary:
+    """The loop on a running server, nothing saved: a loop study's trial."""
+    engine = Engine(backend, verifier, RolloutSink(None, resume=False), parallelism=1)
+    control = ServerControl(session, base_url)
+    runner = LoopRunner(engine, control, spec, group_size, None, GroupLedger(None))
+    engine.annotate = runner.annotate
+    steps, totals = await runner.run(tasks)
+    source = "server" if control.pauses else "client"
+    return summarise(spec, group_size, source, steps, totals, identity)
