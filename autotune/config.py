@@ -847,6 +847,13 @@ class SearchSpace(SpecModel):
     batch_groups: IntOrChoices | None = None
     over_sample: FloatOrChoices | None = None
     carry_over: ChoiceSpace | None = None
+    # The RL loop's, for objective trained_samples_per_s: its mode, how many steps of
+    # groups async generation may run ahead (max_ahead = ahead_steps × batch_groups), the
+    # staleness past which a group is dropped, and what a sync does to requests in flight.
+    mode: ChoiceSpace | None = None
+    ahead_steps: IntOrChoices | None = None
+    max_staleness: ChoiceSpace | None = None
+    pause_mode: ChoiceSpace | None = None
 
     @model_validator(mode="after")
     def _no_launcher_flags(self) -> SearchSpace:
@@ -863,12 +870,30 @@ class SearchSpace(SpecModel):
             switch = getattr(self, name)
             if switch is not None and not all(isinstance(c, bool) for c in switch.choices):
                 raise problem("[true, false] or one of them", switch.choices, f"{name}.choices")
+        for name, allowed in (("mode", get_args(LoopMode)), ("pause_mode", get_args(PauseMode))):
+            space = getattr(self, name)
+            if space is not None and not set(space.choices) <= set(allowed):
+                raise problem(f"some of {', '.join(allowed)}", space.choices, f"{name}.choices")
+        staleness = self.max_staleness
+        if staleness is not None and not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in staleness.choices
+        ):
+            raise problem("whole numbers of at least 0", staleness.choices, "max_staleness.choices")
         return self
 
     def batch_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
         """Every searched batch setting (BATCH_KNOBS) by name."""
         spaces = {name: getattr(self, name) for name in BATCH_KNOBS}
         return {name: space for name, space in spaces.items() if space is not None}
+
+    def loop_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
+        """Every searched RL loop setting (LOOP_KNOBS) by name."""
+        spaces = {name: getattr(self, name) for name in LOOP_KNOBS}
+        return {name: space for name, space in spaces.items() if space is not None}
+
+    def trainer_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
+        """The trainer's searched settings (no server sees them): batch and loop ones."""
+        return {**self.batch_knobs(), **self.loop_knobs()}
 
     def server_knobs(self) -> dict[str, IntSpace | FloatSpace | ChoiceSpace]:
         """Every searched server flag by its knob name (vLLM's, with underscores)."""
@@ -1138,24 +1163,43 @@ class WorkloadSpec(VerifierFields, RequestFields):
     num_repeats: Annotated[Count, Option(("--num-repeats",), "rollouts per task (GRPO groups)")] = 1
     # Training steps (objective informative_groups_per_s): the settings not searched.
     batch: BatchSpec | None = None
+    # The RL loop (objective trained_samples_per_s): the trainer's settings not searched.
+    loop: LoopSpec | None = None
 
 
 GOODPUT = "informative_groups_per_s"  # the RL objective: groups a trainer can learn from
+TRAINED = "trained_samples_per_s"  # the RL loop's: samples a trainer stand-in trains on
 BATCH_KNOBS = ("batch_groups", "over_sample", "carry_over")
+LOOP_KNOBS = ("mode", "ahead_steps", "max_staleness", "pause_mode")
 
 
 def server_part(knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's knobs that its server is launched with: the batch settings (BATCH_KNOBS)
-    are the trainer's, which no server sees."""
-    return {name: value for name, value in knobs.items() if name not in BATCH_KNOBS}
+    """A trial's knobs that its server is launched with: the batch and loop settings
+    (BATCH_KNOBS, LOOP_KNOBS) are the trainer's, which no server sees."""
+    trainer = (*BATCH_KNOBS, *LOOP_KNOBS)
+    return {name: value for name, value in knobs.items() if name not in trainer}
+
+
+def loop_spec(fixed: LoopSpec | None, knobs: Mapping[str, Any]) -> LoopSpec:
+    """A loop trial's settings: the searched ones over the workload's fixed ones. The
+    async bounds are dropped for the other modes, which have none (a draw may hold them)."""
+    values = fixed.model_dump() if fixed is not None else {}
+    values.update({k: knobs[k] for k in ("mode", "pause_mode", "batch_groups") if k in knobs})
+    if "max_staleness" in knobs:
+        values["max_staleness"] = knobs["max_staleness"]
+    if "ahead_steps" in knobs:
+        values["max_ahead"] = knobs["ahead_steps"] * values.get("batch_groups", 8)
+    if values.get("mode", "sync") != "async":
+        values["max_ahead"] = values["max_staleness"] = None
+    return LoopSpec.model_validate(values)
 
 
 class ObjectiveSpec(SpecModel):
     # informative_groups_per_s: each trial runs training steps of GRPO groups (as
     # `collect --batch-groups`) instead of a parallelism curve; see Study._steps.
-    metric: Literal["rollouts_per_s", "output_tokens_per_s", "informative_groups_per_s"] = (
-        "rollouts_per_s"
-    )
+    metric: Literal[
+        "rollouts_per_s", "output_tokens_per_s", "informative_groups_per_s", "trained_samples_per_s"
+    ] = "rollouts_per_s"
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
     # Latency budgets: a trial's value is its best throughput at a parallelism that meets
     # them, and the recommendation stays at or under them (sweep/recommend.py).
@@ -1164,6 +1208,9 @@ class ObjectiveSpec(SpecModel):
     second_objective: Literal["p95_latency"] | None = None
     # informative_groups_per_s: the p95 training-step time allowed, seconds
     max_step_s: Positive | None = None
+    # trained_samples_per_s: the most policy versions a trained sample may lag (the
+    # off-policyness accepted); a trial that trained older samples is infeasible
+    staleness_limit: Count0 | None = None
 
 
 VALIDATE_ROLLOUTS = 1000  # the validation run's length against a real server
@@ -1213,11 +1260,45 @@ class Study(SpecModel):
     seed: int = 0
 
     @model_validator(mode="after")
+    def _loop(self) -> Study:
+        """trained_samples_per_s runs the RL loop's trainer stand-in beside the rollouts;
+        its settings and staleness limit mean nothing without it."""
+        objective, workload = self.objective, self.workload
+        searched = self.search_space.loop_knobs()
+        if objective.metric != TRAINED:
+            if searched or workload.loop is not None or objective.staleness_limit is not None:
+                raise ValueError(
+                    "search_space loop settings, workload.loop and objective.staleness_limit "
+                    f"act on the RL loop: set objective.metric: {TRAINED}"
+                )
+            return self
+        if workload.num_repeats < 2:
+            raise ValueError(
+                f"objective {TRAINED} trains on GRPO groups: set workload.num_repeats to the "
+                "group size (2 or more)"
+            )
+        if self.search_space.over_sample or self.search_space.carry_over or workload.batch:
+            raise ValueError(
+                f"objective {TRAINED} takes its batch from workload.loop.batch_groups or "
+                "search_space.batch_groups: remove over_sample, carry_over and workload.batch"
+            )
+        if self.target.kind not in ("sim", "vllm", "server"):
+            raise ValueError(
+                f"objective {TRAINED} runs the loop through autotune's engine: use kind: sim, "
+                f"vllm or server, not {self.target.kind}"
+            )
+        if objective.second_objective is not None:
+            raise ValueError(f"objective {TRAINED} has no second objective; remove it")
+        return self
+
+    @model_validator(mode="after")
     def _steps(self) -> Study:
         """informative_groups_per_s measures training steps of GRPO groups through
         autotune's own engine; batch settings and a step SLO mean nothing without it."""
         objective, workload = self.objective, self.workload
         searched = self.search_space.batch_knobs()
+        if objective.metric == TRAINED:
+            return self  # the loop's own batch (Study._loop)
         if objective.metric != GOODPUT:
             if searched or objective.max_step_s is not None:
                 raise ValueError(

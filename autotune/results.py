@@ -920,6 +920,7 @@ class TrialOutcome:
     # The trial whose figures this one reuses (the same effective knobs), not re-measured.
     copied_from: int | None = None
     batch: BatchSummary | None = None  # its training steps (objective informative_groups_per_s)
+    loop: LoopSummary | None = None  # its RL loop (objective trained_samples_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -948,6 +949,8 @@ class TrialRecord(Record):
     roofline_share: float | None = None
     # Objective informative_groups_per_s: the trial's training steps instead of a curve.
     batch: BatchSummary | None = None
+    # Objective trained_samples_per_s: the trial's RL loop instead of a curve.
+    loop: LoopSummary | None = None
 
     @property
     def complete(self) -> bool:
@@ -1158,6 +1161,49 @@ class StepsRecommendation(Record):
     snippets: StepSnippets
     validated: bool | None = None  # None: not validated (budget.validate_rollouts: 0)
     validations: list[Validation] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSnippets(Record):
+    """The loop's recommendation in each RL framework's own names (each read from its
+    repository: OpenRLHF 0.10.2+, verl's fully-async trainer, NeMo RL's GRPO config)."""
+
+    openrlhf: str
+    verl: str
+    nemo_rl: str
+    vllm: str
+    autotune: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoopRecommendation(Record):
+    """The best loop trial: its mode and bounds, server knobs and measured figures, with
+    its gain over the best trial of each other mode."""
+
+    simulated: bool
+    metric: str
+    server: dict[str, Any]
+    group_size: int
+    mode: str
+    batch_groups: int
+    max_ahead: int | None
+    max_staleness: int | None
+    pause_mode: str
+    trained_samples_per_s: float
+    best_by_mode: dict[str, float]  # the best feasible trial's value of each mode tried
+    gain_over_modes: dict[str, float]  # this value ÷ each other mode's best
+    staleness_p95: float | None
+    staleness_max: int | None
+    trainer_idle_share: float
+    generator_idle_share: float
+    sync_share: float
+    staleness_limit: int | None
+    snippets: LoopSnippets
+    validated: bool | None = None  # None: not validated (budget.validate_rollouts: 0)
+    validations: list[Validation] | None = None
+
+
+AnyRecommendation = Recommendation | StepsRecommendation | LoopRecommendation
 
 
 # -- the reader ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import aiohttp
 
 from autotune.backends import ModelBackend
 from autotune.batch import run_steps
-from autotune.config import BatchSpec
+from autotune.config import BatchSpec, LoopSpec
 from autotune.engine import Engine
 from autotune.groups import ClosedGroup, GroupTracker, summarise_closed
 from autotune.probe.status import ProbeWatch, drain_status, probe_status
@@ -42,6 +42,7 @@ from autotune.replicas import ReplicaCounts, replica_stats, several
 from autotune.results import (
     STAGES,
     BatchSummary,
+    LoopSummary,
     ProbeBlock,
     ProbeResult,
     StageLatency,
@@ -55,6 +56,7 @@ from autotune.telemetry.client import ClientSampler
 from autotune.telemetry.gpu import GpuSampler
 from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
 from autotune.telemetry.recorder import TelemetryRecorder
+from autotune.trainer import run_on_server
 from autotune.verifiers import Verifier
 from autotune.workload import Task, WorkItem
 
@@ -400,6 +402,26 @@ class EngineProbe:
             settings, self.work, self.backend, self.verifier, self.base_url, metrics=self.metrics
         )
         return await run.measure()
+
+    async def loop(self, spec: LoopSpec, group_size: int) -> LoopSummary:
+        """The RL loop's trainer stand-in beside this server (trainer.run_on_server)."""
+        model = str(getattr(self.backend, "model", ""))
+        identity = {
+            "model": model,
+            "base_url": self.base_url,
+            "simulated": model.startswith("sim/"),  # the simulator's names all start so
+            "output": None,
+        }
+        return await run_on_server(
+            self.backend,
+            self.verifier,
+            self.session,
+            self.base_url,
+            self.tasks,
+            spec,
+            group_size,
+            identity,
+        )
 
     async def steps(self, spec: BatchSpec, group_size: int, steps: int) -> BatchSummary:
         """`steps` training steps of the tasks' groups on this server (batch.run_steps)."""

@@ -15,6 +15,8 @@ from autotune.knee import UslFit
 from autotune.report import html, plots
 from autotune.report.columns import Column, html_table
 from autotune.results import (
+    AnyRecommendation,
+    LoopRecommendation,
     Recommendation,
     Recommended,
     StepsRecommendation,
@@ -301,11 +303,13 @@ def history(result: SweepResult) -> dict[str, tuple[list[float], list[float]]]:
     return {"trial": (numbers, values), "best so far": (numbers, best)}
 
 
-def render(result: SweepResult, recommended: Recommendation | StepsRecommendation | None) -> str:
+def render(result: SweepResult, recommended: AnyRecommendation | None) -> str:
     metric = result.metric.replace("_per_s", "/s").replace("_", " ")
     simulated = result.simulated
     if isinstance(recommended, StepsRecommendation):
         sections = [_steps_section(recommended)]
+    elif isinstance(recommended, LoopRecommendation):
+        sections = [_loop_section(recommended)]
     else:
         sections = [_recommendation_section(recommended)]
     curves = knee_curves(result)
@@ -469,6 +473,45 @@ def _steps_section(rec: StepsRecommendation) -> str:
     )
 
 
+def _loop_section(rec: LoopRecommendation) -> str:
+    """A loop study's recommendation: the mode and its bounds as measured, its gain over
+    the best trial of each other mode, and the lines each RL framework takes."""
+    bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
+    if rec.max_staleness is not None:
+        bound += f", groups older than {rec.max_staleness} versions dropped"
+    text = (
+        f"Recommended: the {rec.mode} loop, {rec.batch_groups} groups of {rec.group_size} a "
+        f"step{bound}, pause {rec.pause_mode}, with {_knobs(rec.server)} — measured "
+        f"{quantity(rec.trained_samples_per_s)} trained samples/s."
+    )
+    validated = {None: "not validated", True: "passed", False: "failed"}[rec.validated]
+    gains = [
+        (f"× the best {mode} trial", f"{gain:.2f}")
+        for mode, gain in sorted(rec.gain_over_modes.items())
+    ]
+    return html.section(
+        "Recommendation",
+        html.callout(text, "verdict"),
+        html.definition_list(
+            [
+                *gains,
+                ("staleness p95 / max (versions)", f"{_maybe(rec.staleness_p95)} / "
+                 f"{rec.staleness_max}"),
+                ("staleness limit", str(rec.staleness_limit)),
+                ("trainer idle", _share_text(rec.trainer_idle_share)),
+                ("generator idle", _share_text(rec.generator_idle_share)),
+                ("paused for syncs", _share_text(rec.sync_share)),
+                ("validated", validated),
+                ("OpenRLHF", rec.snippets.openrlhf),
+                ("verl", rec.snippets.verl),
+                ("NeMo RL", rec.snippets.nemo_rl),
+                ("vLLM", rec.snippets.vllm),
+                ("autotune", rec.snippets.autotune),
+            ]
+        ),
+    )  # fmt: skip
+
+
 def _maybe(value: float | None) -> str:
     return "-" if value is None else quantity(value)
 
@@ -478,7 +521,7 @@ def _share_text(share: float | None) -> str:
 
 
 def _latency_sections(
-    result: SweepResult, recommended: Recommendation | StepsRecommendation | None, metric: str
+    result: SweepResult, recommended: AnyRecommendation | None, metric: str
 ) -> list[str]:
     """The Pareto plot of throughput against p95 latency, and the validation runs."""
     sections = []
@@ -512,6 +555,10 @@ def _latency_sections(
                     f"server before it was recommended; the run {verdict}. It must keep 80% "
                     "of the trial's informative groups/s, and meet the step-time SLO."
                     if isinstance(recommended, StepsRecommendation)
+                    else f"The recommended loop ran again on a fresh server before it was "
+                    f"recommended; the run {verdict}. It must keep 80% of the trial's trained "
+                    "samples/s, within the failure and staleness limits."
+                    if isinstance(recommended, LoopRecommendation)
                     else f"The recommended configuration was held at load before it was "
                     f"recommended (budget.validate_rollouts); the last run {verdict}. A "
                     "failed run steps down to 80% of its parallelism and validates again."
@@ -615,9 +662,5 @@ def validated_text(recommended: Recommendation, wording: ValidationWording) -> s
     return line.format(figures=figures, problems="; ".join(last.problems))
 
 
-def write(
-    result: SweepResult,
-    recommended: Recommendation | StepsRecommendation | None,
-    directory: Path,
-) -> Path:
+def write(result: SweepResult, recommended: AnyRecommendation | None, directory: Path) -> Path:
     return html.write_report(directory, render(result, recommended))

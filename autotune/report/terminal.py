@@ -30,10 +30,11 @@ from autotune.report.sweep_report import (
 )
 from autotune.results import (
     STAGES,
+    AnyRecommendation,
     CollectSummary,
     DiagnoseResult,
+    LoopRecommendation,
     LoopSummary,
-    Recommendation,
     StepsRecommendation,
     SweepResult,
 )
@@ -435,6 +436,11 @@ def trial_line(number: int, outcome: TrialOutcome) -> str:
             f"{outcome.value:.3g} informative groups/s, p95 step {_seconds(batch.step_s.p95)}, "
             f"busy {_share(batch.busy_share)}"
         )
+    elif (loop := outcome.loop) is not None:
+        found = (
+            f"{outcome.value:.3g} trained samples/s ({loop.mode}), staleness max "
+            f"{loop.staleness_max}, trainer idle {_share(loop.trainer_idle_share)}"
+        )
     else:
         found = (
             f"{outcome.value:.3g} at parallelism "
@@ -470,9 +476,36 @@ def steps_lines(rec: StepsRecommendation) -> list[str]:
     ]
 
 
-def sweep_text(
-    result: SweepResult, recommended: Recommendation | StepsRecommendation | None, directory: Path
-) -> str:
+def loop_lines(rec: LoopRecommendation) -> list[str]:
+    """A loop study's recommendation: its mode and bounds, its gain over the other modes,
+    and the lines each framework takes."""
+    knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(server as it is)"
+    bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
+    if rec.max_staleness is not None:
+        bound += f", older than {rec.max_staleness} versions dropped"
+    gains = ", ".join(f"×{g:.2f} {mode}" for mode, g in sorted(rec.gain_over_modes.items()))
+    validated = {None: "not validated", True: "passed"}.get(rec.validated, "FAILED")
+    if rec.validated is False and rec.validations:
+        validated += ": " + "; ".join(rec.validations[-1].problems)
+    return [
+        f"best configuration   {knobs}",
+        f"loop                 {rec.mode}: {rec.batch_groups} groups of {rec.group_size} a "
+        f"step{bound}; pause {rec.pause_mode}",
+        f"trained              {rec.trained_samples_per_s:.3g} samples/s"
+        + (f" ({gains} the best of each other mode)" if gains else ""),
+        f"staleness            p95 {rec.staleness_p95}, max {rec.staleness_max}"
+        + (f" (limit {rec.staleness_limit})" if rec.staleness_limit is not None else ""),
+        f"validated            {validated}",
+        "",
+        f"OpenRLHF   {rec.snippets.openrlhf}",
+        f"verl       {rec.snippets.verl}",
+        f"NeMo RL    {rec.snippets.nemo_rl}",
+        f"vLLM       {rec.snippets.vllm}",
+        f"autotune   {rec.snippets.autotune}",
+    ]
+
+
+def sweep_text(result: SweepResult, recommended: AnyRecommendation | None, directory: Path) -> str:
     """The closing summary of a sweep: the recommendation and where the files are."""
     lines = []
     if result.simulated:
@@ -488,6 +521,8 @@ def sweep_text(
         lines.append("no feasible configuration: see the failed configurations in the report")
     elif isinstance(recommended, StepsRecommendation):
         lines += steps_lines(recommended)
+    elif isinstance(recommended, LoopRecommendation):
+        lines += loop_lines(recommended)
     else:
         rec = recommended
         knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(client only)"

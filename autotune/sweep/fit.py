@@ -160,7 +160,7 @@ def parameters(study: Study, gpu_count: int = 0) -> dict[str, Space]:
     the pair. One categorical over the valid splits makes every draw feasible, and TPE
     learns each split's value directly from the trials that ran it.
     """
-    knobs = {**study.search_space.server_knobs(), **study.search_space.batch_knobs()}
+    knobs = {**study.search_space.server_knobs(), **study.search_space.trainer_knobs()}
     if study.resources is not None:
         split = ChoiceSpace(choices=[s.name for s in splits(study)])
         others = {name: space for name, space in knobs.items() if name != "tensor_parallel_size"}

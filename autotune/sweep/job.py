@@ -19,9 +19,10 @@ from typing import Any
 
 import yaml
 
-from autotune.config import GOODPUT, Study, collect_config
+from autotune.config import GOODPUT, TRAINED, Study, collect_config
 from autotune.errors import UsageError
 from autotune.results import (
+    LoopRecommendation,
     Recommendation,
     StepsRecommendation,
     SweepResult,
@@ -39,6 +40,7 @@ from autotune.sweep.launchers import (
     http_launcher,
     study_target_config,
 )
+from autotune.sweep.loop_study import loop_recommendation, validate_loop
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import (
     check_space,
@@ -149,7 +151,8 @@ async def _search(
     if best is not None and str(best.number) in saved:
         runs = [Validation.from_dict(run) for run in saved[str(best.number)]]
     else:
-        check = validate_steps if study.objective.metric == GOODPUT else validate
+        metric = study.objective.metric
+        check = {GOODPUT: validate_steps, TRAINED: validate_loop}.get(metric, validate)
         runs = await check(study, launcher, result)
         if best is not None and runs:
             optuna_study.set_user_attr(VALIDATIONS, {str(best.number): [r.to_dict() for r in runs]})
@@ -297,11 +300,15 @@ def write_trials_csv(result: SweepResult, path: Path) -> Path:
     return path
 
 
-def recommend(result: SweepResult) -> Recommendation | StepsRecommendation | None:
-    """The study's recommendation: a configuration and its parallelism, or for a goodput
-    study a configuration and its batch settings."""
+def recommend(
+    result: SweepResult,
+) -> Recommendation | StepsRecommendation | LoopRecommendation | None:
+    """The study's recommendation: a configuration and its parallelism, for a goodput
+    study a configuration and its batch settings, for a loop study its mode and bounds."""
     if result.metric == GOODPUT:
         return steps_recommendation(result)
+    if result.metric == TRAINED:
+        return loop_recommendation(result)
     return recommendation(result)
 
 

@@ -32,11 +32,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune.config import GOODPUT, ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.config import GOODPUT, TRAINED, ChoiceSpace, FloatSpace, IntSpace, Study
 from autotune.errors import UsageError
 from autotune.hardware.fit import Batch
 from autotune.hardware.profiles import GPUS, MODELS, find_model
-from autotune.results import BatchSummary, CurvePoint, CurveSummary, TrialOutcome, TrialRecord
+from autotune.results import (
+    BatchSummary,
+    CurvePoint,
+    CurveSummary,
+    LoopSummary,
+    TrialOutcome,
+    TrialRecord,
+)
 from autotune.sweep.curve import (
     Incumbent,
     Launcher,
@@ -52,6 +59,7 @@ from autotune.sweep.fit import (
     seed_configuration,
     splits,
 )
+from autotune.sweep.loop_study import run_loop_trial
 from autotune.sweep.steps import run_step_trial, step_p95
 
 log = logging.getLogger("autotune")
@@ -117,6 +125,8 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
     trial.set_user_attr("error_rate", outcome.error_rate)
     if outcome.batch is not None:
         trial.set_user_attr("batch", outcome.batch.to_dict())
+    if outcome.loop is not None:
+        trial.set_user_attr("loop", outcome.loop.to_dict())
     if outcome.infeasible_reason is not None:
         trial.set_user_attr("infeasible_reason", outcome.infeasible_reason)
     if outcome.pruned_reason is not None:
@@ -368,6 +378,8 @@ async def _measure(
         )
     if study.objective.metric == GOODPUT:
         return await run_step_trial(launcher, knobs, study)
+    if study.objective.metric == TRAINED:
+        return await run_loop_trial(launcher, knobs, study)
     one_objective = study.objective.second_objective is None
     start = start_parallelism(study, best.parallelism if best else None, known.ceiling)
     return await run_trial(
@@ -420,6 +432,7 @@ def _measured_before(
                 min_p95_ttft_s=attrs.get("min_p95_ttft_s"),
                 copied_from=trial.number,
                 batch=_batch(attrs),
+                loop=_loop(attrs),
             )
     return None
 
@@ -495,9 +508,16 @@ def trial_records(optuna_study: Any) -> list[TrialRecord]:
                 roofline_output_tokens_per_s=attrs.get("roofline_output_tokens_per_s"),
                 roofline_share=attrs.get("roofline_share"),
                 batch=_batch(attrs),
+                loop=_loop(attrs),
             )
         )
     return records
+
+
+def _loop(attrs: Mapping[str, Any]) -> LoopSummary | None:
+    """A loop trial's RL loop, as _record stored it."""
+    saved = attrs.get("loop")
+    return LoopSummary.from_dict(saved) if saved else None
 
 
 def _batch(attrs: Mapping[str, Any]) -> BatchSummary | None:
