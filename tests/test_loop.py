@@ -235,8 +235,9 @@ async def test_pause_abort_ends_requests_and_wait_lets_them_finish(
         started = time.perf_counter()
         async with session.post(root + "/pause", params={"mode": "wait"}):
             pass
-        assert running.done() and await running == ("length", 500)  # drained before the answer
-        assert time.perf_counter() - started > 0.05
+        assert time.perf_counter() - started > 0.05  # it waited for the drain
+        assert await _metric(session, root, "vllm:num_requests_running") == 0
+        assert await running == ("length", 500)  # finished, not ended
         queued = asyncio.create_task(_stream(session, root, 10))
         await asyncio.sleep(0.2)
         assert not queued.done()  # paused: a new request waits for /resume

@@ -257,6 +257,7 @@ class SimEngine:
         self._wakeup = asyncio.Event()
         self._paused: str | None = None  # "new": admit nothing; "all": step nothing
         self._frozen = 0  # weight loads under way: no step runs
+        self._stepping = False  # a planned step has not ended yet
         self.sleeping: int | None = None  # the level it sleeps at; None awake
         self._task: asyncio.Task[None] | None = None
         self._debt = 0.0
@@ -380,7 +381,7 @@ class SimEngine:
                 self.abort(req, by_server=True)
         self._paused = "all" if mode == "keep" else "new"
         self._wakeup.set()
-        while mode == "wait" and self._running:
+        while self._stepping or (mode == "wait" and self._running):  # the step under way ends
             await asyncio.sleep(MIN_SLEEP_S)
 
     def resume(self) -> None:
@@ -535,6 +536,7 @@ class SimEngine:
                 await self._idle()
                 continue
             duration, decodes, completing = planned
+            self._stepping = True
             if slow_after is not None:
                 if slow_from is None:
                     slow_from = loop.time() + slow_after
@@ -555,6 +557,7 @@ class SimEngine:
             else:
                 await asyncio.sleep(0)
             self.end_step(duration, decodes, completing, loop.time())
+            self._stepping = False
 
     async def _idle(self) -> None:
         """Wait for something to run; the time waited is owed to nobody (an engine that
