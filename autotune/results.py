@@ -997,6 +997,43 @@ class Validation(Record):
     # below 1 the prediction was scaled by it. None: not measured.
     machine_speed: float | None = None
 
+    @classmethod
+    def rerun(
+        cls,
+        trial: TrialRecord,
+        max_error_rate: float,
+        problems: list[str],
+        *,
+        parallelism: int,
+        rollouts: int,
+        completed: int,
+        throughput: float,
+        error_rate: float,
+        probe_s: float,
+    ) -> Validation:
+        """The trial's own measurement run again (a goodput or loop study's validation):
+        no curve, so no interval, latency or dispersion to hold it to."""
+        return cls(
+            trial=trial.number,
+            knobs=trial.knobs,
+            parallelism=parallelism,
+            rollouts=rollouts,
+            completed=completed,
+            throughput=throughput,
+            throughput_ci=None,
+            predicted_throughput=trial.value or 0.0,
+            predicted_interval=None,
+            error_rate=error_rate,
+            max_error_rate=max_error_rate,
+            p50_latency_s=None,
+            p95_latency_s=None,
+            latency_dispersion=None,
+            dispersion_limit=None,
+            probe_s=probe_s,
+            passed=not problems,
+            problems=problems,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SweepResult(Record):

@@ -216,23 +216,14 @@ def _validation(
     study: Study, best: TrialRecord, summary: LoopSummary | None, problems: list[str]
 ) -> Validation:
     ended = (summary.trained_samples + summary.failed_samples) if summary else 0
-    return Validation(
-        trial=best.number,
-        knobs=best.knobs,
+    return Validation.rerun(
+        best,
+        study.objective.max_error_rate,
+        problems,
         parallelism=summary.max_ahead * summary.group_size if summary else 0,
         rollouts=summary.trained_samples if summary else 0,
         completed=summary.trained_samples if summary else 0,
         throughput=summary.trained_samples_per_s if summary else 0.0,
-        throughput_ci=None,
-        predicted_throughput=best.value or 0.0,
-        predicted_interval=None,
         error_rate=summary.failed_samples / ended if summary and ended else 1.0,
-        max_error_rate=study.objective.max_error_rate,
-        p50_latency_s=None,
-        p95_latency_s=None,
-        latency_dispersion=None,
-        dispersion_limit=None,
         probe_s=summary.elapsed_s if summary else 0.0,
-        passed=not problems,
-        problems=problems,
     )

@@ -207,23 +207,14 @@ def _validation(
     study: Study, best: TrialRecord, batch: BatchSummary | None, problems: list[str]
 ) -> Validation:
     launched = launched_groups(best.batch.batch_groups, best.batch.over_sample) if best.batch else 0
-    return Validation(
-        trial=best.number,
-        knobs=best.knobs,
+    return Validation.rerun(
+        best,
+        study.objective.max_error_rate,
+        problems,
         parallelism=batch.capacity if batch else 0,
         rollouts=study.workload.num_repeats * study.probe.steps * launched,
         completed=batch.completed_samples if batch else 0,
         throughput=batch.informative_groups_per_s if batch else 0.0,
-        throughput_ci=None,
-        predicted_throughput=best.value or 0.0,
-        predicted_interval=None,
         error_rate=batch.error_rate if batch else 1.0,
-        max_error_rate=study.objective.max_error_rate,
-        p50_latency_s=None,
-        p95_latency_s=None,
-        latency_dispersion=None,
-        dispersion_limit=None,
         probe_s=_measured_s(batch),
-        passed=not problems,
-        problems=problems,
     )
