@@ -224,9 +224,8 @@ class LoopRunner:
         for group in self._ready:
             self._ledger.write(group, "untrained")
             untrained += group.size
-        self._idle_tick(time.perf_counter())
-        if self._in_flight:
-            self._generating.append((self._busy_since - self._started, elapsed))
+        if self._idle_since is not None:  # idle since the last sample ended
+            self._idle_s += self._started + elapsed - self._idle_since
         totals = {
             "generating": self._generating,
             "started_at": started_at,
@@ -320,19 +319,16 @@ class LoopRunner:
         return {"policy_version": self._sent_under.get((item.task.index, item.rollout_index), -1)}
 
     def _in_flight_by(self, change: int) -> None:
+        """Count a sample in or out of flight; the generator idles while none is."""
         now = time.perf_counter()
-        if self._in_flight == 0:
-            self._idle_tick(now)
+        if self._in_flight == 0 and self._idle_since is not None:
+            self._idle_s += now - self._idle_since
+            self._idle_since = None
             self._busy_since = now
         self._in_flight += change
         if self._in_flight == 0:
             self._idle_since = now
             self._generating.append((self._busy_since - self._started, now - self._started))
-
-    def _idle_tick(self, now: float) -> None:
-        if self._idle_since is not None:
-            self._idle_s += now - self._idle_since
-            self._idle_since = None if self._in_flight else now
 
     async def _cancel_running(self) -> int:
         tasks = [t for group in self._running.values() for t in group.tasks if t.cancel()]

@@ -344,3 +344,22 @@ async def _scrape(session: aiohttp.ClientSession, port: int) -> dict[str, float]
         name: float(value)
         for name, value in re.findall(r"^(autotune_loop_\w+) (\S+)$", text, re.MULTILINE)
     }
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_loop_is_one_sentence_and_keeps_what_was_made(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    result = autotune(
+        "loop", "--num-repeats", "2", "--batch-groups", "2", "--steps", "5", "--train-s", "0.05",
+        "--output-tokens", "16,0", "--sim-arg=--time-scale=0.01",
+        "--sim-arg=--die-after-requests=12", "--output-dir", str(out),
+    )  # fmt: skip
+    line = one_sentence_error(result)
+    assert "the loop stopped: the model server stopped answering" in line
+    rows = _lines(out / "rollouts.jsonl")
+    assert 0 < len(rows) < 12
+    ledger = {entry["group"]: entry["fate"] for entry in _lines(out / LEDGER_FILE)}
+    assert "trained" in ledger.values()
+    assert len(ledger) * 2 >= len(rows)  # every row's group has its line
