@@ -13,9 +13,11 @@ import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn, Self
 
 from autotune.config import KNOBS, knob
+from autotune.hardware.measured import MeasuredSurface, SurfaceError, load_surface, parse_key
 from autotune.hardware.memory import InsufficientMemory, kv_capacity_tokens
 from autotune.hardware.profiles import GPUS, MODELS, GpuProfile, ModelProfile, find_model
 from autotune.helpformat import DefaultsHelpFormatter
@@ -169,6 +171,22 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         "--slow-down-factor times longer, like a replica that slows mid-run (drift tests)",
     )
     p.add_argument(
+        "--replay-table",
+        default=None,
+        metavar="CSV",
+        help="answer as a measured server instead of the performance model: each engine "
+        "step takes the table's median time per output token at the running concurrency "
+        "(autotune/hardware/measured.py; e.g. InferenceX's runs)",
+    )
+    p.add_argument(
+        "--replay-where",
+        default="",
+        metavar="KEY",
+        help="the table's configuration to replay, as COLUMN=VALUE pairs "
+        "(hw=h100,model=gpt-oss-120b,isl=1024,osl=1024,image=v0.13.0); its TP is "
+        "--tensor-parallel-size",
+    )
+    p.add_argument(
         "--weight-sync-gbps",
         type=float,
         default=DEFAULT_WEIGHT_SYNC_GBPS,
@@ -225,6 +243,7 @@ class SimConfig:
     slow_down_factor: float
     weight_sync_gbps: float
     host_gbps: float
+    measured: MeasuredSurface | None  # --replay-table: the surface each engine replays
     kv_capacity_tokens: int  # of one engine
     ignored_flags: tuple[str, ...]
 
@@ -322,6 +341,20 @@ class SimConfig:
         ):
             if not (math.isfinite(value) and value > 0):
                 raise SimConfigError(f"{flag} must be a finite number of GB/s above 0.")
+        measured = None
+        if ns.replay_table is not None:
+            try:
+                measured = load_surface(Path(ns.replay_table), parse_key(ns.replay_where), tp)
+            except SurfaceError as error:
+                raise SimConfigError(f"{error}.") from None
+            if ns.max_num_seqs > measured.highest:
+                raise SimConfigError(
+                    f"--replay-table measured {measured.describe()}; a concurrency above "
+                    f"{measured.highest} was never measured: pass --max-num-seqs "
+                    f"{measured.highest} or less."
+                )
+        elif ns.replay_where:
+            raise SimConfigError("--replay-where picks a row of --replay-table: give the table.")
         try:
             capacity = kv_capacity_tokens(gpu, model, tp, ns.gpu_memory_utilization, ns.block_size)
         except InsufficientMemory as e:
@@ -363,6 +396,7 @@ class SimConfig:
             slow_down_factor=ns.slow_down_factor,
             weight_sync_gbps=ns.weight_sync_gbps,
             host_gbps=ns.host_gbps,
+            measured=measured,
             kv_capacity_tokens=capacity,
             ignored_flags=tuple(unknown),
         )

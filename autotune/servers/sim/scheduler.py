@@ -58,6 +58,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from types import TracebackType
 
+from autotune.hardware.measured import MeasuredSurface
 from autotune.hardware.memory import kv_capacity_tokens
 from autotune.hardware.profiles import GpuProfile, ModelProfile
 from autotune.servers.sim.perf_model import step_time_s
@@ -127,6 +128,8 @@ class EngineConfig:
     # this many real seconds after the first step, every step takes `slow_down_factor` x.
     slow_down_after_s: float | None = None
     slow_down_factor: float = 1.0
+    # --replay-table: step times from a measured surface instead of the performance model
+    measured: MeasuredSurface | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,7 +676,10 @@ class SimEngine:
         if self._cached_free:
             self._evict(decodes)
         self.prefill_tokens_computed_total += prefill_tokens
-        duration = step_time_s(cfg.gpu, cfg.model, cfg.tp, decodes, prefill_tokens, context)
+        if cfg.measured is not None:
+            duration = cfg.measured.step_s(decodes, prefill_tokens)
+        else:
+            duration = step_time_s(cfg.gpu, cfg.model, cfg.tp, decodes, prefill_tokens, context)
         return duration, decodes, completing
 
     def end_step(

@@ -85,6 +85,7 @@ class ServerConfig(SimConfig):
             enable_prefix_caching=self.enable_prefix_caching,
             slow_down_after_s=self.slow_down_after_s,
             slow_down_factor=self.slow_down_factor if self.slow_down_after_s is not None else 1.0,
+            measured=self.measured,
         )
 
 
@@ -696,6 +697,14 @@ async def _serve_forever(config: ServerConfig) -> int:
                 f"http://{config.host}:{port}",
                 flush=True,
             )
+            measured = config.measured
+            if measured is not None:
+                print(
+                    f"INFO: replaying {measured.describe()}: steps take the measured time per "
+                    "output token at the running concurrency, interpolated between measured "
+                    f"points, and below {measured.lowest} as at {measured.lowest}",
+                    flush=True,
+                )
             await stop.wait()
     except OSError as e:
         print(f"OSError: {e}", file=sys.stderr, flush=True)

@@ -1,0 +1,202 @@
+"""A measured response surface: one configuration's per-token latency against concurrency,
+read from a table of real serving benchmarks, for the replay target (`sim serve
+--replay-table`).
+
+The table is InferenceX's (`../shared/data/perf/inferencex_runs.csv`: Data from
+InferenceX (SemiAnalysis), Apache-2.0) or any CSV with its columns: a row is one
+benchmark run of one configuration (hardware, model, framework, engine image, input and
+output lengths, TP, EP) at one client concurrency, with its median time per output token
+(`median_tpot`) and to the first token (`median_ttft`), in seconds. Repeats of a point
+are pooled by their median.
+
+What the replay makes of it. vLLM runs every sequence in flight in each step, so a
+request's time per output token is the step's, and the measured TPOT at concurrency n
+holds the decode of n sequences plus, on average, the prefills of the requests that
+arrive meanwhile: n requests of `osl` output tokens start one prefill of `isl` tokens
+every osl/n steps. So a step is split into its two parts:
+
+- a prompt token's prefill costs c = (TTFT − TPOT) ÷ isl at the lowest concurrency
+  (a request that arrives alone waits for its own prefill and one step);
+- a decode step of n sequences costs TPOT(n) − c · n · isl ÷ osl, TPOT interpolated
+  linearly between measured concurrencies (held at a tenth of TPOT at the least).
+
+A step then costs its decode plus c for each prompt token it computes: a workload of
+the table's lengths gets the measured TPOT back on average, and one of other lengths its
+own mix. Concurrencies above the highest measured one are refused at launch
+(`--max-num-seqs` must not exceed it); below the lowest, a step costs what it costs
+there, which the launch says.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# The columns a key may name, and the defaults a key leaves out.
+KEY_COLUMNS = ("hw", "model", "framework", "precision", "image", "isl", "osl", "tp", "ep")
+DEFAULT_KEY = {"framework": "vllm", "ep": "1"}
+SINGLE_NODE = {"is_multinode": "False", "disagg": "False", "spec_decoding": "none"}
+
+
+class SurfaceError(ValueError):
+    """A table, or a key into it, that gives no surface; str() is one sentence."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredSurface:
+    """Median TPOT and TTFT (seconds) at each measured concurrency of one configuration."""
+
+    key: dict[str, str]
+    concurrency: tuple[int, ...]  # ascending
+    tpot_s: tuple[float, ...]
+    ttft_s: tuple[float, ...]
+    input_tokens: int
+    output_tokens: int
+    repeats: int  # runs pooled, in all
+
+    @property
+    def lowest(self) -> int:
+        return self.concurrency[0]
+
+    @property
+    def highest(self) -> int:
+        return self.concurrency[-1]
+
+    def tpot_at(self, running: float) -> float:
+        """The measured time per output token with `running` sequences in flight,
+        interpolated between measured concurrencies (held at the lowest below it)."""
+        conc, tpot = self.concurrency, self.tpot_s
+        if running <= conc[0]:
+            return tpot[0]
+        if running >= conc[-1]:
+            return tpot[-1]
+        i = bisect_left(conc, running)
+        share = (running - conc[i - 1]) / (conc[i] - conc[i - 1])
+        return tpot[i - 1] + share * (tpot[i] - tpot[i - 1])
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        """A prompt token's prefill: the lowest concurrency's TTFT less one step, spread
+        over the input length."""
+        return max(0.0, self.ttft_s[0] - self.tpot_s[0]) / self.input_tokens
+
+    def decode_s(self, running: float) -> float:
+        """A decode step of `running` sequences, without the prefills the measured TPOT
+        holds on average (see the module's docstring)."""
+        tpot = self.tpot_at(running)
+        prefills = self.prefill_s_per_token * running * self.input_tokens / self.output_tokens
+        return max(tpot - prefills, 0.1 * tpot)
+
+    def step_s(self, decodes: int, prefill_tokens: int) -> float:
+        """One engine step: `decodes` sequences each make a token, `prefill_tokens` of
+        prompts are computed."""
+        decode = self.decode_s(decodes) if decodes else 0.0
+        return decode + prefill_tokens * self.prefill_s_per_token
+
+    def describe(self) -> str:
+        key = ", ".join(f"{k}={v}" for k, v in self.key.items())
+        return (
+            f"{key}: concurrency {self.lowest} to {self.highest} measured "
+            f"({len(self.concurrency)} points, {self.repeats} runs)"
+        )
+
+
+def parse_key(text: str) -> dict[str, str]:
+    """`hw=h100,isl=1024,osl=1024` → {hw: h100, ...}; an unknown column is one sentence."""
+    key: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name not in KEY_COLUMNS or not value:
+            raise SurfaceError(
+                f"--replay-where takes COLUMN=VALUE pairs of {', '.join(KEY_COLUMNS)}, not {part!r}"
+            )
+        key[name] = value
+    return key
+
+
+def load_surface(path: Path, where: Mapping[str, str], tp: int) -> MeasuredSurface:
+    """The surface of the one configuration `where` and `tp` pick out of the table at
+    `path`; a key that picks none, or several, is one sentence that names the choices."""
+    try:
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as error:
+        raise SurfaceError(f"cannot read --replay-table {path} ({error.strerror})") from None
+    needed = {"conc", "median_tpot", "median_ttft", *KEY_COLUMNS}
+    if not rows or not needed <= set(rows[0]):
+        raise SurfaceError(
+            f"--replay-table {path} is not a table of serving runs: it needs the columns "
+            f"{', '.join(sorted(needed))}"
+        )
+    key = {**DEFAULT_KEY, **where, "tp": str(tp)}
+    chosen = [
+        row
+        for row in rows
+        if all(row.get(k, v) == v for k, v in SINGLE_NODE.items())
+        and all(_matches(row.get(name, ""), value) for name, value in key.items())
+    ]
+    if not chosen:
+        raise SurfaceError(f"--replay-table {path} has no run of {_text(key)}; {_near(rows, key)}")
+    configurations = {tuple(row[c] for c in KEY_COLUMNS) for row in chosen}
+    if len(configurations) > 1:
+        differ = [
+            c for i, c in enumerate(KEY_COLUMNS) if len({conf[i] for conf in configurations}) > 1
+        ]
+        choices = "; ".join(
+            sorted(
+                ", ".join(f"{c}={conf[KEY_COLUMNS.index(c)]}" for c in differ)
+                for conf in configurations
+            )
+        )
+        raise SurfaceError(
+            f"--replay-table {path} has {len(configurations)} configurations for "
+            f"{_text(key)}; add {', '.join(differ)} to --replay-where (one of: {choices})"
+        )
+    by_conc: dict[int, list[dict[str, str]]] = {}
+    for row in chosen:
+        by_conc.setdefault(int(row["conc"]), []).append(row)
+    concs = sorted(by_conc)
+    first = chosen[0]
+    return MeasuredSurface(
+        key={c: first[c] for c in KEY_COLUMNS},
+        concurrency=tuple(concs),
+        tpot_s=tuple(_median(by_conc[c], "median_tpot") for c in concs),
+        ttft_s=tuple(_median(by_conc[c], "median_ttft") for c in concs),
+        input_tokens=int(first["isl"]),
+        output_tokens=int(first["osl"]),
+        repeats=len(chosen),
+    )
+
+
+def _matches(value: str, wanted: str) -> bool:
+    """A key's value matches a column exactly, or as the end of it (`gpt-oss-120b` for
+    `openai/gpt-oss-120b`, `v0.13.0` for `vllm/vllm-openai:v0.13.0`)."""
+    return value == wanted or value.endswith(("/" + wanted, ":" + wanted))
+
+
+def _median(rows: Sequence[dict[str, str]], column: str) -> float:
+    return statistics.median(float(row[column]) for row in rows)
+
+
+def _text(key: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in key.items())
+
+
+def _near(rows: Sequence[dict[str, str]], key: Mapping[str, str]) -> str:
+    """What the table does hold for the key less its last failing column."""
+    for drop in reversed(list(key)):
+        rest = {k: v for k, v in key.items() if k != drop}
+        values = sorted(
+            {
+                row.get(drop, "")
+                for row in rows
+                if all(_matches(row.get(k, ""), v) for k, v in rest.items())
+            }
+        )
+        if values:
+            return f"with the rest of the key it has {drop} {', '.join(values)}"
+    return "pick a configuration the table measured"

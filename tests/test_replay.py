@@ -1,0 +1,121 @@
+"""The replay target: the simulator answering as a measured server (`--replay-table`), from
+InferenceX's real serving runs (Data from InferenceX (SemiAnalysis), Apache-2.0).
+
+A key into the table picks one configuration or is refused in one sentence that names
+what the table does hold; a concurrency the table never measured is refused at launch;
+and a client at a measured concurrency sees the measured time per output token.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autotune.collect import collect
+from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.hardware.deployment import SimConfig, SimConfigError
+from autotune.hardware.measured import SurfaceError, load_surface, parse_key
+from tests.helpers import REPO, SimProcess, read_rows
+
+TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
+H100_TP2 = "hw=h100,isl=1024,osl=1024,image=v0.13.0"
+
+
+@pytest.fixture
+def table() -> Path:
+    if not TABLE.is_file():
+        pytest.skip("the shared InferenceX table is not beside this checkout")
+    return TABLE
+
+
+def test_a_key_picks_one_configuration_and_pools_its_repeats(table: Path) -> None:
+    surface = load_surface(table, parse_key(H100_TP2), tp=2)
+    assert surface.key["model"] == "openai/gpt-oss-120b" and surface.key["tp"] == "2"
+    assert surface.concurrency == (4, 8, 16, 32, 64)
+    assert surface.repeats == 10  # two runs of each point
+    # Two runs at 64 measured 15.33 and 15.26 ms a token: their median.
+    assert surface.tpot_s[-1] == pytest.approx((0.01533 + 0.01526) / 2, rel=0.01)
+    mid = surface.tpot_at(12)  # halfway between 8 and 16
+    assert mid == pytest.approx((surface.tpot_s[1] + surface.tpot_s[2]) / 2)
+    assert surface.tpot_at(2) == surface.tpot_s[0]  # held below the lowest, as said at launch
+
+
+def test_a_workload_of_the_tables_lengths_gets_the_measured_tpot_back(table: Path) -> None:
+    """n requests of osl tokens start n·isl/osl prompt tokens of prefill a step on average:
+    with those added back, a step costs the measured TPOT."""
+    surface = load_surface(table, parse_key(H100_TP2), tp=2)
+    for n, tpot in zip(surface.concurrency, surface.tpot_s, strict=True):
+        average_prefill = round(n * surface.input_tokens / surface.output_tokens)
+        assert surface.step_s(n, average_prefill) == pytest.approx(tpot, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("where", "tp", "says"),
+    [
+        ("hw=h100,isl=1024,osl=1024", 2, "add image to --replay-where (one of: image="),
+        ("hw=a100,isl=1024,osl=1024", 2, "with the rest of the key it has hw h100, h200"),
+        (H100_TP2, 1, "with the rest of the key it has tp 2, 4, 8"),
+        ("gpu=h100", 2, "--replay-where takes COLUMN=VALUE pairs of hw, model"),
+    ],
+    ids=["ambiguous", "no-such-hardware", "no-such-tp", "unknown-column"],
+)
+def test_a_key_that_picks_no_single_configuration_is_one_sentence(
+    table: Path, where: str, tp: int, says: str
+) -> None:
+    with pytest.raises((SurfaceError, SimConfigError)) as caught:
+        SimConfig.from_args(
+            ["--replay-table", str(table), "--replay-where", where,
+             "--tensor-parallel-size", str(tp), "--max-num-seqs", "64"]
+        )  # fmt: skip
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_concurrency_the_table_never_measured_is_refused_at_launch(table: Path) -> None:
+    args = ["--replay-table", str(table), "--replay-where", H100_TP2, "--tensor-parallel-size", "2"]
+    with pytest.raises(SimConfigError, match="pass --max-num-seqs 64 or less"):
+        SimConfig.from_args([*args, "--max-num-seqs", "128"])
+    assert SimConfig.from_args([*args, "--max-num-seqs", "64"]).measured is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("concurrency", [4, 16])
+async def test_a_client_at_a_measured_concurrency_sees_the_measured_time_per_token(
+    table: Path, sim_process: SimProcess, tmp_path: Path, concurrency: int
+) -> None:
+    """Requests of the table's lengths (1,024 in, 1,024 out) at 10× real time: the median
+    time per output token, scaled back, within 10% of InferenceX's."""
+    scale = 0.1
+    flags = (
+        "--replay-table", str(table), "--replay-where", H100_TP2, "--tensor-parallel-size", "2",
+        "--max-num-seqs", "64", "--time-scale", str(scale),
+    )  # fmt: skip
+    async with sim_process(*flags) as sim:
+        await collect(
+            CollectConfig(
+                target=TargetConfig(base_url=sim.base_url, extra_body={"ignore_eos": True}),
+                synthetic=SyntheticWorkload(
+                    num_tasks=3 * concurrency,
+                    prompt_tokens_mean=1024,
+                    prompt_tokens_std=0,
+                    output_tokens_mean=1024,
+                    output_tokens_std=0,
+                ),
+                parallelism=concurrency,
+                output=tmp_path / "rollouts.jsonl",
+                progress=False,
+            )
+        )
+    rows = read_rows(tmp_path / "rollouts.jsonl")
+    assert {row["response"]["usage"]["output_tokens"] for row in rows} == {1024}
+    per_token = [
+        (row["_autotune"]["timings"]["model_end"] - row["_autotune"]["timings"]["first_token"])
+        / 1023
+        / scale
+        for row in rows
+    ]
+    measured = load_surface(table, parse_key(H100_TP2), tp=2).tpot_at(concurrency)
+    replayed = statistics.median(per_token)
+    print(f"concurrency {concurrency}: {replayed:.5f} s a token, InferenceX {measured:.5f}")
+    assert replayed == pytest.approx(measured, rel=0.10)
