@@ -13,16 +13,12 @@ from autotune.engine import Engine
 from autotune.pipeline import open_pipeline
 from autotune.results import LoopResult, LoopSummary, save
 from autotune.store import RolloutSink, save_run
-from autotune.trainer import LEDGER_FILE, GroupLedger, LoopRunner, ServerControl, summarise
+from autotune.trainer import LEDGER_FILE, GroupLedger, LoopRunner, ServerControl
 from autotune.workload import Workload
 
 log = logging.getLogger("autotune")
 
 RESULT_FILE = "loop.json"
-
-
-def _stderr_line(line: str) -> None:
-    log.info(line)
 
 
 async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
@@ -48,11 +44,16 @@ async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
                 extra_row_fields={"simulated": True} if target.simulated else None,
             )
             control = ServerControl(pipeline.session, target.base_url)
-            say = _stderr_line if config.progress else None
+            say = log.info if config.progress else None
             runner = LoopRunner(
                 engine, control, spec, config.num_repeats, config.parallelism, ledger, say=say
             )
-            engine.annotate = runner.annotate
+            identity = {
+                "model": target.model,
+                "base_url": target.base_url,
+                "simulated": target.simulated,
+                "output": str(config.output) if config.output else None,
+            }
             async with contextlib.AsyncExitStack() as stack:
                 live = config.live
                 if live.metrics_port is not None:
@@ -62,18 +63,10 @@ async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
                         FiguresCollector(runner.figures), live.metrics_host, live.metrics_port
                     )
                     await stack.enter_async_context(served)
-                steps, totals = await runner.run(tasks)
+                return await runner.run(tasks, identity)
     finally:
         ledger.close()
         sink.close()
-    identity = {
-        "model": target.model,
-        "base_url": target.base_url,
-        "simulated": target.simulated,
-        "output": str(config.output) if config.output else None,
-    }
-    source = "server" if control.pauses else "client"
-    return summarise(spec, config.num_repeats, source, steps, totals, identity)
 
 
 def write_outputs(result: LoopResult, directory: Path) -> list[Path]:

@@ -175,6 +175,7 @@ class LoopRunner:
         say: Callable[[str], None] | None = None,
     ) -> None:
         self._engine = engine
+        engine.annotate = self.annotate  # each row: the version its sample was sent under
         self._control = control
         self._spec = spec
         self._size = group_size
@@ -202,9 +203,10 @@ class LoopRunner:
         self._output_tokens = 0
         self._started = 0.0
 
-    async def run(self, tasks: Sequence[Task]) -> tuple[list[LoopStep], dict[str, Any]]:
+    async def run(self, tasks: Sequence[Task], identity: dict[str, Any]) -> LoopSummary:
         """`spec.steps` trainer steps on groups of `tasks`' prompts (one every
-        `group_size` tasks, cycled); returns the steps and the loop's totals."""
+        `group_size` tasks, cycled), summarised; `identity`: model, base_url, simulated,
+        output."""
         await self._control.probe(self._spec)
         self._started = time.perf_counter()
         started_at = time.time()
@@ -237,7 +239,8 @@ class LoopRunner:
             "untrained": untrained,
             "output_tokens": self._output_tokens,
         }
-        return steps, totals
+        source = "server" if self._control.pauses else "client"
+        return summarise(self._spec, self._size, source, steps, totals, identity)
 
     # -- the generator ---------------------------------------------------------------------
 
@@ -566,7 +569,4 @@ async def run_on_server(
     engine = Engine(backend, verifier, RolloutSink(None, resume=False), parallelism=1)
     control = ServerControl(session, base_url)
     runner = LoopRunner(engine, control, spec, group_size, None, GroupLedger(None))
-    engine.annotate = runner.annotate
-    steps, totals = await runner.run(tasks)
-    source = "server" if control.pauses else "client"
-    return summarise(spec, group_size, source, steps, totals, identity)
+    return await runner.run(tasks, identity)
