@@ -8,8 +8,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from pydantic import ValidationError
-
 from autotune.cli.common import (
     REPORTS,
     ROLLOUTS_FILE,
@@ -20,15 +18,15 @@ from autotune.cli.common import (
     new_run_dir,
     positive_int,
 )
-from autotune.cli.options import add_options, values_of
+from autotune.cli.options import add_options, spec_of
 from autotune.cli.run_args import (
     RUN_DEFAULTS,
+    add_metrics_arguments,
     add_target_arguments,
     add_workload_arguments,
-    port,
     run_config,
 )
-from autotune.config import LoopSpec, spec_problem
+from autotune.config import LoopSpec
 from autotune.errors import AutotuneError, UsageError
 from autotune.results import LoopResult, machine_identity, to_json
 
@@ -63,18 +61,7 @@ def add_parser(commands: Any) -> None:
     run.add_argument(
         "--no-output", action="store_true", help="measure only: keep no rollout (nothing written)"
     )
-    run.add_argument(
-        "--metrics-port",
-        type=port,
-        metavar="PORT",
-        help="serve Prometheus metrics of the loop at http://HOST:PORT/metrics while it runs",
-    )
-    run.add_argument(
-        "--metrics-host",
-        default=RUN_DEFAULTS.live.metrics_host,
-        metavar="HOST",
-        help="the address --metrics-port listens on (default: 127.0.0.1, this machine only)",
-    )
+    add_metrics_arguments(run, "the loop")
     add_json(run, "the loop's summary")
     add_quiet(run)
     loop.set_defaults(
@@ -86,18 +73,11 @@ def add_parser(commands: Any) -> None:
     )
 
 
-def loop_spec(args: argparse.Namespace) -> LoopSpec:
-    try:
-        return LoopSpec(**values_of(args, LoopSpec, *LoopSpec.model_fields))
-    except ValidationError as error:
-        raise UsageError(spec_problem(LoopSpec, error).removeprefix("the file: ") + ".") from None
-
-
 def run_command(args: argparse.Namespace) -> int:
     from autotune.loop import RESULT_FILE, run_loop, write_outputs
     from autotune.report.terminal import loop_summary_text
 
-    spec = loop_spec(args)
+    spec = spec_of(args, LoopSpec)
     if args.num_repeats < 2:
         raise UsageError(
             "a trainer takes GRPO groups: pass --num-repeats N (N samples a prompt, at least 2)."

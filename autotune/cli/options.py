@@ -15,7 +15,8 @@ from typing import Annotated, Any, TypeVar
 from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from autotune.config import Option, SpecModel, option
+from autotune.config import Option, SpecModel, option, spec_problem
+from autotune.errors import UsageError
 
 Spec = TypeVar("Spec", bound=SpecModel)
 
@@ -81,6 +82,14 @@ def add_options(group: argparse._ActionsContainer, spec: type[SpecModel], *names
             metavar=declared.metavar,
             help=declared.help,
         )
+
+
+def spec_of(args: argparse.Namespace, spec: type[Spec]) -> Spec:
+    """`spec` built from all its flags, checked together; a problem is one sentence."""
+    try:
+        return spec(**values_of(args, spec, *spec.model_fields))
+    except ValidationError as error:
+        raise UsageError(spec_problem(spec, error).removeprefix("the file: ") + ".") from None
 
 
 def values_of(args: argparse.Namespace, spec: type[SpecModel], *names: str) -> dict[str, Any]:

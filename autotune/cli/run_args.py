@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
 
 from autotune.cli.common import non_negative, positive, positive_int
-from autotune.cli.options import add_options, values_of
+from autotune.cli.options import add_options, spec_of, values_of
 from autotune.config import (
     TOOL_ERROR_TREATMENTS,
     BatchSpec,
@@ -29,7 +28,6 @@ from autotune.config import (
     TargetConfig,
     WorkloadSpec,
     collect_config,
-    spec_problem,
     target_config,
 )
 from autotune.errors import UsageError
@@ -155,7 +153,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def port(text: str) -> int:
+def _port(text: str) -> int:
     """An argparse type: a TCP port to listen on."""
     try:
         value = int(text)
@@ -166,22 +164,27 @@ def port(text: str) -> int:
     return value
 
 
+def add_metrics_arguments(group: argparse._ActionsContainer, what: str) -> None:
+    """--metrics-port and --metrics-host: Prometheus metrics of `what` while it runs."""
+    group.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help=f"serve Prometheus metrics of {what} at http://HOST:PORT/metrics while it runs",
+    )
+    group.add_argument(
+        "--metrics-host",
+        default=RUN_DEFAULTS.live.metrics_host,
+        metavar="HOST",
+        help="the address --metrics-port listens on (default: 127.0.0.1, this machine only)",
+    )
+
+
 def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     """`collect`'s flags for watching a run while it runs (autotune/live/)."""
     live = RUN_DEFAULTS.live
     group = parser.add_argument_group("while it runs: metrics, stats, drift watch, report")
-    group.add_argument(
-        "--metrics-port",
-        type=port,
-        metavar="PORT",
-        help="serve Prometheus metrics of the run at http://HOST:PORT/metrics while it runs",
-    )
-    group.add_argument(
-        "--metrics-host",
-        default=live.metrics_host,
-        metavar="HOST",
-        help="the address --metrics-port listens on (default: 127.0.0.1, this machine only)",
-    )
+    add_metrics_arguments(group, "the run")
     group.add_argument(
         "--metrics-linger",
         type=non_negative,
@@ -347,10 +350,7 @@ def batch_spec(args: argparse.Namespace) -> BatchSpec | None:
     """--batch-groups and its remedies, checked together; None when not given."""
     if not hasattr(args, "over_sample"):  # a command without batch steps (diagnose, loop)
         return None
-    try:
-        spec = BatchSpec(**values_of(args, BatchSpec, *BatchSpec.model_fields))
-    except ValidationError as error:
-        raise UsageError(spec_problem(BatchSpec, error).removeprefix("the file: ") + ".") from None
+    spec = spec_of(args, BatchSpec)
     return spec if spec.batch_groups is not None else None
 
 
