@@ -391,15 +391,9 @@ class SimEngine:
         self._paused = None
         self._wakeup.set()
 
-    def reset_prefix_cache(self) -> int:
-        """Drop every cached prefix no running request holds (new weights make them
-        wrong); how many tokens were dropped."""
-        dropped = self._cached_free
-        while self._released:
-            _, prefix = self._released.popitem(last=False)
-            del self._prefixes[prefix.key]
-        self._cached_free = 0
-        return dropped
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix no running request holds (new weights make them wrong)."""
+        self._evict_released(0)
 
     async def sleep(self, level: int, mode: str, offload_s: float) -> None:
         """vLLM's sleep: pause in `mode`; from level 1 the KV cache is discarded (every
@@ -507,8 +501,12 @@ class SimEngine:
     def _evict(self, headroom: int) -> None:
         """Evict free cached prefixes, least recently released first, until used KV,
         `headroom` and what stays cached fit the cache."""
-        room = self.kv_capacity - self._kv_used() - headroom
-        while self._cached_free > room and self._released:
+        self._evict_released(self.kv_capacity - self._kv_used() - headroom)
+
+    def _evict_released(self, keep: int) -> None:
+        """Evict free cached prefixes, least recently released first, until at most
+        `keep` tokens of them stay."""
+        while self._cached_free > keep and self._released:
             _, prefix = self._released.popitem(last=False)
             del self._prefixes[prefix.key]
             self._cached_free -= prefix.tokens
