@@ -1188,7 +1188,8 @@ def loop_spec(fixed: LoopSpec | None, knobs: Mapping[str, Any]) -> LoopSpec:
     if "max_staleness" in knobs:
         values["max_staleness"] = knobs["max_staleness"]
     if "ahead_steps" in knobs:
-        values["max_ahead"] = knobs["ahead_steps"] * values.get("batch_groups", 8)
+        groups = values.get("batch_groups", LoopSpec.model_fields["batch_groups"].default)
+        values["max_ahead"] = knobs["ahead_steps"] * groups
     if values.get("mode", "sync") != "async":
         values["max_ahead"] = values["max_staleness"] = None
     return LoopSpec.model_validate(values)

@@ -22,9 +22,7 @@ import yaml
 from autotune.config import GOODPUT, TRAINED, Study, collect_config
 from autotune.errors import UsageError
 from autotune.results import (
-    LoopRecommendation,
-    Recommendation,
-    StepsRecommendation,
+    AnyRecommendation,
     SweepResult,
     TrialOutcome,
     Validation,
@@ -300,9 +298,7 @@ def write_trials_csv(result: SweepResult, path: Path) -> Path:
     return path
 
 
-def recommend(
-    result: SweepResult,
-) -> Recommendation | StepsRecommendation | LoopRecommendation | None:
+def recommend(result: SweepResult) -> AnyRecommendation | None:
     """The study's recommendation: a configuration and its parallelism, for a goodput
     study a configuration and its batch settings, for a loop study its mode and bounds."""
     if result.metric == GOODPUT:
