@@ -951,6 +951,9 @@ class TrialRecord(Record):
     batch: BatchSummary | None = None
     # Objective trained_samples_per_s: the trial's RL loop instead of a curve.
     loop: LoopSummary | None = None
+    # The trial whose figures this one reuses (the sampler proposed its configuration
+    # again): not measured again, and counted towards neither the budget nor patience.
+    copied_from: int | None = None
 
     @property
     def complete(self) -> bool:

@@ -48,6 +48,7 @@ async def test_pruned_and_rejected_trials_are_recorded_and_never_launched_again(
 ) -> None:
     spec = study(
         tmp_path,
+        trials=3,  # the copy is not counted: the rejected trial is the third
         tensor_parallel_size={"choices": [1, 3]},
         max_num_seqs={"choices": [8, 64]},
     )
@@ -55,8 +56,8 @@ async def test_pruned_and_rejected_trials_are_recorded_and_never_launched_again(
     for knobs in (
         {"tensor_parallel_size": 1, "max_num_seqs": 64},  # the best: 32/s at 64
         {"tensor_parallel_size": 1, "max_num_seqs": 8},  # 4/s at its ceiling: pruned
-        {"tensor_parallel_size": 3, "max_num_seqs": 64},  # 32 heads do not split in 3
         {"tensor_parallel_size": 1, "max_num_seqs": 8},  # again: reused, not launched
+        {"tensor_parallel_size": 3, "max_num_seqs": 64},  # 32 heads do not split in 3
     ):
         optuna_study.enqueue_trial(knobs)
     launcher = SeqsLauncher()
@@ -66,7 +67,7 @@ async def test_pruned_and_rejected_trials_are_recorded_and_never_launched_again(
         {"tensor_parallel_size": 1, "max_num_seqs": 8},
     ]
     states = [t.state.name for t in optuna_study.get_trials()]
-    assert states == ["COMPLETE", "PRUNED", "COMPLETE", "PRUNED"]
+    assert states == ["COMPLETE", "PRUNED", "PRUNED", "COMPLETE"]
     pruned = optuna_study.get_trials()[1]
     assert pruned.intermediate_values == {0: 4.0}  # each rung reported to Optuna
     records = trial_records(optuna_study)
@@ -74,7 +75,8 @@ async def test_pruned_and_rejected_trials_are_recorded_and_never_launched_again(
     assert (
         records[1].pruned_reason is not None and "below the best so far" in records[1].pruned_reason
     )
-    rejected = records[2]
+    assert records[2].copied_from == 1 and records[2].value == 4.0  # the copy keeps its value
+    rejected = records[3]
     assert not rejected.feasible and rejected.probe_s == 0.0 and rejected.points == []
     assert rejected.infeasible_reason is not None
     assert rejected.infeasible_reason.startswith("Total number of attention heads (32)")

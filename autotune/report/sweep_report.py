@@ -6,6 +6,7 @@ Numbers first (pure functions below), then drawing through report.plots.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ def trial_columns(result: SweepResult) -> tuple[Column[TrialRecord], ...]:
     return (
         Column("trial", lambda t: t.number),
         Column("state", lambda t: t.state),
+        Column("copy_of", lambda t: t.copied_from),
         *(_knob(name) for name in knobs),
         Column("value", lambda t: t.value, digits=3),
         Column("roofline_pct", lambda t: _percent(t.roofline_share), digits=3),
@@ -237,6 +239,9 @@ def _bound(rec: Recommended) -> str:
     return f"the largest parallelism within the {rec.bound_by}"
 
 
+AT_LEAST_BAND = 2.0  # an open interval's band: from its lower end to twice it (log axis)
+
+
 def interval_bands(recommended: Recommendation) -> dict[str, tuple[float, float]]:
     """The knee plot's bands: the 95% intervals of the peak, the knee and the
     recommended parallelism (those the bootstrap gave)."""
@@ -246,8 +251,13 @@ def interval_bands(recommended: Recommendation) -> dict[str, tuple[float, float]
         ("knee, 95% interval", recommended.knee_interval),
         ("recommended parallelism, 95% interval", recommended.recommended.parallelism_interval),
     ):
-        if interval is not None:
-            bands[f"{name}: {interval[0]:.0f}–{interval[1]:.0f}"] = interval
+        if interval is None:
+            continue
+        low, high = interval
+        if math.isinf(high):  # open above: the band runs to the plot's edge
+            bands[f"{name}: at least {low:.0f}"] = (low, low * AT_LEAST_BAND)
+        else:
+            bands[f"{name}: {low:.0f}–{high:.0f}"] = interval
     return bands
 
 
@@ -620,8 +630,17 @@ def _intervals(recommended: Recommendation) -> list[tuple[str, str]]:
         ("predicted throughput there (95%)", recommended.recommended.throughput_interval),
     ):
         if interval is not None:
-            rows.append((name, f"{quantity(interval[0])} – {quantity(interval[1])}"))
+            rows.append((name, interval_text(interval)))
     return rows
+
+
+def interval_text(interval: tuple[float, float]) -> str:
+    """`12 – 30`, or `at least 256` for an interval with no upper end (a peak past the
+    range measured), never a zero-width `256 – 256`."""
+    low, high = interval
+    if math.isinf(high):
+        return f"at least {quantity(low)}"
+    return f"{quantity(low)} – {quantity(high)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -448,6 +448,8 @@ def trial_line(number: int, outcome: TrialOutcome) -> str:
         )
     if outcome.pruned_reason:
         found += f", pruned: {outcome.pruned_reason}"
+    if outcome.copied_from is not None:
+        return f"trial {number}: {knobs} → {found} (a copy of trial {outcome.copied_from})"
     return f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)"
 
 
