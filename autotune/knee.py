@@ -183,26 +183,37 @@ class CurveBootstrap:
     fits: list[UslFit]
     draws: list[Landmarks]
 
-    def interval(self, values: Sequence[float]) -> Interval:
-        """The 2.5th and 97.5th percentiles of one figure over the draws."""
+    def interval(self, values: Sequence[float], censored: Sequence[bool] = ()) -> Interval:
+        """The 2.5th and 97.5th percentiles of one figure over the draws. A draw whose
+        peak lies past the range measured only bounds the figure from below (`censored`):
+        where more than 2.5% of the draws are, the interval has no upper end (inf)."""
         low, high = np.percentile(np.array(values, dtype=float), [2.5, 97.5])
+        if censored and sum(censored) > 0.025 * len(censored):
+            high = math.inf
         return float(low), float(high)
+
+    def _past_range(self) -> list[bool]:
+        return [not d.inside for d in self.draws]
 
     @property
     def peak_parallelism(self) -> Interval:
-        return self.interval([d.peak_parallelism for d in self.draws])
+        return self.interval([d.peak_parallelism for d in self.draws], self._past_range())
 
     @property
     def peak_throughput(self) -> Interval:
-        return self.interval([d.peak_throughput for d in self.draws])
+        return self.interval([d.peak_throughput for d in self.draws], self._past_range())
 
     @property
     def knee_parallelism(self) -> Interval:
-        return self.interval([d.knee_parallelism for d in self.draws])
+        """A knee at a peak past the range is as unbounded as the peak."""
+        at_peak = [
+            not d.inside and d.knee_parallelism >= d.peak_parallelism for d in self.draws
+        ]
+        return self.interval([d.knee_parallelism for d in self.draws], at_peak)
 
     @property
     def recommended_parallelism(self) -> Interval:
-        return self.interval([d.recommended_parallelism for d in self.draws])
+        return self.interval([d.recommended_parallelism for d in self.draws], self._past_range())
 
     def throughput_at(self, parallelism: float) -> Interval:
         """The fitted throughput's 95% interval at one parallelism (a prediction)."""

@@ -13,6 +13,7 @@ import pytest
 from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
 from autotune.knee import summarise_curve
+from autotune.report.sweep_report import interval_bands, interval_text
 from autotune.results import CurvePoint, CurveSummary, SweepResult, TrialRecord, WorkloadRecord
 from autotune.servers.flags import server_flags
 from autotune.servers.vllm import vllm_command
@@ -276,3 +277,35 @@ def test_the_collect_line_reruns_the_sweeps_own_workload_on_its_server() -> None
     assert workload_record(config) == measured, measured.differences(workload_record(config))
     assert sim_flags[:2] == ["--time-scale", "0.05"] and "--max-num-seqs" in sim_flags
     assert args.parallelism == rec.recommended.parallelism
+
+
+def ladder_trial(rates: dict[int, float]) -> TrialRecord:
+    """A trial measured at each parallelism of `rates`, each point ±3% over 10 batches."""
+    points = [
+        CurvePoint(
+            n, r, 128 * r, 0.0, 1.0, 10.0, "converged", None, None, (0.97 * r, 1.03 * r), batches=10
+        )
+        for n, r in rates.items()
+    ]
+    curve = summarise_curve(list(rates), list(rates.values()))
+    return dataclasses.replace(trial(0, max(rates.values()), KNOBS, curve=curve), points=points)
+
+
+def test_a_peak_at_the_top_of_the_range_has_intervals_open_above() -> None:
+    """Throughput still growing at the largest parallelism tried: the peak lies at or past
+    it, so its interval (and 80% of it) is "at least 256", never a zero-width [256, 256]."""
+    growing = ladder_trial({n: 0.5 * n / (1 + 0.001 * (n - 1)) for n in (8, 16, 32, 64, 128, 256)})
+    assert growing.curve is not None and not growing.curve.peak_inside_range
+    rec = recommendation(sweep(growing))
+    assert rec is not None and rec.peak.parallelism_interval is not None
+    assert rec.peak.parallelism_interval[0] == 256 and math.isinf(rec.peak.parallelism_interval[1])
+    assert interval_text(rec.peak.parallelism_interval) == "at least 256"
+    assert rec.recommended.parallelism_interval is not None
+    assert math.isinf(rec.recommended.parallelism_interval[1])
+    assert "peak parallelism, 95% interval: at least 256" in interval_bands(rec)
+
+    turning = ladder_trial({n: usl(n, 1.0, 0.02, 0.0005) for n in (4, 8, 16, 32, 64, 128)})
+    rec = recommendation(sweep(turning))
+    assert rec is not None and rec.peak.parallelism_interval is not None
+    low, high = rec.peak.parallelism_interval
+    assert low < high < math.inf  # a peak inside the range keeps both ends
