@@ -206,9 +206,7 @@ class CurveBootstrap:
     @property
     def knee_parallelism(self) -> Interval:
         """A knee at a peak past the range is as unbounded as the peak."""
-        at_peak = [
-            not d.inside and d.knee_parallelism >= d.peak_parallelism for d in self.draws
-        ]
+        at_peak = [not d.inside and d.knee_parallelism >= d.peak_parallelism for d in self.draws]
         return self.interval([d.knee_parallelism for d in self.draws], at_peak)
 
     @property
