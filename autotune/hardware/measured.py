@@ -40,6 +40,8 @@ from pathlib import Path
 KEY_COLUMNS = ("hw", "model", "framework", "precision", "image", "isl", "osl", "tp", "ep")
 DEFAULT_KEY = {"framework": "vllm", "ep": "1"}
 SINGLE_NODE = {"is_multinode": "False", "disagg": "False", "spec_decoding": "none"}
+Row = dict[str, str]
+REPLAY_FLAGS = ("--replay-table", "--replay-where")
 
 
 class SurfaceError(ValueError):
@@ -118,21 +120,50 @@ def parse_key(text: str) -> dict[str, str]:
     return key
 
 
-def load_surface(path: Path, where: Mapping[str, str], tp: int) -> MeasuredSurface:
-    """The surface of the one configuration `where` and `tp` pick out of the table at
-    `path`; a key that picks none, or several, is one sentence that names the choices."""
+@dataclass(frozen=True, slots=True)
+class MeasuredPoint:
+    """One configuration at one concurrency, its repeats pooled by their medians."""
+
+    output_tokens_per_s_per_gpu: float
+    median_e2e_s: float
+    p99_e2e_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredBlock:
+    """One model on one GPU type, engine image and lengths, measured at several TPs: the
+    response surface a sweep over TP and client concurrency searches."""
+
+    key: dict[str, str]  # every key column but tp
+    points: dict[int, dict[int, MeasuredPoint]]  # TP → concurrency → point, ascending
+    input_tokens: int
+    output_tokens: int
+
+    def describe(self) -> str:
+        key = ", ".join(f"{k}={v}" for k, v in self.key.items() if k != "tp")
+        sizes = ", ".join(f"TP {tp}: {min(c)}–{max(c)}" for tp, c in self.points.items())
+        return f"{key} (concurrency measured at {sizes})"
+
+
+def read_runs(
+    path: Path, where: Mapping[str, str], flags: tuple[str, str] = REPLAY_FLAGS
+) -> list[Row]:
+    """The single-node runs of the one configuration `where` picks out of the table at
+    `path` (every TP, unless `where` names one); a key that picks none, or several, is one
+    sentence that names the choices. `flags`: the options the table and the key came by."""
+    flag, where_flag = flags
     try:
         with path.open(newline="") as handle:
             rows = list(csv.DictReader(handle))
     except OSError as error:
-        raise SurfaceError(f"cannot read --replay-table {path} ({error.strerror})") from None
+        raise SurfaceError(f"cannot read {flag} {path} ({error.strerror})") from None
     needed = {"conc", "median_tpot", "median_ttft", *KEY_COLUMNS}
     if not rows or not needed <= set(rows[0]):
         raise SurfaceError(
-            f"--replay-table {path} is not a table of serving runs: it needs the columns "
+            f"{flag} {path} is not a table of serving runs: it needs the columns "
             f"{', '.join(sorted(needed))}"
         )
-    key = {**DEFAULT_KEY, **where, "tp": str(tp)}
+    key = {**DEFAULT_KEY, **where}
     chosen = [
         row
         for row in rows
@@ -140,22 +171,54 @@ def load_surface(path: Path, where: Mapping[str, str], tp: int) -> MeasuredSurfa
         and all(_matches(row.get(name, ""), value) for name, value in key.items())
     ]
     if not chosen:
-        raise SurfaceError(f"--replay-table {path} has no run of {_text(key)}; {_near(rows, key)}")
-    configurations = {tuple(row[c] for c in KEY_COLUMNS) for row in chosen}
+        raise SurfaceError(f"{flag} {path} has no run of {_text(key)}; {_near(rows, key)}")
+    columns = tuple(c for c in KEY_COLUMNS if c != "tp" or "tp" in key)
+    configurations = {tuple(row[c] for c in columns) for row in chosen}
     if len(configurations) > 1:
-        differ = [
-            c for i, c in enumerate(KEY_COLUMNS) if len({conf[i] for conf in configurations}) > 1
-        ]
+        differ = [c for i, c in enumerate(columns) if len({conf[i] for conf in configurations}) > 1]
         choices = "; ".join(
             sorted(
-                ", ".join(f"{c}={conf[KEY_COLUMNS.index(c)]}" for c in differ)
+                ", ".join(f"{c}={conf[columns.index(c)]}" for c in differ)
                 for conf in configurations
             )
         )
         raise SurfaceError(
-            f"--replay-table {path} has {len(configurations)} configurations for "
-            f"{_text(key)}; add {', '.join(differ)} to --replay-where (one of: {choices})"
+            f"{flag} {path} has {len(configurations)} configurations for "
+            f"{_text(key)}; add {', '.join(differ)} to {where_flag} (one of: {choices})"
         )
+    return chosen
+
+
+def load_block(path: Path, where: Mapping[str, str], flags: tuple[str, str]) -> MeasuredBlock:
+    """Every TP's measured points of the configuration `where` picks (see read_runs)."""
+    chosen = read_runs(path, where, flags)
+    grouped: dict[int, dict[int, list[Row]]] = {}
+    for row in chosen:
+        grouped.setdefault(int(row["tp"]), {}).setdefault(int(row["conc"]), []).append(row)
+    points = {
+        tp: {
+            conc: MeasuredPoint(
+                _median(runs, "output_tput_per_gpu"),
+                _median(runs, "median_e2el"),
+                _median(runs, "p99_e2el"),
+            )
+            for conc, runs in sorted(by_conc.items())
+        }
+        for tp, by_conc in sorted(grouped.items())
+    }
+    first = chosen[0]
+    return MeasuredBlock(
+        key={c: first[c] for c in KEY_COLUMNS if c != "tp"},
+        points=points,
+        input_tokens=int(first["isl"]),
+        output_tokens=int(first["osl"]),
+    )
+
+
+def load_surface(path: Path, where: Mapping[str, str], tp: int) -> MeasuredSurface:
+    """The surface of the one configuration `where` and `tp` pick out of the table at
+    `path`; a key that picks none, or several, is one sentence that names the choices."""
+    chosen = read_runs(path, {**where, "tp": str(tp)})
     by_conc: dict[int, list[dict[str, str]]] = {}
     for row in chosen:
         by_conc.setdefault(int(row["conc"]), []).append(row)
@@ -178,7 +241,7 @@ def _matches(value: str, wanted: str) -> bool:
     return value == wanted or value.endswith(("/" + wanted, ":" + wanted))
 
 
-def _median(rows: Sequence[dict[str, str]], column: str) -> float:
+def _median(rows: Sequence[Row], column: str) -> float:
     return statistics.median(float(row[column]) for row in rows)
 
 
