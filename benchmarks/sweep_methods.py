@@ -1,0 +1,539 @@
+"""Every way of tuning a rollout server, scored by one function (issue 25).
+
+Ground truth: a block of a table of measured serving runs in InferenceX's format
+(`--table`; by default the shared InferenceX runs: Data from InferenceX (SemiAnalysis),
+Apache-2.0): one model on one GPU type, engine image and lengths, measured at several
+TPs and client concurrencies. A configuration splits `--gpus` GPUs into engines × TP;
+the client's parallelism P is shared by the engines, P/engines each.
+
+  - Between measured concurrencies the truth interpolates on log-log axes (and says so:
+    only measured points are quoted). Above the highest, an engine holds that many
+    requests (it is launched with --max-num-seqs there, as the replay target is) and the
+    rest queue: throughput flat, latency growing in proportion. Below the lowest,
+    throughput falls in proportion.
+  - The SLO bounds p95 rollout latency, which the table does not hold: it is read off a
+    log-normal through the measured median and p99, p95 = median · (p99/median)^(z95/z99).
+
+Every method measures through one virtual probe (the sweep's launcher protocol): a probe
+at P costs a warm-up of one rollout latency and its window (a number of rollouts, or the
+study's window rule), and reads the truth with noise: 1% for the run-to-run spread and
+1/√completions for counting.
+
+Methods, each ending in an answer (configuration, client parallelism) by its own rule:
+
+  study       autotune's sweep (the search, then its recommendation: 80% of the peak,
+              lowered to the SLO), with and without the seeded first trial;
+  random      random (configuration, parallelism) probes, as many as the study made:
+              its best measured point that met the SLO;
+  ladder      NeMo Gym's guide at one configuration: 100 rollouts at parallelism 5, 20,
+              then doubling until a gain under 10%; 80% of the peak;
+  bisection   AIPerf-style, at one configuration: the top of the range first, then a
+              bisection (log scale) for the largest parallelism that meets the SLO, or
+              without one the smallest that reaches 95% of the top's throughput;
+  auto_tune   vLLM's auto_tune.sh at one TP: 1,000 prompts at once (every engine full);
+              over the SLO, the concurrency halves until it is met.
+
+A one-configuration method runs at the smallest TP (the most engines: the usual guess)
+and, separately, at every TP keeping its best measured answer (and paying for all).
+
+Score, one function for every method (`score`): the truth at the answer as a share of
+the best feasible point (the best truth at any configuration and parallelism in range
+that meets the SLO), 0 where the answer misses the SLO; cost: probe-seconds plus launches
+× the block's start-up time.
+
+    python benchmarks/sweep_methods.py [--table CSV] [--block KEY ...] [--seeds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import itertools
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from bisect import bisect_left
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.config import Study
+from autotune.hardware.measured import MeasuredBlock, SurfaceError, load_block, parse_key
+from autotune.probe import ProbeSettings
+from autotune.results import ProbeResult, StageLatency, SweepResult, no_latencies
+from autotune.sweep.recommend import recommendation
+from autotune.sweep.search import open_study, optimise, trial_records
+
+REPO = Path(__file__).resolve().parent.parent
+TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
+Z95_OVER_Z99 = 1.6449 / 2.3263  # of the standard normal: p95 of a log-normal
+NOISE_CV = 0.01  # run-to-run spread of a measured rate
+WINDOW_LATENCIES = 8.0  # the study's probe window, at least, in rollout latencies
+LADDER_ROLLOUTS, LADDER_PLATEAU = 100, 0.10
+AUTO_TUNE_PROMPTS = 1000
+BISECTION_STEPS, BISECTION_SHARE = 5, 0.95
+MEDIAN_TARGET, WORST_TARGET, COST_SHARE = 0.97, 0.90, 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Truth:
+    """A configuration at one client parallelism, as the ground truth has it."""
+
+    rollouts_per_s: float
+    median_latency_s: float
+    p95_latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ground:
+    """A block of the table served as `gpus` GPUs split into engines × TP."""
+
+    name: str
+    block: MeasuredBlock
+    block_key: str  # as given: the replay target's --replay-where
+    table: Path
+    gpus: int
+    launch_s: float  # a server's start-up: a 120B model takes minutes to load
+    slo_p95_s: float | None
+
+    def configurations(self) -> list[dict[str, int]]:
+        return [
+            {"num_engines": self.gpus // tp, "tensor_parallel_size": tp}
+            for tp in self.block.points
+            if self.gpus % tp == 0
+        ]
+
+    @property
+    def low(self) -> int:
+        return min(min(conc) for conc in self.block.points.values())
+
+    @property
+    def high(self) -> int:
+        return max(knobs["num_engines"] for knobs in self.configurations()) * self.ceiling
+
+    @property
+    def ceiling(self) -> int:
+        """Each engine's max_num_seqs (one flag for every TP, as a user launches the
+        replay target): the highest concurrency measured at every TP."""
+        return min(max(conc) for conc in self.block.points.values())
+
+    def truth(self, knobs: Mapping[str, Any], parallelism: float) -> Truth:
+        tp, engines = int(knobs["tensor_parallel_size"]), int(knobs["num_engines"])
+        measured = self.block.points[tp]
+        concs = list(measured)
+        per_engine = parallelism / engines
+        at = min(max(per_engine, concs[0]), self.ceiling)
+        points = list(measured.values())
+        tput = _loglog(concs, [p.output_tokens_per_s_per_gpu for p in points], at)
+        median = _loglog(concs, [p.median_e2e_s for p in points], at)
+        p99 = _loglog(concs, [p.p99_e2e_s for p in points], at)
+        if per_engine < concs[0]:
+            tput *= per_engine / concs[0]
+        queued = max(per_engine / self.ceiling, 1.0)
+        rate = engines * tp * tput / self.block.output_tokens
+        p95 = median * (p99 / median) ** Z95_OVER_Z99
+        return Truth(rate, median * queued, p95 * queued)
+
+    def meets(self, truth: Truth) -> bool:
+        return self.slo_p95_s is None or truth.p95_latency_s <= self.slo_p95_s
+
+    def best(
+        self, configurations: Sequence[dict[str, int]] | None = None
+    ) -> tuple[dict[str, int], int, float]:
+        """The best feasible point: every configuration (or those given) at every
+        parallelism in range."""
+        found: tuple[dict[str, int], int, float] = ({}, 0, 0.0)
+        for knobs in self.configurations() if configurations is None else configurations:
+            for parallelism in range(self.low, self.high + 1):
+                truth = self.truth(knobs, parallelism)
+                if self.meets(truth) and truth.rollouts_per_s > found[2]:
+                    found = (knobs, parallelism, truth.rollouts_per_s)
+        return found
+
+
+def _loglog(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Interpolated between measured points on log-log axes (x inside their range)."""
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    if len(xs) == 1:
+        return ys[0]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    share = math.log(x / x0) / math.log(x1 / x0)
+    return math.exp(math.log(y0) + share * (math.log(y1) - math.log(y0)))
+
+
+@dataclass
+class Probe:
+    """One launched configuration of a ground, measured in virtual seconds."""
+
+    ground: Ground
+    knobs: Mapping[str, Any]
+    rng: random.Random
+    spent_s: float = 0.0
+
+    async def measure(
+        self, parallelism: int, settings: ProbeSettings | None = None, rollouts: int = 0
+    ) -> ProbeResult:
+        """A closed-loop probe: the study's window rule, or a run of `rollouts` timed
+        whole (its rate is rollouts ÷ elapsed, ramp and drain included)."""
+        truth = self.ground.truth(self.knobs, parallelism)
+        latency = truth.median_latency_s
+        if rollouts:
+            warm_up, window = 0.0, latency * max(rollouts / parallelism, 1.0)
+            rate, completions = rollouts / window, float(rollouts)
+        else:
+            min_s = settings.min_s if settings else 0.0
+            warm_up, window = latency, max(min_s, WINDOW_LATENCIES * latency)
+            rate, completions = truth.rollouts_per_s, truth.rollouts_per_s * window
+        spread = math.hypot(NOISE_CV, 1 / math.sqrt(max(completions, 1.0)))
+        measured = rate * max(1 + self.rng.gauss(0, spread), 0.05)
+        p95 = truth.p95_latency_s * max(1 + self.rng.gauss(0, spread), 0.05)
+        self.spent_s += warm_up + window
+        latencies = no_latencies()
+        latencies["total"] = StageLatency(round(completions), latency, latency, p95)
+        return ProbeResult(
+            parallelism=parallelism,
+            rollouts_per_s=measured,
+            rollouts_per_s_ci=(measured * (1 - 1.96 * spread), measured * (1 + 1.96 * spread)),
+            output_tokens_per_s=measured * self.ground.block.output_tokens,
+            error_rate=0.0,
+            completed=round(completions),
+            failed=0,
+            measured_s=window,
+            warmup_s=warm_up,
+            stop_reason="converged",
+            latency_s=latencies,
+        )
+
+
+@dataclass
+class Launcher:
+    """Launches a ground's configurations (the sweep's launcher protocol), counting
+    the launches and the probe-seconds spent."""
+
+    ground: Ground
+    seed: int
+    launches: int = 0
+    probes: list[Probe] = field(default_factory=list)
+
+    @asynccontextmanager
+    async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[Probe]:
+        self.launches += 1
+        probe = Probe(self.ground, dict(knobs), random.Random(self.seed * 7919 + self.launches))
+        self.probes.append(probe)
+        yield probe
+
+    @property
+    def probe_s(self) -> float:
+        return sum(probe.spent_s for probe in self.probes)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a method recommends, and what finding it cost."""
+
+    method: str
+    knobs: dict[str, int]
+    parallelism: int
+    probe_s: float
+    launches: int
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    share: float  # of the best feasible point; 0 where the answer misses the SLO
+    feasible: bool
+    cost_s: float  # probe-seconds plus launches × start-up
+    # The answer's configuration at its own best feasible parallelism, as a share of the
+    # best: how well the configuration was chosen, apart from the parallelism rule.
+    configuration_share: float
+
+
+def score(answer: Answer, ground: Ground) -> Score:
+    """The one scoring function: the answer looked up in the ground truth."""
+    _, _, best = ground.best()
+    truth = ground.truth(answer.knobs, answer.parallelism)
+    feasible = ground.meets(truth)
+    share = truth.rollouts_per_s / best if feasible else 0.0
+    _, _, chosen = ground.best([answer.knobs])
+    cost = answer.probe_s + answer.launches * ground.launch_s
+    return Score(share, feasible, cost, chosen / best)
+
+
+# ---- the methods: each takes (ground, seed) and returns an Answer ----
+
+
+def study_spec(ground: Ground, trials: int, seed: int) -> Study:
+    """The study a user would write for this block against the replay target."""
+    length = ground.block.input_tokens + ground.block.output_tokens
+    return Study.model_validate(
+        {
+            "name": "methods",
+            "target": {
+                "kind": "sim",
+                "args": [
+                    "--replay-table", str(ground.table), "--replay-where", ground.block_key,
+                    "--max-num-seqs", str(ground.ceiling),
+                    # A small stand-in whose KV cache never binds: the table's times rule.
+                    "--model", "llama-3.2-1b", "--max-model-len", str(2 * length),
+                ],
+            },
+            "workload": {
+                "synthetic": {
+                    "prompt_tokens": ground.block.input_tokens,
+                    "output_tokens": ground.block.output_tokens,
+                }
+            },
+            "search_space": {
+                "parallelism": {"low": ground.low, "high": ground.high},
+                "tensor_parallel_size": {"choices": sorted(ground.block.points)},
+            },
+            "resources": {"gpus": ground.gpus},
+            "objective": {"metric": "rollouts_per_s", "p95_latency_slo_s": ground.slo_p95_s},
+            "budget": {"trials": trials, "patience": 6},
+            "seed": seed,
+        }
+    )  # fmt: skip
+
+
+async def study_method(ground: Ground, seed: int, seed_first: bool, trials: int = 30) -> Answer:
+    spec = study_spec(ground, trials, seed)
+    launcher = Launcher(ground, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        optuna_study = open_study(spec, f"sqlite:///{Path(tmp) / 'study.db'}")
+        await optimise(spec, optuna_study, launcher, seed_first=seed_first)
+        records = trial_records(optuna_study)
+    result = SweepResult(
+        study=spec.name, created_at=0.0, started_at=0.0, simulated=True, storage="",
+        trials_reused=0, metric="rollouts_per_s", max_error_rate=0.05, model=None, spec={},
+        trials=records, importances={}, machine={}, p95_latency_slo_s=ground.slo_p95_s,
+    )  # fmt: skip
+    rec = recommendation(result)
+    name = "study" if seed_first else "study, no seed"
+    if rec is None:  # nothing feasible measured: the user is left with the smallest point
+        return Answer(name, ground.configurations()[0], ground.low, launcher.probe_s, 0)
+    knobs = {k: int(rec.server[k]) for k in ("num_engines", "tensor_parallel_size")}
+    launches = sum(1 for r in records if (r.probe_s or 0) > 0)
+    return Answer(name, knobs, rec.recommended.parallelism, launcher.probe_s, launches)
+
+
+async def random_method(ground: Ground, seed: int, probes: int) -> Answer:
+    """`probes` random points, one launch per configuration drawn."""
+    rng = random.Random(seed)
+    launcher = Launcher(ground, seed + 1000)
+    configurations = ground.configurations()
+    draws = sorted(
+        (
+            rng.randrange(len(configurations)),
+            round(math.exp(rng.uniform(math.log(ground.low), math.log(ground.high)))),
+        )
+        for _ in range(probes)
+    )
+    best: tuple[float, dict[str, int], int] = (-1.0, configurations[0], ground.low)
+    for index, group in itertools.groupby(draws, key=lambda draw: draw[0]):
+        knobs = configurations[index]
+        async with launcher.running(knobs) as probe:
+            for _, parallelism in group:
+                point = await probe.measure(parallelism, ProbeSettings(parallelism))
+                p95 = point.latency_s["total"].p95 or math.inf
+                fits = ground.slo_p95_s is None or p95 <= ground.slo_p95_s
+                if fits and point.rollouts_per_s > best[0]:
+                    best = (point.rollouts_per_s, knobs, parallelism)
+    return Answer("random", best[1], best[2], launcher.probe_s, launcher.launches)
+
+
+async def ladder(ground: Ground, probe: Probe) -> tuple[int, float]:
+    """NeMo Gym's guide: 100 rollouts at 5, 20, then doubling to a plateau; 80% of the
+    peak. Returns (parallelism, measured rate at the peak)."""
+    rungs, found = [5, 20], list[tuple[int, float]]()
+    while True:
+        parallelism = rungs[len(found)] if len(found) < len(rungs) else 2 * found[-1][0]
+        if parallelism > ground.high:
+            break
+        point = await probe.measure(parallelism, rollouts=LADDER_ROLLOUTS)
+        found.append((parallelism, point.rollouts_per_s))
+        if len(found) > 2 and found[-1][1] < (1 + LADDER_PLATEAU) * found[-2][1]:
+            break
+    peak, rate = max(found, key=lambda item: item[1])
+    return max(1, math.floor(0.8 * peak)), rate
+
+
+async def bisection(ground: Ground, probe: Probe) -> tuple[int, float]:
+    """AIPerf-style: the top first, then bisect on log scale."""
+    settings = ProbeSettings(1)
+    top = await probe.measure(ground.high, settings)
+    slo = ground.slo_p95_s
+
+    def good(point: ProbeResult) -> bool:
+        if slo is not None:
+            return (point.latency_s["total"].p95 or math.inf) <= slo
+        return point.rollouts_per_s >= BISECTION_SHARE * top.rollouts_per_s
+
+    if slo is not None and good(top):
+        return ground.high, top.rollouts_per_s
+    low, high, best = math.log(ground.low), math.log(ground.high), (ground.low, 0.0)
+    for _ in range(BISECTION_STEPS):
+        middle = round(math.exp((low + high) / 2))
+        point = await probe.measure(middle, settings)
+        if good(point):
+            best = (middle, point.rollouts_per_s)
+            low, high = (math.log(middle), high) if slo is not None else (low, math.log(middle))
+        else:
+            low, high = (low, math.log(middle)) if slo is not None else (math.log(middle), high)
+    if slo is None and best[1] == 0.0:
+        return ground.high, top.rollouts_per_s
+    return best
+
+
+async def auto_tune(ground: Ground, probe: Probe) -> tuple[int, float]:
+    """vLLM's auto_tune.sh: 1,000 prompts at once; over the SLO, half the concurrency."""
+    parallelism = int(probe.knobs["num_engines"]) * ground.ceiling
+    while True:
+        point = await probe.measure(parallelism, rollouts=AUTO_TUNE_PROMPTS)
+        p95 = point.latency_s["total"].p95 or math.inf
+        if ground.slo_p95_s is None or p95 <= ground.slo_p95_s or parallelism <= ground.low:
+            return parallelism, point.rollouts_per_s
+        parallelism = max(ground.low, parallelism // 2)
+
+
+ONE_CONFIGURATION = {"ladder": ladder, "bisection": bisection, "auto_tune": auto_tune}
+
+
+async def one_configuration(ground: Ground, seed: int, name: str, every_tp: bool) -> Answer:
+    """A method of one configuration at the usual guess (the most engines), or at every
+    TP keeping its best measured answer."""
+    method = ONE_CONFIGURATION[name]
+    launcher = Launcher(ground, seed)
+    configurations = ground.configurations() if every_tp else ground.configurations()[:1]
+    found = []
+    for knobs in configurations:
+        async with launcher.running(knobs) as probe:
+            parallelism, rate = await method(ground, probe)
+        found.append((rate, knobs, parallelism))
+    _, knobs, parallelism = max(found, key=lambda item: item[0])
+    where = "every TP" if every_tp else "most engines"
+    return Answer(f"{name} ({where})", knobs, parallelism, launcher.probe_s, launcher.launches)
+
+
+async def every_method(ground: Ground, seed: int) -> list[Answer]:
+    studies = [await study_method(ground, seed, seed_first) for seed_first in (False, True)]
+    probes = max(1, round(studies[0].probe_s / (WINDOW_LATENCIES * _typical_latency(ground))))
+    answers = [*studies, await random_method(ground, seed, probes)]
+    for name in ONE_CONFIGURATION:
+        for every_tp in (False, True):
+            answers.append(await one_configuration(ground, seed, name, every_tp))
+    return answers
+
+
+def _typical_latency(ground: Ground) -> float:
+    return statistics.median(
+        point.median_e2e_s for conc in ground.block.points.values() for point in conc.values()
+    )
+
+
+# ---- the blocks and the table ----
+
+BLOCKS = {
+    "h100-1k1k": ("hw=h100,model=gpt-oss-120b,image=v0.13.0,isl=1024,osl=1024", None),
+    "h200-8k1k": ("hw=h200,model=gpt-oss-120b,image=v0.13.0,isl=8192,osl=1024", None),
+    "h200-1k8k-slo": ("hw=h200,model=gpt-oss-120b,image=v0.11.2,isl=1024,osl=8192", 80.0),
+}
+
+
+MIN_CONCURRENCIES = 3  # a TP measured at fewer is left out of its block: no curve to search
+
+
+def ground_of(name: str, key: str, slo: float | None, args: argparse.Namespace) -> Ground:
+    block = load_block(args.table, parse_key(key), ("--table", "--block"))
+    kept = {tp: conc for tp, conc in block.points.items() if len(conc) >= MIN_CONCURRENCIES}
+    if not kept:
+        raise SurfaceError(
+            f"no TP of {block.describe()} was measured at {MIN_CONCURRENCIES} "
+            "concurrencies or more: pick a block with a curve to search"
+        )
+    block = dataclasses.replace(block, points=kept)
+    gpus = args.gpus or max(block.points)
+    return Ground(name, block, key, args.table, gpus, args.launch_s, slo)
+
+
+async def run_block(ground: Ground, seeds: int) -> bool:
+    knobs, parallelism, best = ground.best()
+    slo = f", SLO p95 ≤ {ground.slo_p95_s:g} s" if ground.slo_p95_s else ""
+    print(f"\n== {ground.name}: {ground.block.describe()}; {ground.gpus} GPUs{slo}")
+    print(
+        f"best feasible: {knobs['num_engines']} engines × TP {knobs['tensor_parallel_size']} at "
+        f"parallelism {parallelism}, {best:.3g} rollouts/s (start-up {ground.launch_s:g} s)"
+    )
+    by_method: dict[str, list[tuple[Answer, Score]]] = {}
+    for seed in range(seeds):
+        for answer in await every_method(ground, seed):
+            by_method.setdefault(answer.method, []).append((answer, score(answer, ground)))
+    print(
+        f"{'method':>26} {'median':>7} {'worst':>7} {'config':>7} {'met SLO':>7} "
+        f"{'cost (s)':>9} {'launches':>8}  answer (seed 0)"
+    )
+    summary = {}
+    for name, rows in by_method.items():
+        shares = [s.share for _, s in rows]
+        cost = statistics.median(s.cost_s for _, s in rows)
+        summary[name] = (statistics.median(shares), min(shares), cost)
+        first = rows[0][0]
+        config = statistics.median(s.configuration_share for _, s in rows)
+        print(
+            f"{name:>26} {summary[name][0]:>7.1%} {summary[name][1]:>7.1%} {config:>7.1%} "
+            f"{sum(s.feasible for _, s in rows):>4}/{len(rows):<2} {cost:>9,.0f} "
+            f"{statistics.median(a.launches for a, _ in rows):>8.0f}  "
+            f"{first.knobs['num_engines']}×TP{first.knobs['tensor_parallel_size']} "
+            f"at {first.parallelism}"
+        )
+    median, worst, cost = summary["study, no seed"]
+    rivals = [
+        c for name, (m, _, c) in summary.items() if not name.startswith("study") and m >= median
+    ]
+    cheapest = min(rivals, default=math.inf)
+    ok = median >= MEDIAN_TARGET and worst >= WORST_TARGET and cost <= COST_SHARE * cheapest
+    print(
+        f"study without the seeded trial: median {median:.1%}, worst {worst:.1%}, cost "
+        f"{cost:,.0f} s; the cheapest other method as good: "
+        f"{'none' if math.isinf(cheapest) else f'{cheapest:,.0f} s'}; target (median ≥ "
+        f"{MEDIAN_TARGET:.0%}, worst ≥ {WORST_TARGET:.0%}, cost ≤ {COST_SHARE:.0%} of it): "
+        f"{'PASS' if ok else 'FAIL'}"
+    )
+    return ok
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    given = [(f"block {i + 1}", key, args.slo) for i, key in enumerate(args.block or [])]
+    chosen = given or [(name, key, slo) for name, (key, slo) in BLOCKS.items()]
+    try:
+        grounds = [ground_of(name, key, slo, args) for name, key, slo in chosen]
+    except SurfaceError as error:
+        print(f"sweep_methods: {error}", file=sys.stderr)
+        return 2
+    results = [await run_block(ground, args.seeds) for ground in grounds]
+    print(f"\n{len(grounds)} blocks in {time.perf_counter() - started:.0f} s")
+    return 0 if all(results) or not args.check else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", type=Path, default=TABLE, help="runs in InferenceX's format")
+    parser.add_argument(
+        "--block", action="append", help="COLUMN=VALUE pairs picking one block (repeatable)"
+    )
+    parser.add_argument("--slo", type=float, help="p95 rollout latency SLO (s) for --block")
+    parser.add_argument("--gpus", type=int, help="the GPU budget (default: the block's top TP)")
+    parser.add_argument("--launch-s", type=float, default=300.0, help="a server's start-up (s)")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
