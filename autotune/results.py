@@ -952,7 +952,7 @@ class TrialRecord(Record):
     # Objective trained_samples_per_s: the trial's RL loop instead of a curve.
     loop: LoopSummary | None = None
     # The trial whose figures this one reuses (the sampler proposed its configuration
-    # again): not measured again, and counted towards neither the budget nor patience.
+    # again): not measured again, no launch.
     copied_from: int | None = None
 
     @property

@@ -343,13 +343,12 @@ def test_sweep_of_a_users_own_collector_command(tmp_path: Path) -> None:
     assert recommendation["snippets"]["nemo_gym"].startswith("+num_samples_in_parallel=")
 
 
-async def test_a_configuration_proposed_again_is_copied_not_counted_and_marked(
+async def test_a_configuration_proposed_again_is_copied_marked_and_counted_as_reused(
     tmp_path: Path,
 ) -> None:
     """A configuration the sampler proposes again is copied from the study, not launched:
-    it is marked as a copy, carries its original's value (a pruned one's too), counts
-    towards neither the budget nor patience, and `trials_reused` counts it with the
-    trials a resume finds."""
+    it is marked as a copy (the trial line, trials.csv), carries its original's value (a
+    pruned one's too), and `trials_reused` counts it with the trials a resume finds."""
 
     def spec(trials: int) -> Study:
         return Study.model_validate(
@@ -358,14 +357,14 @@ async def test_a_configuration_proposed_again_is_copied_not_counted_and_marked(
                 "target": {"kind": "sim", "args": ["--model", "llama-3.1-8b"]},
                 "search_space": {
                     "parallelism": {"low": 4, "high": 256},
-                    "max_num_seqs": {"choices": [8, 16, 32, 64]},
+                    "max_num_seqs": {"choices": [8, 64]},
                 },
                 "budget": {"trials": trials, "validate_rollouts": 0},
             }
         )
 
     url = f"sqlite:///{tmp_path / 'reuse.db'}"
-    for seqs in (64, 8, 64, 32):  # the third again: copied from the first
+    for seqs in (64, 8, 64):  # the last again: copied from the first
         open_study(spec(3), url).enqueue_trial({"max_num_seqs": seqs})
     launcher = SeqsLauncher()
     lines: list[str] = []
@@ -375,23 +374,21 @@ async def test_a_configuration_proposed_again_is_copied_not_counted_and_marked(
         launcher=launcher,
         on_trial=lambda n, o: lines.append(trial_line(n, o)),
     )
-    # Three trials measured: the copy did not use up the budget of three.
-    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8, 32]
-    assert [t.state for t in first.trials] == ["COMPLETE", "PRUNED", "COMPLETE", "PRUNED"]
-    assert [t.copied_from for t in first.trials] == [None, None, 0, None]
+    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8]
+    assert [t.state for t in first.trials] == ["COMPLETE", "PRUNED", "COMPLETE"]
+    assert [t.copied_from for t in first.trials] == [None, None, 0]
     assert first.trials[2].value == first.trials[0].value
     assert first.trials_reused == 1
     assert lines[2].endswith("(a copy of trial 0)") and "(0.0 s)" not in lines[2]
     table = write_trials_csv(first, tmp_path / "trials.csv").read_text()
     csv_rows = list(csv.DictReader(table.splitlines()))
-    assert [row["copy_of"] for row in csv_rows] == ["", "", "0", ""]
+    assert [row["copy_of"] for row in csv_rows] == ["", "", "0"]
     assert csv_rows[2]["value"] == csv_rows[0]["value"] != ""
 
-    for seqs in (8, 16):  # a copy of the pruned trial, then one not measured yet
-        open_study(spec(4), url).enqueue_trial({"max_num_seqs": seqs})
+    open_study(spec(4), url).enqueue_trial({"max_num_seqs": 8})  # copied from the pruned one
     resumed = await run_sweep(spec(4), storage=url, launcher=launcher)
-    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8, 32, 16]
-    copy = resumed.trials[4]
+    assert len(launcher.started) == 2  # nothing launched again
+    copy = resumed.trials[3]
     assert copy.state == "PRUNED" and copy.copied_from == 1
     assert copy.value is not None and copy.value == resumed.trials[1].value
-    assert resumed.trials_reused == 4 + 1  # four finished before, one copied now
+    assert resumed.trials_reused == 3 + 1  # three finished before, one copied now

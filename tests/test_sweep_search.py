@@ -48,7 +48,6 @@ async def test_pruned_and_rejected_trials_are_recorded_and_never_launched_again(
 ) -> None:
     spec = study(
         tmp_path,
-        trials=3,  # the copy is not counted: the rejected trial is the third
         tensor_parallel_size={"choices": [1, 3]},
         max_num_seqs={"choices": [8, 64]},
     )

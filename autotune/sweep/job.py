@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from autotune.config import GOODPUT, TRAINED, Study, collect_config
@@ -321,7 +322,8 @@ def write_outputs(result: SweepResult, directory: Path) -> list[Path]:
         as_json = directory / "recommendation.json"
         as_json.write_bytes(to_json(recommended))
         as_yaml = directory / "recommendation.yaml"
-        as_yaml.write_text(yaml.safe_dump(recommended.to_dict(), sort_keys=False))
+        # The JSON's values, so both files say the same (an open interval's "Infinity").
+        as_yaml.write_text(yaml.safe_dump(orjson.loads(as_json.read_bytes()), sort_keys=False))
         written += [as_json, as_yaml]
     written.append(sweep_report.write(result, recommended, directory))
     return written
