@@ -2,7 +2,9 @@
 
 `nemo_gym_install` runs scripts/setup_nemo_gym.sh once per session: nemo-gym in its own
 venv, cached under $AUTOTUNE_CACHE (default ~/.cache/autotune) so a second run takes a
-second. `nemo_gym_stack` starts one real stack with `ng_run` for the whole session:
+second. `nemo_gym_stack` starts one real stack with `ng_run` for these tests (scoped to
+this package: stopped after its last test, so Ray and its servers do not load the machine
+under the rest of the suite):
 NeMo Gym's `simple_agent` in front of two resources servers (the single-tool-call example
 and mcqa, a verifier-only environment), and its `vllm_model` model server pointed at
 autotune's simulated server, which the fixture starts (and can swap for another on the
@@ -282,7 +284,7 @@ def stop_session(leader: subprocess.Popen[bytes]) -> None:
     assert not left, f"NeMo Gym left processes behind: {[p.pid for p in left]}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def nemo_gym_stack(
     nemo_gym_install: NemoGymInstall, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NemoGymStack]:
