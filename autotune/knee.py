@@ -201,7 +201,9 @@ class CurveBootstrap:
 
     @property
     def peak_throughput(self) -> Interval:
-        return self.interval([d.peak_throughput for d in self.draws], self._past_range())
+        """Not open above: past the range the curve has flattened, and its throughput
+        there is what the top rungs measured."""
+        return self.interval([d.peak_throughput for d in self.draws])
 
     @property
     def knee_parallelism(self) -> Interval:
