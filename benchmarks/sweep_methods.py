@@ -175,6 +175,7 @@ class Probe:
     knobs: Mapping[str, Any]
     rng: random.Random
     spent_s: float = 0.0
+    measures: int = 0
 
     async def measure(
         self, parallelism: int, settings: ProbeSettings | None = None, rollouts: int = 0
@@ -194,6 +195,7 @@ class Probe:
         measured = rate * max(1 + self.rng.gauss(0, spread), 0.05)
         p95 = truth.p95_latency_s * max(1 + self.rng.gauss(0, spread), 0.05)
         self.spent_s += warm_up + window
+        self.measures += 1
         latencies = no_latencies()
         latencies["total"] = StageLatency(round(completions), latency, latency, p95)
         return ProbeResult(
@@ -214,7 +216,7 @@ class Probe:
 @dataclass
 class Launcher:
     """Launches a ground's configurations (the sweep's launcher protocol), counting
-    the launches and the probe-seconds spent."""
+    the launches, the probes and the probe-seconds spent."""
 
     ground: Ground
     seed: int
@@ -232,6 +234,10 @@ class Launcher:
     def probe_s(self) -> float:
         return sum(probe.spent_s for probe in self.probes)
 
+    @property
+    def measures(self) -> int:
+        return sum(probe.measures for probe in self.probes)
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -242,6 +248,14 @@ class Answer:
     parallelism: int
     probe_s: float
     launches: int
+    measures: int  # probes run
+
+    @classmethod
+    def of(cls, method: str, knobs: dict[str, int], parallelism: int, launcher: Launcher) -> Answer:
+        """The answer, with what `launcher` spent finding it."""
+        return cls(
+            method, knobs, parallelism, launcher.probe_s, launcher.launches, launcher.measures
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,10 +330,9 @@ async def study_method(ground: Ground, seed: int, seed_first: bool, trials: int 
     rec = recommendation(result)
     name = "study" if seed_first else "study, no seed"
     if rec is None:  # nothing feasible measured: the user is left with the smallest point
-        return Answer(name, ground.configurations()[0], ground.low, launcher.probe_s, 0)
+        return Answer.of(name, ground.configurations()[0], ground.low, launcher)
     knobs = {k: int(rec.server[k]) for k in ("num_engines", "tensor_parallel_size")}
-    launches = sum(1 for r in records if (r.probe_s or 0) > 0)
-    return Answer(name, knobs, rec.recommended.parallelism, launcher.probe_s, launches)
+    return Answer.of(name, knobs, rec.recommended.parallelism, launcher)
 
 
 async def random_method(ground: Ground, seed: int, probes: int) -> Answer:
@@ -344,7 +357,7 @@ async def random_method(ground: Ground, seed: int, probes: int) -> Answer:
                 fits = ground.slo_p95_s is None or p95 <= ground.slo_p95_s
                 if fits and point.rollouts_per_s > best[0]:
                     best = (point.rollouts_per_s, knobs, parallelism)
-    return Answer("random", best[1], best[2], launcher.probe_s, launcher.launches)
+    return Answer.of("random", best[1], best[2], launcher)
 
 
 async def ladder(ground: Ground, probe: Probe) -> tuple[int, float]:
@@ -417,23 +430,16 @@ async def one_configuration(ground: Ground, seed: int, name: str, every_tp: bool
         found.append((rate, knobs, parallelism))
     _, knobs, parallelism = max(found, key=lambda item: item[0])
     where = "every TP" if every_tp else "most engines"
-    return Answer(f"{name} ({where})", knobs, parallelism, launcher.probe_s, launcher.launches)
+    return Answer.of(f"{name} ({where})", knobs, parallelism, launcher)
 
 
 async def every_method(ground: Ground, seed: int) -> list[Answer]:
     studies = [await study_method(ground, seed, seed_first) for seed_first in (False, True)]
-    probes = max(1, round(studies[0].probe_s / (WINDOW_LATENCIES * _typical_latency(ground))))
-    answers = [*studies, await random_method(ground, seed, probes)]
+    answers = [*studies, await random_method(ground, seed, studies[0].measures)]
     for name in ONE_CONFIGURATION:
         for every_tp in (False, True):
             answers.append(await one_configuration(ground, seed, name, every_tp))
     return answers
-
-
-def _typical_latency(ground: Ground) -> float:
-    return statistics.median(
-        point.median_e2e_s for conc in ground.block.points.values() for point in conc.values()
-    )
 
 
 # ---- the blocks and the table ----

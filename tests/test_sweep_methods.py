@@ -64,10 +64,10 @@ def test_the_best_feasible_point_is_the_tables_best_within_the_slo(tmp_path: Pat
 def test_score_is_the_truth_at_the_answer_and_the_cost_counts_launches(tmp_path: Path) -> None:
     bound = ground(tmp_path, slo=40.0)
     knobs, parallelism, _ = bound.best()
-    exact = methods.score(methods.Answer("m", knobs, parallelism, 50.0, 2), bound)
+    exact = methods.score(methods.Answer("m", knobs, parallelism, 50.0, 2, 3), bound)
     assert exact.share == pytest.approx(1.0) and exact.feasible
     assert exact.cost_s == 50.0 + 2 * 100.0
-    over = methods.score(methods.Answer("m", knobs, 2 * parallelism, 0.0, 1), bound)
+    over = methods.score(methods.Answer("m", knobs, 2 * parallelism, 0.0, 1, 1), bound)
     assert not over.feasible and over.share == 0.0  # a missed SLO scores nothing
     assert over.configuration_share == pytest.approx(1.0)  # though its configuration is best
 
@@ -84,7 +84,10 @@ async def test_every_method_is_scored_by_the_one_function(
 
     monkeypatch.setattr(methods, "score", spy)
     await methods.run_block(ground(tmp_path, slo=40.0), seeds=2)
-    names = [answer.method for answer in await methods.every_method(ground(tmp_path, 40.0), 0)]
+    answers = {a.method: a for a in await methods.every_method(ground(tmp_path, 40.0), 0)}
+    names = list(answers)
+    # The random search has the study's budget: as many probes as it ran.
+    assert answers["random"].measures == answers["study, no seed"].measures > 0
     assert sorted(scored) == sorted(names * 2)  # each method, each seed, through score()
     assert {"study", "study, no seed", "random", "ladder (every TP)", "bisection (most engines)",
             "auto_tune (every TP)"} <= set(names)  # fmt: skip

@@ -140,7 +140,7 @@ class MeasuredBlock:
     output_tokens: int
 
     def describe(self) -> str:
-        key = ", ".join(f"{k}={v}" for k, v in self.key.items() if k != "tp")
+        key = ", ".join(f"{k}={v}" for k, v in self.key.items())
         sizes = ", ".join(f"TP {tp}: {min(c)}–{max(c)}" for tp, c in self.points.items())
         return f"{key} (concurrency measured at {sizes})"
 
