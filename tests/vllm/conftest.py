@@ -35,16 +35,20 @@ TEST_FLAGS: dict[str, object] = {
     "block_size": 32,
     "enforce_eager": True,
 }
+# The wide model (scripts/build_tiny_model.py --wide) for tests whose verdict depends on
+# batching being cheap: vLLM would downcast its float32 weights to bfloat16 unless told.
+WIDE_FLAGS: dict[str, object] = {"dtype": "float32"}
 # Dev mode serves the RL endpoints (/pause, /resume, /update_weights, ...) the loop calls.
 TEST_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
 
 
 @dataclass(frozen=True, slots=True)
 class VllmInstall:
-    """The set-up script's venv Python and model directory."""
+    """The set-up script's venv Python and model directories."""
 
     python: str
     model: str
+    wide_model: str
 
     @property
     def command(self) -> list[str]:
@@ -66,17 +70,20 @@ def vllm_install() -> VllmInstall:
     paths = dict(
         line.split("=", 1) for line in setup.stdout.splitlines() if line.startswith("VLLM_")
     )
-    return VllmInstall(python=paths["VLLM_PYTHON"], model=paths["VLLM_MODEL"])
+    return VllmInstall(
+        python=paths["VLLM_PYTHON"], model=paths["VLLM_MODEL"], wide_model=paths["VLLM_WIDE_MODEL"]
+    )
 
 
 @contextmanager
 def running_vllm(
-    install: VllmInstall, flags: dict[str, object], log_dir: Path
+    install: VllmInstall, flags: dict[str, object], log_dir: Path, *, wide: bool = False
 ) -> Iterator[VllmServer]:
-    """A real vLLM server with TEST_FLAGS plus `flags`, stopped (and cleaned up) after."""
+    """A real vLLM server with TEST_FLAGS plus `flags`, stopped (and cleaned up) after;
+    `wide` serves the wide model (WIDE_FLAGS) instead of the tiny one."""
     server = VllmServer(
-        install.model,
-        {**TEST_FLAGS, **flags},
+        install.wide_model if wide else install.model,
+        {**TEST_FLAGS, **(WIDE_FLAGS if wide else {}), **flags},
         command=install.command,
         env=TEST_ENV,
         log_path=log_dir / "vllm.log",

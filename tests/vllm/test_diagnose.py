@@ -1,11 +1,18 @@
 """`autotune diagnose` against real vLLM: its verdict follows the server's max_num_seqs.
 
-Both cases run the same probes (parallelism 2 and 8, non-streaming, 64 output tokens
-each) against the same model; only the server's flag differs. With 2 sequences per
+Both cases run the same probes (parallelism 1 and 4, non-streaming, 32 output tokens
+each) against the same model; only the server's flag differs. With 1 sequence per
 batch the server queues the rest, so throughput stays flat (model-bound); with 64 and
-ample KV cache it batches all 8, so throughput grows (parallelism-bound). Each probe
+ample KV cache it batches all 4, so throughput grows (parallelism-bound). Each probe
 must reach its precision target in some block, within --max-s 60, and the verdict must
 be sure: its speedup's interval clear of the threshold, on one diagnosis.
+
+The server runs the wide model, whose step is mostly reading its weights, so a batch of
+4 costs little more than 1, as on a GPU. The tiny model's step is mostly vLLM's work per
+sequence: on a two-core machine it scaled only ×1.9 to ×2.2 from parallelism 2 to 8,
+on the ×2.00 threshold itself, which no probe length can decide. A batch of one in the
+model-bound case, not two, for the same reason: two sequences batch, and its speedup
+would sit between 'barely moved' and 'scales'.
 """
 
 from __future__ import annotations
@@ -20,18 +27,19 @@ from tests.vllm.conftest import VllmInstall, running_vllm
 
 pytestmark = pytest.mark.vllm
 
-PROBES = ("--low", "2", "--high", "8", "--min-s", "3", "--max-s", "60", "--no-stream")
-WORKLOAD = ("--synthetic", "200", "--prompt-tokens", "64,16", "--output-tokens", "64,0")
+PROBES = ("--low", "1", "--high", "4", "--min-s", "3", "--max-s", "60", "--no-stream")
+WORKLOAD = ("--synthetic", "200", "--prompt-tokens", "32,8", "--output-tokens", "32,0")
 
 
 @pytest.mark.parametrize(
-    ("max_num_seqs", "verdict"), [(2, "model-bound"), (64, "parallelism-bound")]
+    ("max_num_seqs", "verdict"), [(1, "model-bound"), (64, "parallelism-bound")]
 )
 def test_verdict_follows_max_num_seqs(
     vllm_install: VllmInstall, tmp_path: Path, max_num_seqs: int, verdict: str
 ) -> None:
     out = tmp_path / "diagnose" / "diagnose.json"
-    with running_vllm(vllm_install, {"max_num_seqs": max_num_seqs}, tmp_path) as server:
+    flags = {"max_num_seqs": max_num_seqs}
+    with running_vllm(vllm_install, flags, tmp_path, wide=True) as server:
         result = autotune(
             "diagnose", "--base-url", server.base_url or "", *PROBES, *WORKLOAD,
             "--extra-body", '{"ignore_eos": true}', "--output-dir", str(out.parent), timeout=420,
