@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,12 @@ def verdicts(comparison: dict, metric: str) -> dict:
     return next(v for v in comparison["verdicts"] if v["metric"] == metric)
 
 
+def median_cpu_us(results: Path) -> float:
+    """The engine's median client CPU a rollout over one side's overhead repetitions."""
+    details = json.loads(results.read_text())["cases"][0]["details"]
+    return statistics.median(d["engine_cpu_us_per_rollout"] for d in details)
+
+
 @pytest.mark.slow
 def test_a_planted_slowdown_of_100_us_a_rollout_is_flagged(tmp_path: Path) -> None:
     candidate = plant_slowdown(tmp_path / "candidate", micros=100)
@@ -51,7 +58,16 @@ def test_a_planted_slowdown_of_100_us_a_rollout_is_flagged(tmp_path: Path) -> No
     assert code == 1, overhead
     assert overhead["verdict"] == REGRESSION
     record = comparison["ab"]
-    assert overhead["ratio"] < 0.8 and overhead["p_value"] < 0.01 / record["looks"]
+    assert overhead["p_value"] < 0.01 / record["looks"]
+    # The ratio depends on this machine's own CPU a rollout (0.77 to 0.82 in runs here,
+    # busier runs nearer 1), so what is held is the cost the gate measured: the
+    # candidate's engine spent at least most of the planted 100 µs more a rollout (two
+    # runs here measured +150 and +181 µs: the burn and some of its knock-on cost).
+    added = median_cpu_us(tmp_path / "run" / "ab" / "candidate.json") - median_cpu_us(
+        tmp_path / "run" / "ab" / "baseline.json"
+    )
+    print(f"planted 100 µs a rollout: measured +{added:.0f} µs, ratio {overhead['ratio']:.3f}")
+    assert added >= 70, added
     # 8 looks (pairs 5 to 12) test at 0.01 / 8, the pairs' ratios by a paired t test: the
     # engine and the bare loop measured side by side keep a pair's ratio within a few
     # percent, so the A/B stops at its first significant look, never at its cap.
