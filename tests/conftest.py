@@ -59,3 +59,24 @@ def sim_process() -> SimProcess:
         return ServerSpec.sim([*SIM_FAST, *flags]).process()
 
     return make
+
+
+# The real stacks' packages: each runs on one worker at a time (one vLLM or NeMo Gym stack
+# loading the machine, its package-scoped fixtures started once) and goes first, being the
+# longest group.
+STACKS = ("vllm", "nemo_gym")
+
+
+def _group(item: pytest.Item) -> str:
+    """The xdist group of a test: its real stack's package, else its own file (a module's
+    fixtures then start once, not once a worker)."""
+    path = item.path.relative_to(Path(__file__).parent)
+    return path.parts[0] if path.parts[0] in STACKS else str(path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for `pytest -n 2 --dist loadgroup` (make test): the stacks first, so that the
+    longest groups do not start last and leave one worker idle at the end."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: _group(item) not in STACKS)
