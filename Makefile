@@ -30,7 +30,7 @@ lint: setup
 	$(BIN)/mypy autotune
 
 test: setup lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -n 2 --durations=25
 
 # The quick loop while changing code (a few minutes): the lint, then every test but the
 # slow end-to-end ones, real vLLM, real NeMo Gym and the shared PostgreSQL study. `make test` (what CI

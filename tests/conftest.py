@@ -9,6 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from xdist.scheduler import LoadScopeScheduling
 
 from autotune.servers.launcher import ServerProcess, ServerSpec
 from tests.helpers import SIM_FAST, ServeApp, SimProcess
@@ -64,19 +65,28 @@ def sim_process() -> SimProcess:
 # The real stacks' packages: each runs on one worker at a time (one vLLM or NeMo Gym stack
 # loading the machine, its package-scoped fixtures started once) and goes first, being the
 # longest group.
-STACKS = ("vllm", "nemo_gym")
+STACKS = ("tests/vllm/", "tests/nemo_gym/")
 
 
-def _group(item: pytest.Item) -> str:
-    """The xdist group of a test: its real stack's package, else its own file (a module's
+def _scope(nodeid: str) -> str:
+    """What one worker runs whole: a real stack's package, else one file (a module's
     fixtures then start once, not once a worker)."""
-    path = item.path.relative_to(Path(__file__).parent)
-    return path.parts[0] if path.parts[0] in STACKS else str(path)
+    path = nodeid.split("::", 1)[0]
+    return next((stack for stack in STACKS if path.startswith(stack)), path)
+
+
+class StackScheduling(LoadScopeScheduling):
+    """`pytest -n 2` (make test) hands out whole files, and each stack's package whole."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return _scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> StackScheduling:
+    return StackScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for `pytest -n 2 --dist loadgroup` (make test): the stacks first, so that the
-    longest groups do not start last and leave one worker idle at the end."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: _group(item) not in STACKS)
+    """The stacks first (scopes are handed out in the order collected), so that the
+    longest do not start last and leave one worker idle at the end."""
+    items.sort(key=lambda item: _scope(item.nodeid) not in STACKS)
