@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from autotune.classify import _replica_notes
+from autotune.probe.engine import CHECK_EVERY_S
 from autotune.replicas import ReplicaSet, replica_stats, several
 from autotune.results import ProbeResult, ReplicaStats
 from autotune.servers.launcher import ServerSpec
@@ -282,3 +283,31 @@ def test_under_heavy_load_a_group_stays_put_within_a_share_of_the_load() -> None
     group = [replicas.acquire(key="task-9") for _ in range(8)]
     # 50 in flight on the least busy: 12.5 more is within the share, so all 8 stay.
     assert len({r.index for r in group}) == 1
+
+
+def test_replica_counts_cover_the_same_window_as_the_probe_when_timed_in_tokens(
+    tmp_path: Path,
+) -> None:
+    """Rollouts of ~5 s against a 40 s cap are timed in tokens, in blocks of 11-14 s
+    whose windows start once every slot generates, long before every slot has finished a
+    rollout: each replica's calls are counted over that window, as the probe's
+    completions are, not from the completions' warm-up (which counted half of them)."""
+    flags = ["--time-scale", "0.5", "--max-num-seqs", "16"]
+    with (
+        server_process(ServerSpec.sim(flags)) as first,
+        server_process(ServerSpec.sim(flags)) as second,
+    ):
+        result = autotune(
+            "diagnose", "--base-url", first, "--base-url", second, "--low", "2", "--high", "8",
+            "--max-s", "40", "--synthetic", "200", "--output-tokens", "800,0",
+            "--extra-body", '{"ignore_eos": true}', "--output-dir", str(tmp_path), "--json",
+            timeout=240,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for probe in orjson.loads(result.stdout)["probes"]:
+        assert all("(in tokens)" in block["stop_reason"] for block in probe["blocks"])
+        counted = sum(replica["completed"] for replica in probe["replicas"])
+        # The replicas' counts start at the look nearest the window's start (looks are
+        # 0.25 s apart): what finishes in half a look's time either side may differ.
+        slack = 1 + probe["rollouts_per_s"] * CHECK_EVERY_S
+        assert abs(counted - probe["completed"]) <= slack

@@ -198,12 +198,13 @@ class ProbeRun:
             groups=groups,
         )
         retried_before = Counter(counters.retries)
-        snapshots = [_snapshot(counters)]  # at the start, then at the end of warm-up and at stop
-        replica_snapshots = [self._replica_snapshot()]
+        # The counters at every look (every CHECK_EVERY_S) and at the stop: a window's
+        # counts run from the look at its start, which is known only once it has ended (a
+        # window timed in tokens starts long before the completions' warm-up is over).
+        looks: list[_Look] = []
 
-        def take_snapshots() -> None:
-            snapshots.append(_snapshot(counters))
-            replica_snapshots.append(self._replica_snapshot())
+        def look(now: float) -> None:
+            looks.append(_Look(now, _snapshot(counters), self._replica_snapshot()))
 
         # Scrapes get their own connection: at a parallelism near the pool's limit they would
         # otherwise queue behind model calls and time out exactly when the server is busiest.
@@ -215,6 +216,7 @@ class ProbeRun:
             ]
             async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
                 started = time.time()
+                look(started)
                 run = asyncio.create_task(engine.run(self.work))
                 streamed: list[tuple[float, float]] = []
 
@@ -227,9 +229,9 @@ class ProbeRun:
                     return counted if len(counted) > 1 else streamed
 
                 window, reason = await _watch(
-                    limits, meter, run, engine, started, take_snapshots, tokens_so_far, self.watch
+                    limits, meter, run, engine, started, look, tokens_so_far, self.watch
                 )
-                take_snapshots()
+                look(time.time())
                 engine.stop()
                 if self.watch is not None:
                     measured = [(window.start, window.end)]
@@ -243,11 +245,12 @@ class ProbeRun:
         self.retries += Counter(counters.retries) - retried_before
         self.samples.extend(recorder.samples)
         self.unavailable.update(recorder.unavailable)
-        warm, stop = snapshots[1] if len(snapshots) > 2 else snapshots[0], snapshots[-1]
+        first, last = _look_at(looks, window.start), looks[-1]
         self.counted = tuple(
-            total + b - a for total, a, b in zip(self.counted, warm, stop, strict=True)
+            total + b - a
+            for total, a, b in zip(self.counted, first.counters, last.counters, strict=True)
         )
-        self._count_replicas(replica_snapshots)
+        self._count_replicas(first.replicas, last.replicas)
         self.runs.append(_Run(started, window.start, window.end, drained, reason))
         if window.tokens is not None:  # its rollouts/s, now that the drain has finished some
             per_rollout = sum(meter.tokens) / len(meter.tokens) if meter.tokens else None
@@ -287,12 +290,11 @@ class ProbeRun:
     def _replica_snapshot(self) -> list[ReplicaCounts]:
         return self.replicas.snapshot() if self.replicas is not None else []
 
-    def _count_replicas(self, snapshots: list[list[ReplicaCounts]]) -> None:
-        """Adds each replica's calls between the end of warm-up and the stop."""
+    def _count_replicas(self, start: list[ReplicaCounts], stop: list[ReplicaCounts]) -> None:
+        """Adds each replica's calls between the window's start and the stop."""
         if self.replicas is None:
             return
-        warm, stop = snapshots[1] if len(snapshots) > 2 else snapshots[0], snapshots[-1]
-        window = [after.since(before) for before, after in zip(warm, stop, strict=True)]
+        window = [after.since(before) for before, after in zip(start, stop, strict=True)]
         if self.replica_counted is not None:
             window = [
                 now.plus(earlier) for now, earlier in zip(window, self.replica_counted, strict=True)
@@ -431,6 +433,20 @@ class EngineProbe:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """The backend's counters and each replica's calls at one look of `_watch`."""
+
+    t: float
+    counters: tuple[float, ...]
+    replicas: list[ReplicaCounts]
+
+
+def _look_at(looks: Sequence[_Look], t: float) -> _Look:
+    """The look nearest to `t`: where a window's counts start."""
+    return min(looks, key=lambda look: abs(look.t - t))
+
+
 def _snapshot(counters: Any) -> tuple[float, ...]:
     """The backend's counters the window counts: 429s, Retry-Afters, limiter waits,
     timed-out calls that were retried, tool calls and tool calls answered with an error."""
@@ -556,17 +572,17 @@ async def _watch(
     run: asyncio.Task[Any],
     engine: Engine,
     started: float,
-    on_warm: Callable[[], None],
+    look: Callable[[float], None],
     tokens: Callable[[float], Sequence[tuple[float, float]]],
     watch: ProbeWatch | None = None,
 ) -> tuple[Window, str]:
-    """Wait until `steady_window` has a window (telling `watch` how far it is at each
-    look), or, where rollouts are too long for one within `max_s`, `token_window` has;
-    returns it and why it ended."""
-    warm = False
+    """Wait until `steady_window` has a window (telling `look` the time of each look, and
+    `watch` how far it is), or, where rollouts are too long for one within `max_s`,
+    `token_window` has; returns it and why it ended."""
     while True:
         await asyncio.wait({run}, timeout=CHECK_EVERY_S)
         now = time.time()
+        look(now)
         if run.done() or engine.stats.stopped_early:
             first = warm_until(meter.done_at, settings.parallelism, started, settings.warmup_s)
             return Window(first or started, now, "server died"), "server died"
@@ -587,13 +603,6 @@ async def _watch(
                 return timed, timed.reason
             if now - started < 2 * settings.max_s:  # tokens still warming up: not yet
                 window = None
-        if (
-            not warm
-            and warm_until(meter.done_at, settings.parallelism, started, settings.warmup_s)
-            is not None
-        ):
-            warm = True
-            on_warm()
         if window is not None:
             return window, window.reason
 
