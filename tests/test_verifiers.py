@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -448,6 +449,20 @@ async def test_pool_result_shapes() -> None:
             await verifier.verify(row("x"))
     finally:
         await verifier.aclose()
+
+
+async def test_a_pool_cancelled_while_starting_stops_its_workers() -> None:
+    """A Ctrl-C during start-up cancels `load_verifier` before any caller holds the pool
+    to close it: the pool closes itself, or its workers outlive the run and its open
+    pipes race concurrent.futures' exit hook ("Bad file descriptor" at exit)."""
+    starting = asyncio.create_task(
+        load_verifier("synthetic", VerifierOptions(workers=2, cost_ms=5))
+    )
+    await asyncio.sleep(0)  # it has submitted its warm-up calls; the workers are starting
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert multiprocessing.active_children() == []
 
 
 async def test_slow_callable_times_out_and_aclose_does_not_hang() -> None:

@@ -132,6 +132,11 @@ class PoolVerifier:
                 "a script using autotune keeps its top-level code under "
                 "`if __name__ == '__main__':`."
             ) from exc
+        except BaseException:
+            # Stopped while starting (a Ctrl-C, say): no caller holds the pool yet to close
+            # it, and a pool left open races concurrent.futures' exit hook over its pipes.
+            await self.aclose()
+            raise
 
     async def _run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
         """`fn(*args)` in a worker; TimeoutError after `timeout_s` (None: no limit)."""
