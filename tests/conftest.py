@@ -3,7 +3,9 @@ aiohttp apps on free ports, and the simulated server as a subprocess."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import fcntl
+import tempfile
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 
 import aiohttp
@@ -90,3 +92,62 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The stacks first (scopes are handed out in the order collected), so that the
     longest do not start last and leave one worker idle at the end."""
     items.sort(key=lambda item: _scope(item.nodeid) not in STACKS)
+
+
+class MachineLock:
+    """Under `pytest -n 2`, a test marked `measures` (it judges throughput measured in real
+    time, as a diagnose's verdict does) runs with the machine to itself: the other worker
+    waits for it, as a user runs `autotune diagnose` on a quiet machine. Every other test
+    holds the lock shared, so those run side by side.
+
+    Two flock(2) files: `machine`, held shared or exclusive, and a turnstile taken before
+    it, which a waiting measuring test keeps, so that the other worker's next tests queue
+    behind it instead of starving it. A measuring test keeps the machine for the module's
+    following measuring tests, so that they run back to back.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        stem = Path(tempfile.gettempdir()) / f"autotune-tests-{run_id}"
+        self._turnstile = stem.with_suffix(".turnstile").open("a")
+        self._machine = stem.with_suffix(".machine").open("a")
+        self.exclusive: bool | None = None  # held exclusive, held shared, or not held
+
+    def hold(self, exclusive: bool) -> None:
+        if self.exclusive == exclusive:
+            return
+        self.release()
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self._machine, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        self.exclusive = exclusive
+
+    def release(self) -> None:
+        fcntl.flock(self._machine, fcntl.LOCK_UN)
+        self.exclusive = None
+
+
+MACHINE_LOCK = pytest.StashKey[MachineLock]()
+
+
+def _measures(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("measures") is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, None, None]:
+    lock: MachineLock | None = item.config.stash.get(MACHINE_LOCK, None)
+    if lock is None:
+        yield
+        return
+    lock.hold(exclusive=_measures(item))
+    yield
+    if not (_measures(item) and _measures(nextitem)):
+        lock.release()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = getattr(config, "workerinput", None)  # set on an xdist worker only
+    if worker is not None:
+        config.stash[MACHINE_LOCK] = MachineLock(worker["testrunuid"])

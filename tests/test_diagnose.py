@@ -43,6 +43,7 @@ def _evidence(result: DiagnoseResult) -> dict[str, Evidence]:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_ample_capacity_is_parallelism_bound(tmp_path: Path) -> None:
     result = run_diagnose(tmp_path, "--verifier", "synthetic")
     verdict = result.verdict
@@ -79,6 +80,7 @@ def test_ample_capacity_is_parallelism_bound(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_max_num_seqs_below_the_low_probe_is_model_bound(tmp_path: Path) -> None:
     result = run_diagnose(tmp_path, "--sim-arg=--max-num-seqs=2", "--verifier", "synthetic")
     assert result.verdict.verdict == "model-bound", result.verdict.evidence
@@ -90,6 +92,7 @@ def test_max_num_seqs_below_the_low_probe_is_model_bound(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_cpu_heavy_verifier_is_verifier_bound(tmp_path: Path) -> None:
     result = run_diagnose(
         tmp_path, "--verifier", "synthetic", "--verifier-cost-ms", "40", "--verifier-workers", "1"
@@ -101,6 +104,7 @@ def test_cpu_heavy_verifier_is_verifier_bound(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_endpoint_answering_429_is_rate_limited(tmp_path: Path) -> None:
     result = run_diagnose(tmp_path, "--sim-arg=--max-request-rate=40", "--verifier", "synthetic")
     assert result.verdict.verdict == "rate-limited", result.verdict.evidence
@@ -109,6 +113,7 @@ def test_endpoint_answering_429_is_rate_limited(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_server_dying_in_the_high_probe_is_unstable(tmp_path: Path) -> None:
     result = run_diagnose(
         tmp_path,
@@ -156,6 +161,7 @@ def diagnose_in_process(
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_a_speedup_exactly_at_the_threshold_is_inconclusive_and_one_clear_of_it_is_not() -> None:
     """The threshold set to the simulator's true speedup (×1.97 with 10 sequences a
     batch for 4× the parallelism): `inconclusive` between the two verdicts, its interval
@@ -192,6 +198,7 @@ def test_a_speedup_exactly_at_the_threshold_is_inconclusive_and_one_clear_of_it_
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 @pytest.mark.parametrize(
     ("sim_args", "expected"),
     [((), "parallelism-bound"), (("--sim-arg=--max-num-seqs=2",), "model-bound")],
@@ -230,6 +237,7 @@ def first_blocks_alone(probe: ProbeResult) -> ProbeResult:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_a_load_change_as_the_high_probe_starts_never_decides_a_wrong_verdict() -> None:
     """The simulator (ample capacity: parallelism-bound) slows every step ×3 early in the
     first high block, timed from a run without the change, as when another job lands on
@@ -276,6 +284,7 @@ REPEATED = {
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 @pytest.mark.parametrize("expected", list(REPEATED))
 def test_five_diagnoses_of_one_setup_give_one_verdict(expected: str) -> None:
     """`autotune diagnose` FAST, five times, in this process (the command line's own path
@@ -298,6 +307,7 @@ def test_five_diagnoses_of_one_setup_give_one_verdict(expected: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_diagnose_reports_what_collect_measures_on_the_same_simulator(tmp_path: Path) -> None:
     """`autotune diagnose` with no target runs the simulator 20× faster than real time and
     converts back: its probe at parallelism 20 agrees with `autotune collect

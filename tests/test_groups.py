@@ -401,6 +401,7 @@ async def _diagnoses(sim_process: SimProcess, sigma: str, runs: int) -> list[str
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 async def test_diagnose_says_tail_bound_on_a_long_tail_five_times_of_five(
     sim_process: SimProcess,
 ) -> None:
@@ -408,5 +409,6 @@ async def test_diagnose_says_tail_bound_on_a_long_tail_five_times_of_five(
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 async def test_diagnose_never_says_tail_bound_on_a_short_tail(sim_process: SimProcess) -> None:
     assert "tail-bound" not in await _diagnoses(sim_process, sigma="0.1", runs=5)
