@@ -32,11 +32,11 @@ lint: setup
 test: setup lint
 	$(BIN)/python -m pytest -q -n 2 --durations=25
 
-# The quick loop while changing code (a few minutes): the lint, then every test but the
-# slow end-to-end ones, real vLLM, real NeMo Gym and the shared PostgreSQL study. `make test` (what CI
-# runs) is the whole suite.
+# The quicker loop while changing code (about ten minutes on two workers): the lint, then
+# every test but the slow end-to-end ones, real vLLM, real NeMo Gym and the shared
+# PostgreSQL study. `make test` (what CI runs) is the whole suite.
 check: setup lint
-	$(BIN)/python -m pytest -q -m "not slow and not vllm and not nemo_gym" --ignore=tests/test_sweep_postgres.py
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not vllm and not nemo_gym" --ignore=tests/test_sweep_postgres.py
 
 # Real vLLM on a machine without a GPU: its CPU build in a cached venv, with a tiny model
 # built offline ($AUTOTUNE_CACHE, default ~/.cache/autotune). The vLLM tests call it too.

@@ -47,6 +47,7 @@ def median_cpu_us(results: Path) -> float:
     return statistics.median(d["engine_cpu_us_per_rollout"] for d in details)
 
 
+@pytest.mark.measures
 @pytest.mark.slow
 def test_a_planted_slowdown_of_100_us_a_rollout_is_flagged(tmp_path: Path) -> None:
     candidate = plant_slowdown(tmp_path / "candidate", micros=100)
@@ -78,6 +79,7 @@ def test_a_planted_slowdown_of_100_us_a_rollout_is_flagged(tmp_path: Path) -> No
     assert len(pairs) == record["pairs"]
 
 
+@pytest.mark.measures
 @pytest.mark.slow
 def test_a_15_percent_slower_server_is_flagged_and_a_2_percent_one_is_not(
     tmp_path: Path,

@@ -44,7 +44,8 @@ cases:
 PLAN = {"same0": 1.0, "same1": 1.0, "slow20": 1.25, "same2": 1.0, "slow2": 1.02, "same3": 1.0}
 SAME = ("same0", "same1", "same2", "same3")
 
-pytestmark = pytest.mark.slow  # every case here runs real probes and servers
+# Every case here runs real probes and servers; the module's runs are compared for 2%.
+pytestmark = [pytest.mark.slow, pytest.mark.measures]
 
 
 def bench(*args: str) -> tuple[int, str, str]:

@@ -528,6 +528,7 @@ def test_collect_report_renders_offline_without_errors_or_sideways_scroll(
 # -- a slowdown planted halfway warns in time; a healthy run never (must-show 2) -------------
 
 
+@pytest.mark.measures
 @pytest.mark.slow
 def test_planted_slowdown_warns_in_time_and_a_healthy_run_does_not(tmp_path: Path) -> None:
     """One seed of benchmarks/drift.py (the benchmark runs 20): a sweep's recommendation,

@@ -72,6 +72,7 @@ async def _generation_s(base_url: str) -> float:
     return statistics.median(step.wait_s for step in summary.steps)
 
 
+@pytest.mark.measures
 @pytest.mark.slow
 async def test_a_synchronous_step_takes_generation_plus_training_plus_sync(
     sim_process: SimProcess,
@@ -92,6 +93,7 @@ async def test_a_synchronous_step_takes_generation_plus_training_plus_sync(
     [(1.2, "training"), (0.2, "generation")],
     ids=["training-slower", "generation-slower"],
 )
+@pytest.mark.measures
 async def test_the_asynchronous_mode_runs_at_the_pace_of_the_slower_side(
     sim_process: SimProcess, train_s: float, bound: str
 ) -> None:
@@ -109,6 +111,7 @@ async def test_the_asynchronous_mode_runs_at_the_pace_of_the_slower_side(
     assert [max(s.staleness) for s in summary.steps] == [0] + [1] * 6
 
 
+@pytest.mark.measures
 @pytest.mark.slow
 @pytest.mark.parametrize("ahead", [1, 2, 3])
 async def test_a_queue_of_q_groups_trains_groups_q_over_b_versions_old(

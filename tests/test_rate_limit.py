@@ -274,6 +274,7 @@ async def test_collect_backs_off_a_rate_limit_and_reports_it(
 # -- diagnose --------------------------------------------------------------------------------
 
 
+@pytest.mark.measures
 @pytest.mark.slow
 def test_diagnose_says_rate_limited_with_the_rate_it_measured() -> None:
     """The rate it accepts within ±20% of the limit. A sliding window of 1 s admits its 15

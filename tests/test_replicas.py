@@ -300,11 +300,10 @@ def test_replica_counts_cover_the_same_window_as_the_probe_when_timed_in_tokens(
         result = autotune(
             "diagnose", "--base-url", first, "--base-url", second, "--low", "2", "--high", "8",
             "--max-s", "40", "--synthetic", "200", "--output-tokens", "800,0",
-            "--extra-body", '{"ignore_eos": true}', "--output-dir", str(tmp_path), "--json",
-            timeout=240,
+            "--extra-body", '{"ignore_eos": true}', "--output-dir", str(tmp_path), timeout=240,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    for probe in orjson.loads(result.stdout)["probes"]:
+    for probe in orjson.loads((tmp_path / "diagnose.json").read_bytes())["probes"]:
         assert all("(in tokens)" in block["stop_reason"] for block in probe["blocks"])
         counted = sum(replica["completed"] for replica in probe["replicas"])
         # The replicas' counts start at the look nearest the window's start (looks are

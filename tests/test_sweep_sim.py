@@ -58,6 +58,7 @@ async def true_peak() -> float:
         return max([(await probe.measure(n)).rollouts_per_s for n in ladder])
 
 
+@pytest.mark.measures
 async def test_the_peak_interval_covers_the_true_peak_in_nine_of_ten_runs(tmp_path: Path) -> None:
     peak = await true_peak()
     covered = []
