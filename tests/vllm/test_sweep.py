@@ -107,6 +107,7 @@ SLOW = {**BEST, "max_num_seqs": 2}  # at most 2 at once: out of the best's reach
 UNSHARDABLE = {**BEST, "tensor_parallel_size": 3}  # the model has 4 attention heads
 
 
+@pytest.mark.measures  # its pruning compares measured throughput
 def test_a_sweep_relaunches_prunes_rejects_validates_and_cleans_up(
     vllm_install: VllmInstall, tmp_path: Path
 ) -> None:
