@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 from autotune.results import ReplicaStats
 from autotune.telemetry.prometheus import replica_key
@@ -101,6 +102,19 @@ class ReplicaCounts:
             self.down_reason,
         )
 
+    def with_calls(self, ends: Iterable[CallEnd]) -> ReplicaCounts:
+        """These counts with this replica's calls among `ends` in place of its own: a
+        window's calls told by when each ended, not by two snapshots taken near it."""
+        mine = [end for end in ends if end.replica == self.index]
+        done = [end for end in mine if end.ok]
+        return replace(
+            self,
+            completed=len(done),
+            failed=len(mine) - len(done),
+            latency_sum_s=sum(end.latency_s for end in done),
+            output_tokens=sum(end.output_tokens for end in done),
+        )
+
     def since(self, earlier: ReplicaCounts) -> ReplicaCounts:
         """The calls made between `earlier` and this snapshot (state as of this one)."""
         return ReplicaCounts(
@@ -114,6 +128,16 @@ class ReplicaCounts:
             self.times_down - earlier.times_down,
             self.down_reason,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnd:
+    """A call that ended on a replica, as `ReplicaSet.on_call` hears of it."""
+
+    replica: int
+    ok: bool
+    latency_s: float = 0.0
+    output_tokens: int = 0
 
 
 class ReplicaSet:
@@ -144,6 +168,7 @@ class ReplicaSet:
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._affinity: OrderedDict[Hashable, int] = OrderedDict()
+        self.on_call: Callable[[CallEnd], None] | None = None  # see `calls_heard`
 
     def __len__(self) -> int:
         return len(self.replicas)
@@ -197,6 +222,8 @@ class ReplicaSet:
         replica.latency_sum_s += latency_s
         replica.output_tokens += output_tokens
         replica.failures_in_a_row = 0
+        if self.on_call is not None:
+            self.on_call(CallEnd(replica.index, True, latency_s, output_tokens))
         if not replica.up:
             replica.down_since = None
             replica.down_reason = None
@@ -213,6 +240,8 @@ class ReplicaSet:
         replica.failures_by_class[failure_class] = (
             replica.failures_by_class.get(failure_class, 0) + 1
         )
+        if self.on_call is not None:
+            self.on_call(CallEnd(replica.index, False))
         if failure_class != "connection":
             replica.failures_in_a_row = 0
             return
@@ -228,6 +257,24 @@ class ReplicaSet:
     def up_besides(self, replica: Replica) -> bool:
         """Whether another replica is in rotation to take a call this one failed."""
         return any(other.up for other in self.replicas if other is not replica)
+
+
+@contextmanager
+def calls_heard(
+    replicas: ReplicaSet | None, clock: Callable[[], float] = time.time
+) -> Iterator[list[tuple[float, CallEnd]]]:
+    """Every call that ends on `replicas` meanwhile, with the time it ended on `clock`
+    (wall-clock, as a probe's completions are timed): a window's calls, known only once
+    the window has ended."""
+    heard: list[tuple[float, CallEnd]] = []
+    if replicas is None:
+        yield heard
+        return
+    replicas.on_call = lambda end: heard.append((clock(), end))
+    try:
+        yield heard
+    finally:
+        replicas.on_call = None
 
 
 def several(replicas: ReplicaSet | None) -> ReplicaSet | None:

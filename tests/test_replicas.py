@@ -3,6 +3,7 @@ two simulated replicas of unequal speed (one of them killed mid-run)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -15,8 +16,7 @@ import orjson
 from aiohttp import web
 
 from autotune.classify import _replica_notes
-from autotune.probe.engine import CHECK_EVERY_S
-from autotune.replicas import ReplicaSet, replica_stats, several
+from autotune.replicas import ReplicaSet, calls_heard, replica_stats, several
 from autotune.results import ProbeResult, ReplicaStats
 from autotune.servers.launcher import ServerSpec
 from autotune.telemetry.prometheus import PrometheusSampler
@@ -285,13 +285,43 @@ def test_under_heavy_load_a_group_stays_put_within_a_share_of_the_load() -> None
     assert len({r.index for r in group}) == 1
 
 
+def test_a_windows_calls_are_those_that_ended_inside_it_whenever_it_was_counted() -> None:
+    """A burst of calls ending together just after a window's start: counted by when each
+    call ended, not by snapshots taken a quarter-second apart around it."""
+    replicas = ReplicaSet(["http://a/v1", "http://b/v1"])
+    ticks = itertools.count()
+
+    def calls(count: int, latency_s: float, tokens: int) -> None:
+        """`count` calls in flight at once (spread by fewest outstanding), then all done."""
+        for replica in [replicas.acquire() for _ in range(count)]:
+            replicas.succeeded(replica, latency_s, tokens)
+
+    with calls_heard(replicas, clock=lambda: float(next(ticks))) as heard:
+        calls(3, 1.0, 10)  # before the window, which starts as the third ends (t=2)
+        before = replicas.snapshot()
+        calls(5, 2.0, 20)  # the burst inside it: on replicas 0, 1, 0, 1, 0
+        replicas.failed(replicas.acquire(), "http_5xx", "HTTP 500")
+    calls(1, 3.0, 30)  # after: no longer heard
+    inside = [call for t, call in heard if 2 < t <= 8]
+    counts = [
+        after.since(earlier).with_calls(inside)
+        for earlier, after in zip(before, replicas.snapshot(), strict=True)
+    ]
+    assert [c.completed for c in counts] == [3, 2]
+    assert [c.failed for c in counts] == [1, 0]
+    assert [c.output_tokens for c in counts] == [60, 40]
+    assert [c.latency_sum_s for c in counts] == [6.0, 4.0]
+    assert len(heard) == 9 and replicas.on_call is None
+
+
 def test_replica_counts_cover_the_same_window_as_the_probe_when_timed_in_tokens(
     tmp_path: Path,
 ) -> None:
     """Rollouts of ~5 s against a 40 s cap are timed in tokens, in blocks of 11-14 s
     whose windows start once every slot generates, long before every slot has finished a
     rollout: each replica's calls are counted over that window, as the probe's
-    completions are, not from the completions' warm-up (which counted half of them)."""
+    completions are (counted from the completions' warm-up, half of them were missed; from
+    the look nearest the window's start, a burst of calls ending together, 3 of 40)."""
     flags = ["--time-scale", "0.5", "--max-num-seqs", "16"]
     with (
         server_process(ServerSpec.sim(flags)) as first,
@@ -305,8 +335,5 @@ def test_replica_counts_cover_the_same_window_as_the_probe_when_timed_in_tokens(
     assert result.returncode == 0, result.stderr
     for probe in orjson.loads((tmp_path / "diagnose.json").read_bytes())["probes"]:
         assert all("(in tokens)" in block["stop_reason"] for block in probe["blocks"])
-        counted = sum(replica["completed"] for replica in probe["replicas"])
-        # The replicas' counts start at the look nearest the window's start (looks are
-        # 0.25 s apart): what finishes in half a look's time either side may differ.
-        slack = 1 + probe["rollouts_per_s"] * CHECK_EVERY_S
-        assert abs(counted - probe["completed"]) <= slack
+        # One call a rollout, ending just before the rollout does: the same window holds both.
+        assert sum(replica["completed"] for replica in probe["replicas"]) == probe["completed"]

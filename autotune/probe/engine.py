@@ -38,7 +38,7 @@ from autotune.probe.window import (
     token_window,
     warm_until,
 )
-from autotune.replicas import ReplicaCounts, replica_stats, several
+from autotune.replicas import CallEnd, ReplicaCounts, calls_heard, replica_stats, several
 from autotune.results import (
     STAGES,
     BatchSummary,
@@ -206,42 +206,45 @@ class ProbeRun:
         def look(now: float) -> None:
             looks.append(_Look(now, _snapshot(counters), self._replica_snapshot()))
 
-        # Scrapes get their own connection: at a parallelism near the pool's limit they would
-        # otherwise queue behind model calls and time out exactly when the server is busiest.
-        async with aiohttp.ClientSession() as metrics_session:
-            samplers: list[Sampler] = [
-                ClientSampler(),
-                PrometheusSampler(metrics_session, self.metrics),
-                GpuSampler(),
-            ]
-            async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
-                started = time.time()
-                look(started)
-                run = asyncio.create_task(engine.run(self.work))
-                streamed: list[tuple[float, float]] = []
+        with calls_heard(self.replicas) as calls:  # each replica's, timed as completions
+            # Scrapes get their own connection: at a parallelism near the pool's limit they would
+            # otherwise queue behind model calls and time out exactly when the server is busiest.
+            async with aiohttp.ClientSession() as metrics_session:
+                samplers: list[Sampler] = [
+                    ClientSampler(),
+                    PrometheusSampler(metrics_session, self.metrics),
+                    GpuSampler(),
+                ]
+                async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
+                    started = time.time()
+                    look(started)
+                    run = asyncio.create_task(engine.run(self.work))
+                    streamed: list[tuple[float, float]] = []
 
-                def tokens_so_far(now: float) -> list[tuple[float, float]]:
-                    """Output tokens generated so far: the server's own counter where it
-                    has one, else the pieces streamed to the client (a server may send
-                    several tokens a piece, so they are the second choice)."""
-                    streamed.append((now, counters.streamed_tokens))
-                    counted = _server_tokens(recorder.samples)
-                    return counted if len(counted) > 1 else streamed
+                    def tokens_so_far(now: float) -> list[tuple[float, float]]:
+                        """Output tokens generated so far: the server's own counter where it
+                        has one, else the pieces streamed to the client (a server may send
+                        several tokens a piece, so they are the second choice)."""
+                        streamed.append((now, counters.streamed_tokens))
+                        counted = _server_tokens(recorder.samples)
+                        return counted if len(counted) > 1 else streamed
 
-                window, reason = await _watch(
-                    limits, meter, run, engine, started, look, tokens_so_far, self.watch
-                )
-                look(time.time())
-                engine.stop()
-                if self.watch is not None:
-                    measured = [(window.start, window.end)]
-                    done = len(meter.done_at)
-                    self.watch(drain_status(limits, done, measured, window.estimate))
-                if window.tokens is not None and not meter.tokens:
-                    # a rollout's tokens convert the rate: wait for the first to finish
-                    await _first_completion(run, meter, settings.max_s + 5.0)
-                self.stuck_tool_calls += await _drain(run, _drain_limit_s(window, meter), counters)
-                drained = time.time()
+                    window, reason = await _watch(
+                        limits, meter, run, engine, started, look, tokens_so_far, self.watch
+                    )
+                    look(time.time())
+                    engine.stop()
+                    if self.watch is not None:
+                        measured = [(window.start, window.end)]
+                        done = len(meter.done_at)
+                        self.watch(drain_status(limits, done, measured, window.estimate))
+                    if window.tokens is not None and not meter.tokens:
+                        # a rollout's tokens convert the rate: wait for the first to finish
+                        await _first_completion(run, meter, settings.max_s + 5.0)
+                    self.stuck_tool_calls += await _drain(
+                        run, _drain_limit_s(window, meter), counters
+                    )
+                    drained = time.time()
         self.retries += Counter(counters.retries) - retried_before
         self.samples.extend(recorder.samples)
         self.unavailable.update(recorder.unavailable)
@@ -250,7 +253,7 @@ class ProbeRun:
             total + b - a
             for total, a, b in zip(self.counted, first.counters, last.counters, strict=True)
         )
-        self._count_replicas(first.replicas, last.replicas)
+        self._count_replicas(window, calls, first.replicas, last.replicas)
         self.runs.append(_Run(started, window.start, window.end, drained, reason))
         if window.tokens is not None:  # its rollouts/s, now that the drain has finished some
             per_rollout = sum(meter.tokens) / len(meter.tokens) if meter.tokens else None
@@ -290,16 +293,28 @@ class ProbeRun:
     def _replica_snapshot(self) -> list[ReplicaCounts]:
         return self.replicas.snapshot() if self.replicas is not None else []
 
-    def _count_replicas(self, start: list[ReplicaCounts], stop: list[ReplicaCounts]) -> None:
-        """Adds each replica's calls between the window's start and the stop."""
+    def _count_replicas(
+        self,
+        window: Window,
+        calls: Sequence[tuple[float, CallEnd]],
+        start: list[ReplicaCounts],
+        stop: list[ReplicaCounts],
+    ) -> None:
+        """Adds each replica's calls that ended inside the window, as the probe's
+        completions are counted (bursts of calls ending together make two snapshots near
+        its ends miss a few), and its times out of rotation from the looks at its ends."""
         if self.replicas is None:
             return
-        window = [after.since(before) for before, after in zip(start, stop, strict=True)]
+        inside = [end for t, end in calls if window.start < t <= window.end]
+        counts = [
+            after.since(before).with_calls(inside)
+            for before, after in zip(start, stop, strict=True)
+        ]
         if self.replica_counted is not None:
-            window = [
-                now.plus(earlier) for now, earlier in zip(window, self.replica_counted, strict=True)
+            counts = [
+                now.plus(earlier) for now, earlier in zip(counts, self.replica_counted, strict=True)
             ]
-        self.replica_counted = window
+        self.replica_counted = counts
 
     def _result(self) -> ProbeResult:
         settings, meter, windows = self.settings, self.meter, self.windows
