@@ -22,6 +22,7 @@ from autotune.cli.common import (
     json_choice,
     old_spelling,
     positive_int,
+    print_result,
 )
 from autotune.errors import AutotuneError, UsageError
 from autotune.results import to_json
@@ -65,7 +66,7 @@ def _bench_run(args: argparse.Namespace) -> int:
 
     results = run_suite(suite, None if args.quiet else report)
     save(results, out)
-    print(to_json(results.to_dict()).decode() if args.json else run_summary(results))
+    print_result(to_json(results.to_dict()).decode() if args.json else run_summary(results))
     if not args.quiet:
         print(f"results: {out}", file=sys.stderr)
     if results.failed:
@@ -168,7 +169,7 @@ def _comparison_outputs(comparison: Any, args: argparse.Namespace, output_dir: P
         written.append(outputs.write_html(comparison, args.html))
     if json_path is not None:
         _write_text(json_path, document + "\n")
-    print(document if print_json else table)
+    print_result(document if print_json else table)
     if not getattr(args, "quiet", False):
         for page in written:
             print(f"report: {page}", file=sys.stderr)
@@ -190,7 +191,7 @@ def _bench_update_baseline(args: argparse.Namespace) -> int:
     baseline = write_baseline(args.results, args.baseline, args.reason)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(baseline.created_at))
     if args.json:
-        print(to_json(baseline.to_dict()).decode())
+        print_result(to_json(baseline.to_dict()).decode())
         return 0
     print(
         f"{'replaced' if replaced else 'wrote'} the baseline {args.baseline} with the "

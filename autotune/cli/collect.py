@@ -24,6 +24,7 @@ from autotune.cli.common import (
     epilog,
     new_run_dir,
     positive_int,
+    print_result,
     share,
 )
 from autotune.cli.run_args import (
@@ -191,9 +192,9 @@ def run_command(args: argparse.Namespace) -> int:
             _remove_if_unused(args.output_dir)
         raise
     if args.json:
-        print(to_json(summary).decode())
+        print_result(to_json(summary).decode())
     else:
-        print(collect_summary_text(summary))
+        print_result(collect_summary_text(summary))
     if config.live.report is not None and not args.quiet:
         print(f"report: {config.live.report / 'index.html'}", file=sys.stderr)
     if summary_file is not None:

@@ -8,8 +8,10 @@ each with a note on stderr (`deprecated`).
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
+import select
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -79,6 +81,26 @@ def add_output_dir(parser: argparse._ActionsContainer, default: str) -> None:
         metavar="DIR",
         help=f"the folder this command writes its files in (default: {default})",
     )
+
+
+def print_result(text: str) -> None:
+    """The command's result on stdout, every byte of it. `print` does not retry a short
+    write: a large result written into a full pipe that a signal interrupts part-way
+    (SIGCHLD, or the kernel's task-work notice) loses all but its first 64 KiB, silently,
+    with exit status 0; and a stdout another process made non-blocking refuses writes."""
+    stdout = sys.stdout
+    try:
+        fd = stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # replaced: no file
+        stdout.write(f"{text}\n")
+        return
+    stdout.flush()
+    data = memoryview(f"{text}\n".encode())
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except BlockingIOError:
+            select.select([], [fd], [])
 
 
 def add_json(parser: argparse._ActionsContainer, what: str, old_path: bool = False) -> None:

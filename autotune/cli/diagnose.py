@@ -19,6 +19,7 @@ from autotune.cli.common import (
     epilog,
     json_choice,
     positive_int,
+    print_result,
 )
 from autotune.cli.options import add_options
 from autotune.cli.run_args import (
@@ -142,7 +143,7 @@ def run_command(args: argparse.Namespace) -> int:
     blocks = 2 if config.command is not None else BLOCKS  # a command runs once at each
     with probe_progress(enabled=not args.quiet, count=blocks) as watch:
         result = run_async(diagnose(config, watch))
-    print(to_json(result).decode() if print_json else diagnose_text(result))
+    print_result(to_json(result).decode() if print_json else diagnose_text(result))
     writing = json_path
     try:
         if json_path is not None:

@@ -17,6 +17,7 @@ from autotune.cli.common import (
     epilog,
     new_run_dir,
     positive_int,
+    print_result,
 )
 from autotune.cli.options import add_options, spec_of
 from autotune.cli.run_args import (
@@ -106,9 +107,9 @@ def run_command(args: argparse.Namespace) -> int:
                 "same figures."
             ) from None
     if args.json:
-        print(to_json(summary).decode())
+        print_result(to_json(summary).decode())
     else:
-        print(loop_summary_text(summary))
+        print_result(loop_summary_text(summary))
         if args.output_dir is not None and not args.no_output and not args.quiet:
             print(f"files: {args.output_dir}/", file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ from autotune.cli.common import (
     add_quiet,
     epilog,
     old_spelling,
+    print_result,
 )
 from autotune.errors import UsageError
 from autotune.results import to_json
@@ -49,7 +50,9 @@ def run_command(args: argparse.Namespace) -> int:
     shards = [shard / ROLLOUTS_FILE if shard.is_dir() else shard for shard in args.shards]
     written, dropped = merge_rollouts(shards, output)
     if args.json:
-        print(to_json({"output": str(output), "merged": written, "duplicates": dropped}).decode())
+        print_result(
+            to_json({"output": str(output), "merged": written, "duplicates": dropped}).decode()
+        )
     else:
-        print(f"merged {written} rollouts into {output} ({dropped} duplicates dropped)")
+        print_result(f"merged {written} rollouts into {output} ({dropped} duplicates dropped)")
     return 0

@@ -12,6 +12,7 @@ from autotune.cli.common import (
     add_quiet,
     epilog,
     old_spelling,
+    print_result,
 )
 from autotune.results import to_json
 
@@ -53,7 +54,7 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         written = sweep_outputs(result, directory)
     if args.json:
-        print(to_json({"written": [str(path) for path in written]}).decode())
+        print_result(to_json({"written": [str(path) for path in written]}).decode())
     else:
-        print(written[-1])
+        print_result(str(written[-1]))
     return 0

@@ -15,6 +15,7 @@ from autotune.cli.common import (
     deprecated,
     epilog,
     positive_int,
+    print_result,
 )
 from autotune.errors import AutotuneError, UsageError
 from autotune.results import to_json
@@ -84,7 +85,7 @@ def run_command(args: argparse.Namespace) -> int:
     from autotune.sweep.job import check_storage, recommend, run_sweep, write_outputs
 
     if args.schema:
-        print(to_json(Study.model_json_schema()).decode())
+        print_result(to_json(Study.model_json_schema()).decode())
         return 0
     if args.study is None:
         raise UsageError("autotune sweep needs a study file; pass e.g. studies/demo.yaml.")
@@ -122,7 +123,7 @@ def run_command(args: argparse.Namespace) -> int:
         ) from None
     recommended = recommend(result)
     if args.json:
-        print(to_json(recommended).decode() if recommended else "null")
+        print_result(to_json(recommended).decode() if recommended else "null")
     else:
-        print(sweep_text(result, recommended, directory))
+        print_result(sweep_text(result, recommended, directory))
     return 0
