@@ -153,8 +153,10 @@ def test_silent_server_fails_within_5_s() -> None:
         started = time.monotonic()
         line = one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", url))
         elapsed = time.monotonic() - started
-    assert "cannot reach the model server" in line
-    assert elapsed < 5 + 3  # the 5 s preflight plus interpreter start-up on a loaded machine
+    # The preflight's own 5 s limit ended it, not the model call's (60 s of silence): what
+    # the machine's load adds (start-up took 3.9 s beside the other worker) stays well short.
+    assert "cannot reach the model server" in line and "no answer within 5 s" in line
+    assert elapsed < 30
 
 
 def test_invalid_verifier_spec(null_url: str) -> None:
