@@ -179,7 +179,7 @@ from autotune.cli.common import print_result
 
 signal.signal(signal.SIGUSR1, lambda *_: None)
 main = threading.get_ident()
-capacity = fcntl.fcntl(1, 1032)  # F_GETPIPE_SZ
+capacity = fcntl.fcntl(1, fcntl.F_GETPIPE_SZ)
 
 def interrupt_once_full() -> None:
     while int.from_bytes(fcntl.ioctl(1, termios.FIONREAD, b"    "), "little") < capacity:
