@@ -22,6 +22,11 @@ VENV="$CACHE/venv"
 UV_VENV="$CACHE/uv"
 NEED_GB=5
 
+# One set-up at a time: make test's two pytest sessions may both ask for it at once.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.setup.lock"
+flock 9
+
 # Quiet pip, without the warnings this machine's pip.conf makes for index folders it lacks.
 pip_q() {
     local venv=$1

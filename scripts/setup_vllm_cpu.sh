@@ -19,6 +19,11 @@ PYTHON="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 NEED_GB=6
 
+# One set-up at a time: make test's two pytest sessions may both ask for it at once.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.setup.lock"
+flock 9
+
 # Quiet pip, without the warnings this machine's pip.conf makes for index folders it lacks.
 pip_q() {
     "$VENV/bin/python" -m pip -q "$@" 2> >(grep -v "is ignored: it is neither a file" >&2)

@@ -26,6 +26,7 @@ often.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
 import shutil
@@ -95,9 +96,12 @@ def ref_side(ref: str, repo: Path, cache: Path) -> Side:
             "(a shallow clone lacks history) or pass a commit that exists."
         )
     root = cache / "ab" / sha
-    if not (root / ".ready").exists():
-        _prepare(repo, sha, root)
-    _share_packages(root, sha)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with (root.parent / f"{sha}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another bench ab may be preparing the same commit
+        if not (root / ".ready").exists():
+            _prepare(repo, sha, root)
+        _share_packages(root, sha)
     return Side(
         f"git {ref} ({sha[:12]})", str(root / "venv" / "bin" / "python"), {"PYTHONPATH": ""}
     )
@@ -138,7 +142,10 @@ def _share_packages(root: Path, sha: str) -> None:
     # The baseline's code first, then this environment's packages (never its autotune: a
     # path line does not run the editable install's hook, and the code comes first).
     shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
-    (_site_packages(venv) / "autotune-ab.pth").write_text("\n".join([str(source), *shared]) + "\n")
+    pth = _site_packages(venv) / "autotune-ab.pth"
+    written = pth.with_suffix(f".{os.getpid()}")  # replaced whole: a run may be reading it
+    written.write_text("\n".join([str(source), *shared]) + "\n")
+    written.replace(pth)
     missing = _missing_requirements(source / "pyproject.toml")
     if missing:
         install = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
