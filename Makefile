@@ -29,10 +29,8 @@ lint: setup
 	$(BIN)/ruff format --check autotune tests benchmarks
 	$(BIN)/mypy autotune
 
-# The whole suite: the tests marked `measures` one at a time at normal priority, every other
-# test beside them on three workers at nice 10 (scripts/run_tests.sh says why).
 test: setup lint
-	bash scripts/run_tests.sh
+	$(BIN)/python -m pytest -q -n 2 --durations=25
 
 # The quicker loop while changing code (about ten minutes on two workers): the lint, then
 # every test but the slow end-to-end ones, real vLLM, real NeMo Gym and the shared

@@ -22,7 +22,7 @@ VENV="$CACHE/venv"
 UV_VENV="$CACHE/uv"
 NEED_GB=5
 
-# One set-up at a time: make test's two pytest sessions may both ask for it at once.
+# One set-up at a time: two test runs, or a test run and `make nemo-gym`, may ask at once.
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.setup.lock"
 flock 9

@@ -19,7 +19,7 @@ PYTHON="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 NEED_GB=6
 
-# One set-up at a time: make test's two pytest sessions may both ask for it at once.
+# One set-up at a time: two test runs, or a test run and `make vllm-cpu`, may ask at once.
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.setup.lock"
 flock 9

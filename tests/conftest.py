@@ -78,8 +78,7 @@ def _scope(nodeid: str) -> str:
 
 
 class StackScheduling(LoadScopeScheduling):
-    """`pytest -n N` (make test, make check) hands out whole files, and each stack's
-    package whole."""
+    """`pytest -n 2` (make test) hands out whole files, and each stack's package whole."""
 
     def _split_scope(self, nodeid: str) -> str:
         return _scope(nodeid)
@@ -96,11 +95,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class MachineLock:
-    """Under `pytest -n 2` (make check), a test marked `measures` (it judges throughput
-    measured in real time, as a diagnose's verdict does) runs with the machine to itself:
-    the other worker waits for it, as a user runs `autotune diagnose` on a quiet machine.
-    Every other test holds the lock shared, so those run side by side. (make test runs
-    the measuring tests in a session of their own: scripts/run_tests.sh.)
+    """Under `pytest -n 2`, a test marked `measures` (it judges throughput measured in real
+    time, as a diagnose's verdict does) runs with the machine to itself: the other worker
+    waits for it, as a user runs `autotune diagnose` on a quiet machine. Every other test
+    holds the lock shared, so those run side by side.
 
     Two flock(2) files: `machine`, held shared or exclusive, and a turnstile taken before
     it, which a waiting measuring test keeps, so that the other worker's next tests queue

@@ -19,7 +19,6 @@ PyPI the tests are skipped (never under CI=true, where they must run);
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import os
 import signal
@@ -304,10 +303,6 @@ def nemo_gym_stack(
     ]  # fmt: skip
     log = workdir / "ng_run.log"
     started = time.monotonic()
-    # One stack starts at a time (make test's two sessions may each start one): the first
-    # builds the cached server venvs that the other then finds.
-    starting = (cache / "stack-start.lock").open("a")
-    fcntl.flock(starting, fcntl.LOCK_EX)
     with log.open("wb") as sink:
         leader = subprocess.Popen(
             argv,
@@ -321,10 +316,7 @@ def nemo_gym_stack(
         )
     try:
         head = f"http://127.0.0.1:{stack.head_port}"
-        try:
-            _wait_ready(leader, head, log)
-        finally:
-            starting.close()
+        _wait_ready(leader, head, log)
         print(f"NeMo Gym stack ready in {time.monotonic() - started:.0f} s")
         instances = _get_json(f"{head}/server_instances")
         stack.servers = {server["process_name"]: server["url"] for server in instances}

@@ -31,7 +31,6 @@ PROBES = ("--low", "1", "--high", "4", "--min-s", "3", "--max-s", "60", "--no-st
 WORKLOAD = ("--synthetic", "200", "--prompt-tokens", "32,8", "--output-tokens", "32,0")
 
 
-@pytest.mark.measures  # a verdict judged from measured throughput (make test runs it alone)
 @pytest.mark.parametrize(
     ("max_num_seqs", "verdict"), [(1, "model-bound"), (64, "parallelism-bound")]
 )
