@@ -7,11 +7,14 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from autotune.bench.ab import Settings, _clear, ref_side
+from autotune.bench import ab as ab_module
+from autotune.bench.ab import Settings, Side, _clear, ref_side
 from autotune.bench.compare import REGRESSION, UNCHANGED, Verdict
 from autotune.errors import UsageError
 from tests.helpers import REPO, autotune, one_sentence_error, plant_slowdown
@@ -148,6 +151,35 @@ def test_baseline_from_a_ref_runs_that_commits_code(tmp_path: Path) -> None:
     assert where.startswith(str(tmp_path / "cache" / "ab" / head / "src")), where
     again = ref_side("HEAD", REPO, tmp_path / "cache")  # cached: ready at once
     assert again == side
+
+
+def test_two_runs_asking_for_one_commit_at_once_build_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `bench ab` runs on one machine (two CI jobs) may want the same baseline at the
+    same moment: one builds its folder, the other waits for it and uses it, and neither
+    deletes the folder the other is building."""
+    built = []
+    prepare = ab_module._prepare
+
+    def counted(repo: Path, sha: str, root: Path) -> None:
+        built.append(sha)
+        prepare(repo, sha, root)
+
+    monkeypatch.setattr(ab_module, "_prepare", counted)
+    together = threading.Barrier(2)
+
+    def side() -> Side:
+        together.wait()
+        return ref_side("HEAD", REPO, tmp_path / "cache")
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = (future.result() for future in [pool.submit(side), pool.submit(side)])
+    assert len(built) == 1 and first == second
+    done = subprocess.run(
+        [first.python, "-c", "import autotune"], env={**os.environ, **first.env}, cwd=tmp_path
+    )
+    assert done.returncode == 0
 
 
 def test_settings_refuse_impossible_pair_counts() -> None:
