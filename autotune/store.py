@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from autotune.errors import UsageError
+from autotune.files import write_whole
 from autotune.workload import rollout_key
 
 
@@ -99,10 +100,8 @@ def _shown(key: str, run: dict[str, Any]) -> str:
 def save_run(output: Path, run: dict[str, Any]) -> None:
     """Write `run` beside `output` (whole or not at all: a kill leaves the old one)."""
     path = run_path(output)
-    partial = path.with_name(f".{path.name}.partial")
     try:
-        partial.write_bytes(orjson.dumps({"format": RUN_FORMAT, **run}, option=orjson.OPT_INDENT_2))
-        os.replace(partial, path)
+        write_whole(path, orjson.dumps({"format": RUN_FORMAT, **run}, option=orjson.OPT_INDENT_2))
     except OSError as error:
         raise UsageError(
             f"cannot write {path} ({error.strerror}); choose a writable --output-dir."

@@ -52,6 +52,7 @@ from autotune.bench.compare import (
 )
 from autotune.bench.results import BenchResults, CaseResult, Metric, load, save
 from autotune.errors import CollectionError, UsageError
+from autotune.files import write_whole
 from autotune.servers.launcher import PACKAGE_ROOT
 
 MIN_PAIRS = 5  # fewer pairs' spread is too poorly known to end an A/B on
@@ -142,10 +143,8 @@ def _share_packages(root: Path, sha: str) -> None:
     # The baseline's code first, then this environment's packages (never its autotune: a
     # path line does not run the editable install's hook, and the code comes first).
     shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
-    pth = _site_packages(venv) / "autotune-ab.pth"
-    written = pth.with_suffix(f".{os.getpid()}")  # replaced whole: a run may be reading it
-    written.write_text("\n".join([str(source), *shared]) + "\n")
-    written.replace(pth)
+    lines = "\n".join([str(source), *shared]) + "\n"
+    write_whole(_site_packages(venv) / "autotune-ab.pth", lines.encode())  # a run may read it
     missing = _missing_requirements(source / "pyproject.toml")
     if missing:
         install = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]

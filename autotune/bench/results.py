@@ -9,7 +9,6 @@ baseline only ever changes on purpose.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ import orjson
 
 from autotune.bench.fingerprint import Fingerprint
 from autotune.errors import UsageError
+from autotune.files import write_whole
 from autotune.results import to_json
 
 SCHEMA_VERSION = 1
@@ -152,13 +152,7 @@ def refuse_baseline(path: Path) -> None:
 
 def _write(results: BenchResults, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(to_json(results.to_dict()) + b"\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_whole(path, to_json(results.to_dict()) + b"\n")
     return path
 
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import base64
 import math
-import os
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 from typing import Literal
+
+from autotune.files import write_whole
 
 __all__ = [
     "CSP",
@@ -231,11 +232,5 @@ def write_report(directory: Path, html: str) -> Path:
     """Write `directory/index.html` atomically (a reader never sees half a page)."""
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / "index.html"
-    tmp = directory / f".index.html.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_whole(target, html.encode("utf-8"))
     return target
