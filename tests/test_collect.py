@@ -3,6 +3,7 @@ and bad input ending in one sentence."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config import TargetConfig
+from autotune.errors import ServerUnreachable
 from autotune.servers.launcher import ServerSpec
+from autotune.target import PREFLIGHT_TIMEOUT_S, open_session, resolve_target
 from tests.helpers import REPO, autotune, one_sentence_error, read_rows, server_process
 
 # Built-in verifier for each NeMo Gym example that has reference rollouts.
@@ -145,18 +149,27 @@ def test_refused_connection_is_one_sentence() -> None:
 
 @pytest.mark.slow
 def test_silent_server_fails_within_5_s() -> None:
-    # A socket that completes the TCP handshake (the kernel's backlog) but never answers.
+    """A socket that completes the TCP handshake (the kernel's backlog) but never answers:
+    the preflight's own 5 s limit ends it, not the model call's (60 s of silence), and the
+    command line says so in one sentence. Timed in this process, around the preflight
+    alone: a subprocess's start-up on a loaded machine (36 s once in CI) is not the
+    preflight's."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
-        started = time.monotonic()
+
+        async def preflight() -> float:
+            async with open_session(TargetConfig(base_url=url)) as session:
+                started = time.monotonic()
+                with pytest.raises(ServerUnreachable, match="no answer within 5 s"):
+                    await resolve_target(session, url, None, None)
+                return time.monotonic() - started
+
+        elapsed = asyncio.run(preflight())
+        assert PREFLIGHT_TIMEOUT_S <= elapsed < PREFLIGHT_TIMEOUT_S + 5
         line = one_sentence_error(autotune("collect", "--synthetic", "3", "--base-url", url))
-        elapsed = time.monotonic() - started
-    # The preflight's own 5 s limit ended it, not the model call's (60 s of silence): what
-    # the machine's load adds (start-up took 3.9 s beside the other worker) stays well short.
     assert "cannot reach the model server" in line and "no answer within 5 s" in line
-    assert elapsed < 30
 
 
 def test_invalid_verifier_spec(null_url: str) -> None:
