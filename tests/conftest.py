@@ -95,42 +95,66 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class MachineLock:
-    """Under `pytest -n 2`, a test marked `measures` (it judges throughput measured in real
-    time, as a diagnose's verdict does) runs with the machine to itself: the other worker
-    waits for it, as a user runs `autotune diagnose` on a quiet machine. Every other test
-    holds the lock shared, so those run side by side.
+    """Under `pytest -n 2`, who may run beside whom. A test marked `measures` judges
+    throughput measured in real time (as a diagnose's verdict does): it runs beside
+    another measuring test, never beside an ordinary one. A test marked `alone` (it
+    measures the client's own CPU cost, or runs a real stack on both cores) runs with the
+    machine to itself. Ordinary tests run side by side.
 
-    Two flock(2) files: `machine`, held shared or exclusive, and a turnstile taken before
-    it, which a waiting measuring test keeps, so that the other worker's next tests queue
-    behind it instead of starving it. A measuring test keeps the machine for the module's
-    following measuring tests, so that they run back to back.
+    Why measuring tests may pair: one uses about a quarter of a core (a diagnose on the
+    simulator: 5.6 CPU-seconds in 21.5 s), so two leave the machine half idle; run two at a
+    time, the 35 on the simulator took 1,292 test-seconds against 1,294 one at a time.
+    Ordinary tests (command-line start-ups, report rendering, real stacks) take whole cores.
+
+    Three flock(2) files: `ordinary` and `measuring`, each held shared by the tests of its
+    kind and taken exclusive, for a moment, by a test of the other kind coming in (so it
+    waits until that kind has left); a test run alone holds both exclusive. A turnstile,
+    taken before them and kept while waiting, queues the other worker's next tests behind a
+    waiting one instead of letting them starve it. A test keeps what it holds for the
+    module's next test of the same kind, so that those run back to back.
     """
 
     def __init__(self, run_id: str) -> None:
         stem = Path(tempfile.gettempdir()) / f"autotune-tests-{run_id}"
         self._turnstile = stem.with_suffix(".turnstile").open("a")
-        self._machine = stem.with_suffix(".machine").open("a")
-        self.exclusive: bool | None = None  # held exclusive, held shared, or not held
+        self._ordinary = stem.with_suffix(".ordinary").open("a")
+        self._measuring = stem.with_suffix(".measuring").open("a")
+        self.kind: str | None = None  # what it holds: "ordinary", "measures", "alone"
 
-    def hold(self, exclusive: bool) -> None:
-        if self.exclusive == exclusive:
+    def hold(self, kind: str) -> None:
+        if self.kind == kind:
             return
         self.release()
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
-        fcntl.flock(self._machine, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if kind == "ordinary":
+            fcntl.flock(self._measuring, fcntl.LOCK_EX)  # no measuring test is running
+            fcntl.flock(self._ordinary, fcntl.LOCK_SH)
+            fcntl.flock(self._measuring, fcntl.LOCK_UN)
+        elif kind == "measures":
+            fcntl.flock(self._ordinary, fcntl.LOCK_EX)  # no ordinary test is running
+            fcntl.flock(self._measuring, fcntl.LOCK_SH)
+            fcntl.flock(self._ordinary, fcntl.LOCK_UN)
+        else:
+            fcntl.flock(self._ordinary, fcntl.LOCK_EX)
+            fcntl.flock(self._measuring, fcntl.LOCK_EX)
         fcntl.flock(self._turnstile, fcntl.LOCK_UN)
-        self.exclusive = exclusive
+        self.kind = kind
 
     def release(self) -> None:
-        fcntl.flock(self._machine, fcntl.LOCK_UN)
-        self.exclusive = None
+        fcntl.flock(self._ordinary, fcntl.LOCK_UN)
+        fcntl.flock(self._measuring, fcntl.LOCK_UN)
+        self.kind = None
 
 
 MACHINE_LOCK = pytest.StashKey[MachineLock]()
 
 
-def _measures(item: pytest.Item | None) -> bool:
-    return item is not None and item.get_closest_marker("measures") is not None
+def _kind(item: pytest.Item | None) -> str | None:
+    if item is None:
+        return None
+    if item.get_closest_marker("alone") is not None:
+        return "alone"
+    return "measures" if item.get_closest_marker("measures") is not None else "ordinary"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -141,9 +165,11 @@ def pytest_runtest_protocol(
     if lock is None:
         yield
         return
-    lock.hold(exclusive=_measures(item))
+    kind = _kind(item)
+    assert kind is not None
+    lock.hold(kind)
     yield
-    if not (_measures(item) and _measures(nextitem)):
+    if kind == "ordinary" or _kind(nextitem) != kind:
         lock.release()
 
 

@@ -189,6 +189,7 @@ def test_history_of_several_runs_goes_into_the_html_report(
     assert "SIMULATED" in page and "regression" in page
 
 
+@pytest.mark.alone  # the client's CPU cost
 def test_an_overhead_case_measures_the_engine_against_the_bare_loop(tmp_path: Path) -> None:
     suite = tmp_path / "overhead.yaml"
     suite.write_text(

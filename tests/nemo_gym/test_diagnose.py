@@ -33,7 +33,7 @@ def diagnose(*args: str, cwd: Path) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.measures
+@pytest.mark.alone
 def test_the_agent_and_ng_collect_rollouts_get_the_same_verdict(
     nemo_gym_stack: NemoGymStack, probe_tasks: Path, tmp_path: Path
 ) -> None:

@@ -107,7 +107,7 @@ SLOW = {**BEST, "max_num_seqs": 1, "max_num_batched_tokens": 2048}
 UNSHARDABLE = {**BEST, "tensor_parallel_size": 3}  # the model has 4 attention heads
 
 
-@pytest.mark.measures  # its pruning compares measured throughput
+@pytest.mark.alone  # its pruning compares throughput vLLM measures on both cores
 def test_a_sweep_relaunches_prunes_rejects_validates_and_cleans_up(
     vllm_install: VllmInstall, tmp_path: Path
 ) -> None:
