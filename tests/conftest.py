@@ -85,6 +85,9 @@ class StackScheduling(LoadScopeScheduling):
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> StackScheduling:
+    # xdist otherwise hands out the files with the most tests first, which put the stacks
+    # (few tests, the longest) last: one worker ran NeMo Gym's alone at the end.
+    config.option.loadscopereorder = False
     return StackScheduling(config, log)
 
 
