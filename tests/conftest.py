@@ -7,6 +7,7 @@ import fcntl
 import tempfile
 from collections.abc import AsyncIterator, Generator
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 import pytest
@@ -92,6 +93,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> StackSche
     return StackScheduling(config, log)
 
 
+Kind = Literal["ordinary", "measures", "alone"]  # who a test may run beside (MachineLock)
+
+
 class MachineLock:
     """Under `pytest -n 2`, who may run beside whom. A test marked `measures` judges
     throughput measured in real time (as a diagnose's verdict does): it runs beside
@@ -117,24 +121,25 @@ class MachineLock:
         self._turnstile = stem.with_suffix(".turnstile").open("a")
         self._ordinary = stem.with_suffix(".ordinary").open("a")
         self._measuring = stem.with_suffix(".measuring").open("a")
-        self.kind: str | None = None  # what it holds: "ordinary", "measures", "alone"
+        self.kind: Kind | None = None  # what it holds, if anything
 
-    def hold(self, kind: str) -> None:
+    def hold(self, kind: Kind) -> None:
         if self.kind == kind:
             return
         self.release()
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
-        if kind == "ordinary":
-            fcntl.flock(self._measuring, fcntl.LOCK_EX)  # no measuring test is running
-            fcntl.flock(self._ordinary, fcntl.LOCK_SH)
-            fcntl.flock(self._measuring, fcntl.LOCK_UN)
-        elif kind == "measures":
-            fcntl.flock(self._ordinary, fcntl.LOCK_EX)  # no ordinary test is running
-            fcntl.flock(self._measuring, fcntl.LOCK_SH)
-            fcntl.flock(self._ordinary, fcntl.LOCK_UN)
-        else:
+        if kind == "alone":
             fcntl.flock(self._ordinary, fcntl.LOCK_EX)
             fcntl.flock(self._measuring, fcntl.LOCK_EX)
+        else:
+            own, other = (
+                (self._ordinary, self._measuring)
+                if kind == "ordinary"
+                else (self._measuring, self._ordinary)
+            )
+            fcntl.flock(other, fcntl.LOCK_EX)  # waits until no test of the other kind runs
+            fcntl.flock(own, fcntl.LOCK_SH)
+            fcntl.flock(other, fcntl.LOCK_UN)
         fcntl.flock(self._turnstile, fcntl.LOCK_UN)
         self.kind = kind
 
@@ -147,9 +152,7 @@ class MachineLock:
 MACHINE_LOCK = pytest.StashKey[MachineLock]()
 
 
-def _kind(item: pytest.Item | None) -> str | None:
-    if item is None:
-        return None
+def _kind(item: pytest.Item) -> Kind:
     if item.get_closest_marker("alone") is not None:
         return "alone"
     return "measures" if item.get_closest_marker("measures") is not None else "ordinary"
@@ -164,10 +167,9 @@ def pytest_runtest_protocol(
         yield
         return
     kind = _kind(item)
-    assert kind is not None
     lock.hold(kind)
     yield
-    if kind == "ordinary" or _kind(nextitem) != kind:
+    if kind == "ordinary" or nextitem is None or _kind(nextitem) != kind:
         lock.release()
 
 
