@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 
 from autotune.classify import _replica_notes
@@ -181,6 +182,7 @@ def _collect(*base_urls: str, parallelism: int, tasks: int, output_dir: Path) ->
     return orjson.loads(result.stdout)
 
 
+@pytest.mark.measures  # three throughputs compared: a neighbour's load skews one
 def test_two_unequal_replicas_share_by_speed_and_reach_their_summed_capacity(
     tmp_path: Path,
 ) -> None:

@@ -487,6 +487,30 @@ async def test_a_stuck_worker_is_replaced_so_later_calls_run() -> None:
         await verifier.aclose()
 
 
+async def test_a_replacement_workers_start_up_is_not_counted_against_the_next_call(
+    tmp_path: Path,
+) -> None:
+    """On a loaded machine a fresh worker can take longer to start than the timeout; the
+    call after a stuck one then timed out too, though its verification took no time."""
+    module = tmp_path / "slow_start.py"
+    module.write_text(
+        "import multiprocessing, time\n"
+        "if multiprocessing.parent_process() is not None:  # a worker, not the parent\n"
+        "    time.sleep(1.5)\n"
+        "def score(row):\n"
+        "    if row.get('stuck'):\n"
+        "        time.sleep(3600)\n"
+        "    return 1.0\n"
+    )
+    verifier = await load_verifier(f"{module}:score", VerifierOptions(workers=1, timeout_s=1.0))
+    try:
+        with pytest.raises(TimeoutError, match="its worker was replaced"):
+            await verifier.verify({"stuck": True})
+        assert (await verifier.verify({}))["reward"] == 1.0
+    finally:
+        await verifier.aclose()
+
+
 async def test_a_stuck_worker_dies_once_its_pools_other_calls_end(tmp_path: Path) -> None:
     options = VerifierOptions(workers=2, timeout_s=1.0)
     verifier = await load_verifier(f"{SCORES}:hangs_on_stuck", options)

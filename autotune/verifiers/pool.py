@@ -15,7 +15,9 @@ A call that outlives its timeout leaves its worker stuck in user code, and one
 ProcessPoolExecutor worker cannot be stopped alone (killing it breaks the whole pool,
 failing every call in flight). So the pool is retired instead: later calls go to a
 fresh, warmed pool, and the retired one is killed once its other calls have ended,
-each within its own timeout, so no call but the stuck one is lost.
+each within its own timeout, so no call but the stuck one is lost. A call's timeout
+starts once the fresh pool's workers are up: on a loaded machine their start-up can
+take longer than the verification itself, and it is not the verifier's time.
 
 Everything a worker runs is a module-level function here, so it pickles by name.
 As with any spawn/forkserver pool, a script that uses these verifiers must keep its
@@ -101,6 +103,7 @@ class PoolVerifier:
         self._calls: dict[ProcessPoolExecutor, int] = {}  # calls awaiting each pool
         self._retired: set[ProcessPoolExecutor] = set()  # stuck or broken: kill once idle
         self._killing: set[asyncio.Task[None]] = set()
+        self._warming: asyncio.Future[list[Any]] | None = None  # a fresh pool's start-up
         self._closed = False
 
     def _pool(self) -> ProcessPoolExecutor:
@@ -140,6 +143,9 @@ class PoolVerifier:
 
     async def _run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
         """`fn(*args)` in a worker; TimeoutError after `timeout_s` (None: no limit)."""
+        if self._warming is not None:
+            # A failed start-up breaks the pool: the call below then meets it and retires it.
+            await asyncio.wait([self._warming])
         pool = self._pool()
         self._calls[pool] = self._calls.get(pool, 0) + 1
         deadline = asyncio.timeout(timeout_s)
@@ -172,8 +178,11 @@ class PoolVerifier:
         if self._executor is pool:
             self._executor = None
             fresh = self._pool()
-            for _ in range(self._workers):  # not awaited: calls queue behind the warm-up
-                fresh.submit(_warm_up, 0.05)
+            loop = asyncio.get_running_loop()
+            self._warming = asyncio.gather(
+                *(loop.run_in_executor(fresh, _warm_up, 0.05) for _ in range(self._workers)),
+                return_exceptions=True,
+            )
 
     def _kill(self, pool: ProcessPoolExecutor) -> None:
         self._retired.discard(pool)
