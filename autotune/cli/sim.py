@@ -1,11 +1,15 @@
-"""`autotune sim serve`: the embedded simulated vLLM-like server, with its own flags."""
+"""`autotune sim serve`: the embedded simulated vLLM-like server, with its own flags;
+`autotune sim calibrate`: its step model fitted to a table of measured runs."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from autotune.cli.common import epilog
+from autotune.cli.common import REPORTS, add_json, add_output_dir, epilog, print_result
+
+PROFILE_FILE = "profile.json"
 
 
 def add_parser(commands: Any) -> None:
@@ -19,12 +23,83 @@ def add_parser(commands: Any) -> None:
         add_help=False,
     )
     serve.set_defaults(handler=run_command)  # its flags: see split_sim_serve
+    calibrate = sim_commands.add_parser(
+        "calibrate",
+        help="fit its step model to measured runs; `sim serve --profile` then uses the fit",
+        description="Fit the simulator's step model to one configuration of a table of "
+        "measured serving runs (InferenceX's columns), every TP of it at once, and measure "
+        "the error the simulator then makes at each point.",
+        epilog=epilog(),
+    )
+    calibrate.add_argument("table", type=Path, help="a CSV of runs in InferenceX's columns")
+    calibrate.add_argument(
+        "--where",
+        required=True,
+        metavar="KEY",
+        help="the configuration, as COLUMN=VALUE pairs "
+        "(hw=h100,model=gpt-oss-120b,image=v0.13.0,isl=1024,osl=1024)",
+    )
+    calibrate.add_argument(
+        "--gpu", default=None, help="the GPU profile (default: the one the table's hw names)"
+    )
+    calibrate.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the token budget of a step the runs were served with (default: vLLM's, 8192)",
+    )
+    add_output_dir(calibrate, f"{REPORTS / 'calibrate'}; the profile goes to DIR/{PROFILE_FILE}")
+    add_json(calibrate, "the profile with its error at each point")
+    calibrate.set_defaults(handler=run_calibrate)
 
 
 def run_command(args: argparse.Namespace) -> int:
     from autotune.servers.sim.server import main as sim_main
 
     return sim_main(args.sim_args, prog="autotune sim serve")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from autotune.calibration import calibrate
+    from autotune.config import KNOBS
+    from autotune.errors import UsageError
+    from autotune.hardware.measured import SurfaceError, parse_key
+
+    try:
+        where = parse_key(args.where)
+    except SurfaceError as error:
+        raise UsageError(f"{str(error).replace('--replay-where', '--where')}.") from None
+    budget = args.max_num_batched_tokens or KNOBS.max_num_batched_tokens
+    if budget < 1:
+        raise UsageError("--max-num-batched-tokens must be at least 1.")
+    output_dir = args.output_dir or REPORTS / "calibrate"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / PROFILE_FILE
+    profile = calibrate(args.table, where, path, args.gpu, budget)
+    if args.json:
+        print_result(path.read_text())
+        return 0
+    summary = profile.summary()
+    lines = [
+        f"{'TP':>3} {'conc':>5} {'tokens/s/GPU measured':>22} {'simulated':>10} {'error':>7}"
+        f" {'TPOT ms measured':>17} {'simulated':>10} {'error':>7}"
+    ]
+    for point in profile.points:
+        lines.append(
+            f"{point.tp:>3} {point.concurrency:>5} {point.measured_tokens_per_s_per_gpu:>22.1f}"
+            f" {point.simulated_tokens_per_s_per_gpu:>10.1f} {point.throughput_error:>+7.1%}"
+            f" {1e3 * point.measured_tpot_s:>17.2f} {1e3 * point.simulated_tpot_s:>10.2f}"
+            f" {point.tpot_error:>+7.1%}"
+        )
+    lines.append(
+        f"{profile.model.name} on {profile.gpu.name}, {summary.points} points: throughput "
+        f"error median {summary.throughput_median:.1%}, worst {summary.throughput_worst:.1%}; "
+        f"TPOT error median {summary.tpot_median:.1%}, worst {summary.tpot_worst:.1%}"
+    )
+    lines.append(f"wrote {path}: serve it with `autotune sim serve --profile {path}`")
+    print_result("\n".join(lines))
+    return 0
 
 
 def split_sim_serve(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -17,17 +17,40 @@ from pathlib import Path
 from typing import NoReturn, Self
 
 from autotune.config import KNOBS, knob
+from autotune.hardware.calibrated import ProfileError, load_profile
 from autotune.hardware.measured import MeasuredSurface, SurfaceError, load_surface, parse_key
 from autotune.hardware.memory import InsufficientMemory, kv_capacity_tokens
-from autotune.hardware.profiles import GPUS, MODELS, GpuProfile, ModelProfile, find_model
+from autotune.hardware.profiles import (
+    GPUS,
+    MODELS,
+    GpuProfile,
+    ModelProfile,
+    StepCoefficients,
+    find_model,
+)
 from autotune.helpformat import DefaultsHelpFormatter
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 SIM_PREFIX = "sim/"
 
 
+DEFAULT_GPU = "h100-80gb"
+DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_WEIGHT_SYNC_GBPS = 50.0
 DEFAULT_HOST_GBPS = 25.0
+
+
+def hardware_names(gpu: str | None, model: str | None, profile: str | None) -> tuple[str, str]:
+    """The GPU and model profile names the simulator's --gpu, --model and --profile give
+    (a profile that cannot be read gives the defaults; launching it says why)."""
+    if profile is not None and not (gpu and model):
+        try:
+            calibrated = load_profile(Path(profile))
+        except ProfileError:
+            pass
+        else:
+            return gpu or calibrated.gpu.name, model or calibrated.model.name
+    return gpu or DEFAULT_GPU, model or DEFAULT_MODEL
 
 
 class SimConfigError(ValueError):
@@ -49,9 +72,24 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         allow_abbrev=False,
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("--model", default="llama-3.1-8b", help=f"one of {', '.join(MODELS)}")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"one of {', '.join(MODELS)} (default: {DEFAULT_MODEL}, or --profile's)",
+    )
     p.add_argument("--served-model-name", nargs="+", default=None, help="(default: sim/<model>)")
-    p.add_argument("--gpu", default="h100-80gb", help=f"one of {', '.join(GPUS)}")
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help=f"one of {', '.join(GPUS)} (default: {DEFAULT_GPU}, or --profile's)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="step with the coefficients `autotune sim calibrate` fitted to measured runs "
+        "(its GPU and model unless --gpu and --model name the same)",
+    )
     p.add_argument(
         "--tensor-parallel-size",
         "-tp",
@@ -244,6 +282,7 @@ class SimConfig:
     weight_sync_gbps: float
     host_gbps: float
     measured: MeasuredSurface | None  # --replay-table: the surface each engine replays
+    coefficients: StepCoefficients  # --profile's, else the step model's defaults
     kv_capacity_tokens: int  # of one engine
     ignored_flags: tuple[str, ...]
 
@@ -254,7 +293,7 @@ class SimConfig:
     @property
     def weight_bytes_per_gpu(self) -> float:
         """One GPU's share of the weights: what a weight sync or a sleep moves."""
-        return self.model.params * self.model.bytes_per_param / self.tensor_parallel_size
+        return self.model.weight_bytes / self.tensor_parallel_size
 
     @classmethod
     def from_args(cls, argv: Sequence[str], prog: str | None = None) -> Self:
@@ -262,17 +301,34 @@ class SimConfig:
         `prog`: the command `--help` names (`autotune sim serve` when autotune forwards)."""
         parser = build_parser() if prog is None else build_parser(prog)
         ns, unknown = parser.parse_known_args(list(argv))
-        gpu = GPUS.get(ns.gpu)
+        profile = None
+        if ns.profile is not None:
+            try:
+                profile = load_profile(Path(ns.profile))
+            except ProfileError as error:
+                raise SimConfigError(f"{error}.") from None
+        gpu_name, model_name = (
+            (ns.gpu or profile.gpu.name, ns.model or profile.model.name)
+            if profile
+            else hardware_names(ns.gpu, ns.model, None)
+        )
+        gpu = GPUS.get(gpu_name)
         if gpu is None:
             raise SimConfigError(
-                f"Unknown GPU profile {ns.gpu!r}. Known profiles: {', '.join(GPUS)}; "
+                f"Unknown GPU profile {gpu_name!r}. Known profiles: {', '.join(GPUS)}; "
                 "pass one with --gpu."
             )
-        model = find_model(ns.model)
+        model = find_model(model_name)
         if model is None:
             raise SimConfigError(
-                f"Unknown model profile {ns.model!r}. Known profiles: {', '.join(MODELS)}; "
+                f"Unknown model profile {model_name!r}. Known profiles: {', '.join(MODELS)}; "
                 "pass one with --model."
+            )
+        if profile is not None and (gpu, model) != (profile.gpu, profile.model):
+            raise SimConfigError(
+                f"--profile {ns.profile} was calibrated for {profile.model.name} on "
+                f"{profile.gpu.name}, not {model.name} on {gpu.name}: drop --gpu and --model "
+                "or calibrate a profile for them."
             )
         tp = ns.tensor_parallel_size
         if tp < 1 or model.attention_heads % tp:
@@ -397,6 +453,7 @@ class SimConfig:
             weight_sync_gbps=ns.weight_sync_gbps,
             host_gbps=ns.host_gbps,
             measured=measured,
+            coefficients=profile.coefficients if profile else StepCoefficients(),
             kv_capacity_tokens=capacity,
             ignored_flags=tuple(unknown),
         )

@@ -127,6 +127,7 @@ class MeasuredPoint:
     output_tokens_per_s_per_gpu: float
     median_e2e_s: float
     p99_e2e_s: float
+    median_tpot_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +202,7 @@ def load_block(path: Path, where: Mapping[str, str], flags: tuple[str, str]) -> 
                 _median(runs, "output_tput_per_gpu"),
                 _median(runs, "median_e2el"),
                 _median(runs, "p99_e2el"),
+                _median(runs, "median_tpot"),
             )
             for conc, runs in sorted(by_conc.items())
         }

@@ -6,8 +6,8 @@ sweep's fit checks all size the KV cache the same way.
 Memory (per GPU, as vLLM budgets it):
 
     budget   = memory_bytes × gpu_memory_utilization
-    weights  = params × bytes_per_param ÷ tp
-    KV/token = 2 (K and V) × layers × kv_heads × head_dim × bytes_per_param ÷ tp
+    weights  = weight bytes as stored (ModelProfile.weight_bytes) ÷ tp
+    KV/token = 2 (K and V) × KV layers × kv_heads × head_dim × bytes_per_param ÷ tp
     KV tokens = (budget − weights − RUNTIME_RESERVE_BYTES) ÷ KV/token, down to whole blocks
 
 When tp exceeds the number of KV heads, vLLM replicates heads, so a GPU holds at least one.
@@ -30,13 +30,13 @@ class InsufficientMemory(ValueError):
 
 def weights_bytes_per_gpu(model: ModelProfile, tp: int) -> float:
     """Weight bytes each GPU holds (weights are sharded evenly across tensor-parallel ranks)."""
-    return model.params * model.bytes_per_param / tp
+    return model.weight_bytes / tp
 
 
 def kv_bytes_per_token_per_gpu(model: ModelProfile, tp: int) -> float:
     """Bytes of K and V one token occupies on each GPU (KV heads replicated past tp = kv_heads)."""
     kv_heads_per_gpu = max(model.kv_heads / tp, 1.0)
-    return 2 * model.layers * kv_heads_per_gpu * model.head_dim * model.bytes_per_param
+    return 2 * model.kv_layers * kv_heads_per_gpu * model.head_dim * model.bytes_per_param
 
 
 def kv_capacity_tokens(

@@ -29,7 +29,12 @@ class GpuProfile:
 
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
-    """One dense decoder-only transformer, stored in bf16."""
+    """One decoder-only transformer: dense, or with routed experts (mixture of experts).
+
+    A step of a mixture of experts reads the dense weights and only the experts its
+    tokens are routed to: each token picks `experts_per_token` of `experts`, so a step of
+    n tokens touches a share 1 − (1 − k/E)^n of them (routing taken as uniform).
+    """
 
     name: str
     params: int
@@ -39,8 +44,60 @@ class ModelProfile:
     kv_heads: int
     head_dim: int
     max_position_embeddings: int
-    bytes_per_param: int
+    bytes_per_param: int  # of the dense weights, activations and the KV cache
     source: str
+    experts: int = 0  # routed experts per MoE layer; 0: a dense model
+    experts_per_token: int = 0
+    expert_params: int = 0  # parameters in the routed experts, all of them
+    expert_bytes_per_param: float = 0.0  # as stored (MXFP4: 4.25 bits); 0: bytes_per_param
+    full_attention_layers: int = 0  # layers whose KV spans the context; 0: all of them
+    # The input embedding table: a step looks up a row a token, it neither reads the
+    # table whole nor multiplies by it (0: counted with the weights a step reads).
+    embedding_params: int = 0
+
+    @property
+    def weight_bytes(self) -> float:
+        """Every weight as stored."""
+        dense = (self.params - self.expert_params) * self.bytes_per_param
+        return dense + self.expert_params * (self.expert_bytes_per_param or self.bytes_per_param)
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token runs through (all of a dense model's)."""
+        dense = self.params - self.expert_params - self.embedding_params
+        if not self.experts:
+            return float(dense)
+        return dense + self.expert_params * self.experts_per_token / self.experts
+
+    def weight_bytes_read(self, tokens: int) -> float:
+        """Weight bytes a forward pass of `tokens` tokens reads: the dense part, and the
+        share of the experts its tokens are routed to."""
+        read = self.weight_bytes - self.embedding_params * self.bytes_per_param
+        if not self.experts:
+            return read
+        expert_bytes = self.expert_params * (self.expert_bytes_per_param or self.bytes_per_param)
+        touched = 1 - (1 - self.experts_per_token / self.experts) ** max(tokens, 1)
+        return read - expert_bytes * (1 - touched)
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers whose KV cache grows with the context (sliding-window layers keep a
+        window's worth only)."""
+        return self.full_attention_layers or self.layers
+
+
+@dataclass(frozen=True, slots=True)
+class StepCoefficients:
+    """What the simulator's step model (servers/sim/perf_model.py) takes from a real
+    engine rather than a datasheet: the shares of peak bandwidth and compute its kernels
+    sustain and its fixed costs. The defaults are rules of thumb for vLLM on NVIDIA GPUs;
+    `autotune sim calibrate` fits them to measured runs (hardware/calibrated.py)."""
+
+    memory_efficiency: float = 0.80  # of HBM bandwidth a decode step sustains
+    compute_efficiency: float = 0.60  # of dense bf16 FLOP/s large prefill GEMMs sustain
+    step_overhead_s: float = 0.0005  # scheduling, input preparation, sampling, launches
+    allreduce_latency_s: float = 8e-6  # one small tensor-parallel all-reduce
+    link_efficiency: float = 0.70  # of one direction of the GPU link an all-reduce gets
 
 
 GPUS: dict[str, GpuProfile] = {
@@ -130,6 +187,26 @@ MODELS: dict[str, ModelProfile] = {
         max_position_embeddings=131072,
         bytes_per_param=2,
         source="https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json",
+    ),
+    "gpt-oss-120b": ModelProfile(
+        name="gpt-oss-120b",
+        params=116_829_156_672,
+        layers=36,
+        hidden_size=2880,
+        attention_heads=64,
+        kv_heads=8,
+        head_dim=64,
+        max_position_embeddings=131072,
+        bytes_per_param=2,
+        source="https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json "
+        "(117B parameters, 5.1B active, a 60.8 GiB checkpoint)",
+        experts=128,
+        experts_per_token=4,
+        # 36 layers × 128 experts × (2880 × 5760 + 5760 + 2880 × 2880 + 2880)
+        expert_params=114_701_598_720,
+        expert_bytes_per_param=4.25 / 8,  # MXFP4: 4-bit values, an 8-bit scale per 32
+        full_attention_layers=18,  # the others alternate with a 128-token sliding window
+        embedding_params=201_088 * 2880,  # its vocabulary × hidden size (the output head apart)
     ),
 }
 

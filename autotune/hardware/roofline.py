@@ -10,10 +10,10 @@ roofline_share), whatever serves the trial.
 Per engine, `batch` sequences (given, or as many as the KV cache holds at full length,
 at most `max_num_seqs`) are prefilled together and then decoded together:
 
-    prefill  = 2 × params ÷ tp × (1 − cached_prompt_share) × prompt × batch ÷ bf16_flops
-    bytes    = weights ÷ tp + KV/token/GPU × batch × (prompt + output ÷ 2)
-    flops    = 2 × params ÷ tp × batch
-             + 4 × layers × heads × head_dim ÷ tp × batch × (prompt + output ÷ 2)
+    prefill  = 2 × active params ÷ tp × (1 − cached_prompt_share) × prompt × batch ÷ bf16_flops
+    bytes    = weights read ÷ tp + KV/token/GPU × batch × (prompt + output ÷ 2)
+    flops    = 2 × active params ÷ tp × batch
+             + 4 × KV layers × heads × head_dim ÷ tp × batch × (prompt + output ÷ 2)
     step     = max(bytes ÷ hbm_bytes_per_s, flops ÷ bf16_flops)
     ceiling  = engines × batch × output ÷ (prefill + output × step)   output tokens/s
 
@@ -31,7 +31,6 @@ from autotune.hardware.memory import (
     InsufficientMemory,
     kv_bytes_per_token_per_gpu,
     kv_capacity_tokens,
-    weights_bytes_per_gpu,
 )
 from autotune.hardware.profiles import GpuProfile, ModelProfile
 
@@ -82,11 +81,13 @@ def roofline(
                 f"cache ({capacity} tokens per engine). Try increasing "
                 "`gpu_memory_utilization` or `tensor_parallel_size`."
             )
-    flops_per_token = 2 * model.params / tp
+    flops_per_token = 2 * model.active_params / tp
     context = batch * (prompt_tokens + output_tokens / 2)
     prefill_s = flops_per_token * (1 - cached_prompt_share) * prompt_tokens * batch / gpu.bf16_flops
-    step_bytes = weights_bytes_per_gpu(model, tp) + kv_bytes_per_token_per_gpu(model, tp) * context
-    attention = 4 * model.layers * model.attention_heads * model.head_dim / tp * context
+    step_bytes = (
+        model.weight_bytes_read(batch) / tp + kv_bytes_per_token_per_gpu(model, tp) * context
+    )
+    attention = 4 * model.kv_layers * model.attention_heads * model.head_dim / tp * context
     memory_s = step_bytes / gpu.hbm_bytes_per_s
     compute_s = (flops_per_token * batch + attention) / gpu.bf16_flops
     step_s = max(memory_s, compute_s)

@@ -127,6 +127,7 @@ class VirtualProbe:
         hits_before, queries_before = _prefix_counts(self.engines)
         done_at: list[float] = []
         latencies: list[float] = []
+        ttfts: list[float] = []  # what a streamed HTTP probe reports as its ttft stage
         tokens: list[int] = []
         stop = asyncio.Event()
         found: list[Window] = []
@@ -149,6 +150,8 @@ class VirtualProbe:
                 submitted = clock.now
                 request = self.engines[replica.index].submit(prompt, output, prefix_key=task)
                 try:
+                    await request.first_token
+                    first_token = clock.now - submitted
                     await request.finished
                 except asyncio.CancelledError:
                     request.abort()  # the probe is over: free the engine for the next one
@@ -157,6 +160,7 @@ class VirtualProbe:
                 router.succeeded(replica, now - submitted, output)
                 done_at.append(now)
                 latencies.append(now - submitted)
+                ttfts.append(first_token)
                 tokens.append(output)
                 if (len(done_at) % CHECK_EVERY == 0 or len(done_at) == parallelism) and not found:
                     check(now)
@@ -175,6 +179,7 @@ class VirtualProbe:
         measured = max(window.end - window.start, 1e-9)
         latency = no_latencies()
         latency["total"] = StageLatency.of([latencies[i] for i in in_window])
+        latency["ttft"] = StageLatency.of([ttfts[i] for i in in_window])
         hits, queries = _prefix_counts(self.engines)
         telemetry = {  # over the whole probe: the cache's share hardly drifts in a probe
             HITS: {"delta": float(hits - hits_before)},

@@ -49,7 +49,7 @@ from autotune.config import (
     server_part,
 )
 from autotune.errors import UsageError
-from autotune.hardware.deployment import SimConfig, SimConfigError, build_parser
+from autotune.hardware.deployment import SimConfig, SimConfigError, hardware_names
 from autotune.hardware.fit import (
     Batch,
     GpuMemory,
@@ -78,9 +78,10 @@ def hardware(study: Study) -> tuple[GpuProfile | None, ModelProfile | None]:
     gpu_name = resources.gpu if resources else None
     model_name = resources.model_profile if resources else None
     if target.kind == "sim":
-        values, defaults = _flag_values(target.args), build_parser()
-        gpu_name = values.get("gpu", defaults.get_default("gpu"))
-        model_name = values.get("model", defaults.get_default("model"))
+        values = _flag_values(target.args)
+        gpu_name, model_name = hardware_names(
+            values.get("gpu"), values.get("model"), values.get("profile")
+        )
     gpu = GPUS.get(gpu_name) if gpu_name else None
     model = find_model(model_name) if model_name else None
     if model is None and target.kind == "vllm" and target.model:

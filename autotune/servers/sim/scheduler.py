@@ -60,8 +60,8 @@ from types import TracebackType
 
 from autotune.hardware.measured import MeasuredSurface
 from autotune.hardware.memory import kv_capacity_tokens
-from autotune.hardware.profiles import GpuProfile, ModelProfile
-from autotune.servers.sim.perf_model import step_time_s
+from autotune.hardware.profiles import GpuProfile, ModelProfile, StepCoefficients
+from autotune.servers.sim.perf_model import DEFAULT_COEFFICIENTS, step_time_s
 
 _WAITING, _PREFILL, _DECODE, _DONE, _ABORTED = range(5)
 
@@ -130,6 +130,7 @@ class EngineConfig:
     slow_down_factor: float = 1.0
     # --replay-table: step times from a measured surface instead of the performance model
     measured: MeasuredSurface | None = None
+    coefficients: StepCoefficients = DEFAULT_COEFFICIENTS  # --profile: a calibrated model's
 
 
 @dataclass(frozen=True, slots=True)
@@ -677,7 +678,9 @@ class SimEngine:
         if cfg.measured is not None:
             duration = cfg.measured.step_s(decodes, prefill_tokens)
         else:
-            duration = step_time_s(cfg.gpu, cfg.model, cfg.tp, decodes, prefill_tokens, context)
+            duration = step_time_s(
+                cfg.gpu, cfg.model, cfg.tp, decodes, prefill_tokens, context, cfg.coefficients
+            )
         return duration, decodes, completing
 
     def end_step(

@@ -86,6 +86,7 @@ class ServerConfig(SimConfig):
             slow_down_after_s=self.slow_down_after_s,
             slow_down_factor=self.slow_down_factor if self.slow_down_after_s is not None else 1.0,
             measured=self.measured,
+            coefficients=self.coefficients,
         )
 
 
