@@ -116,6 +116,9 @@ def landmarks(fit: UslFit, parallelism: Sequence[int], throughput: Sequence[floa
     else:
         peak_n, peak_x = float(best_n), max(best_x, fit.throughput(best_n))
     knee = min(peak_x / fit.lam, peak_n) if fit.lam > 0 else peak_n
+    # Below the smallest parallelism measured the fit extrapolates: a curve already level
+    # there (a client or a rate limit capping it) has its knee at that point, not at 0.
+    knee = max(knee, float(min(parallelism)))
     return Landmarks(peak_n, peak_x, inside, knee, max(1, math.floor(HEADROOM * peak_n)))
 
 
@@ -154,10 +157,18 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
             f"best measured point (parallelism {best_n}), not an extrapolated peak"
         )
     recommended = marks.recommended_parallelism
+    lowest = min(parallelism)
     smallest = next(
-        (n for n in range(1, math.ceil(peak_n) + 1) if fit.throughput(n) >= HEADROOM * peak_x),
+        (n for n in range(lowest, math.ceil(peak_n) + 1) if fit.throughput(n) >= HEADROOM * peak_x),
         math.ceil(peak_n),
     )
+    lowest_x = max(x for n, x in zip(parallelism, throughput, strict=True) if n == lowest)
+    if lowest < largest and lowest_x >= HEADROOM * best_x:
+        note += (
+            f"; already at {lowest_x / best_x:.0%} of the best at the lowest parallelism "
+            f"measured ({lowest}): something other than the server's batching (the client, "
+            "a rate limit) may cap it from the start"
+        )
     return CurveSummary(
         fit={"lambda": fit.lam, "sigma": fit.sigma, "kappa": fit.kappa, "r2": fit.r2},
         peak_parallelism=peak_n,

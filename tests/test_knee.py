@@ -76,3 +76,16 @@ def test_three_points_never_claim_a_peak() -> None:
     summary = summarise_curve(points, [TRUE.throughput(n) for n in points])
     assert not summary.peak_inside_range
     assert summary.peak_parallelism == max(points, key=TRUE.throughput)
+
+
+def test_a_curve_level_from_its_first_point_has_its_knee_there_and_says_so() -> None:
+    """A client that caps the rate below the server's: level from the lowest parallelism
+    measured on. The fit's knee lies below the data (it read 0 before); it is that point."""
+    parallelism = [8, 16, 32, 64, 128, 256]
+    throughput = [1480.0, 1510.0, 1530.0, 1525.0, 1530.0, 1490.0]
+    summary = summarise_curve(parallelism, throughput)
+    assert summary.knee_parallelism == 8
+    assert summary.smallest_parallelism_at_80pct == 8
+    assert "already at 97% of the best at the lowest parallelism measured (8)" in summary.note
+    rising = summarise_curve([8, 16, 32, 64], [100.0, 195.0, 370.0, 600.0])
+    assert rising.knee_parallelism > 8 and "lowest parallelism measured" not in rising.note
