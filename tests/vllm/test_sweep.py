@@ -22,11 +22,12 @@ import yaml
 
 from autotune.config import load_study
 from autotune.results import SweepResult, load_result
+from autotune.servers.flags import server_flags
 from autotune.servers.vllm import API_SERVER_MODULE, shm_entries
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import open_study, storage_url
 from tests.helpers import autotune
-from tests.vllm.conftest import VllmInstall
+from tests.vllm.conftest import WIDE_FLAGS, VllmInstall
 
 pytestmark = pytest.mark.vllm
 
@@ -41,16 +42,18 @@ def sweep(
     trials: int,
     args: list[str],
     enqueue: Sequence[dict[str, Any]] = (),
+    wide: bool = False,
 ) -> tuple[Any, SweepResult | None, Path]:
     """Runs a study against real vLLM, its first trials the `enqueue`d knobs; returns the
-    finished process, sweep.json (None if none was saved), reports."""
+    finished process, sweep.json (None if none was saved), reports. `wide` serves the
+    wide model, whose batches are cheap, instead of the tiny one."""
     study = {
         "name": "vllm-cpu",
         "target": {
             "kind": "vllm",
             "command": ["nice", "-n", "10", install.python, "-m", API_SERVER_MODULE],
-            "model": install.model,
-            "args": args,
+            "model": install.wide_model if wide else install.model,
+            "args": [*args, *(server_flags(WIDE_FLAGS) if wide else [])],
             "env": env,
             "startup_timeout_s": 300,
         },
@@ -126,8 +129,17 @@ def test_a_sweep_relaunches_prunes_rejects_validates_and_cleans_up(
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", mark.split("=")[0]: mark.split("=")[1]}
     args = [*FIXED_ARGS, "--block-size", "32"]
     enqueue = [BEST, SLOW, UNSHARDABLE]
+    # The wide model: on the tiny one a batch of 16 made as few rollouts a second as one
+    # sequence did, within a short probe's interval (4.4 against 3.2), and nothing was pruned.
     result, saved, directory = sweep(
-        vllm_install, tmp_path, space, env, trials=len(enqueue), args=args, enqueue=enqueue
+        vllm_install,
+        tmp_path,
+        space,
+        env,
+        trials=len(enqueue),
+        args=args,
+        enqueue=enqueue,
+        wide=True,
     )
     assert result.returncode == 0, result.stderr
     assert saved is not None and saved.simulated is False
