@@ -19,6 +19,8 @@ from tests.helpers import SIM_FAST, ServeApp, SimProcess
 
 REPO = Path(__file__).resolve().parents[1]
 NEMO_GYM_DATA = REPO.parent / "shared" / "data" / "nemo-gym"
+# InferenceX's real serving runs (Data from InferenceX (SemiAnalysis), Apache-2.0).
+INFERENCEX_TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
 
 
 @pytest.fixture
@@ -26,6 +28,14 @@ def nemo_gym_data() -> Path:
     if not NEMO_GYM_DATA.is_dir():
         pytest.skip("the shared NeMo Gym example data is not beside this checkout")
     return NEMO_GYM_DATA
+
+
+@pytest.fixture
+def table() -> Path:
+    """The shared table of measured serving runs (InferenceX's)."""
+    if not INFERENCEX_TABLE.is_file():
+        pytest.skip("the shared InferenceX table is not beside this checkout")
+    return INFERENCEX_TABLE
 
 
 @pytest.fixture

@@ -16,17 +16,9 @@ from autotune.hardware.memory import weights_bytes_per_gpu
 from autotune.hardware.profiles import GPUS, MODELS, GiB, StepCoefficients
 from autotune.servers.sim.calibrate import Engine, RunPoint, fit, steady_state
 from autotune.servers.sim.perf_model import step_time_s
-from tests.helpers import REPO, autotune, one_sentence_error
+from tests.helpers import autotune, one_sentence_error
 
-TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
 H100 = "hw=h100,model=gpt-oss-120b,image=v0.13.0,isl=1024,osl=1024"
-
-
-@pytest.fixture
-def table() -> Path:
-    if not TABLE.is_file():
-        pytest.skip("the shared InferenceX table is not beside this checkout")
-    return TABLE
 
 
 def test_a_mixture_of_experts_reads_the_experts_its_tokens_are_routed_to() -> None:

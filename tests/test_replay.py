@@ -17,17 +17,9 @@ from autotune.collect import collect
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.measured import SurfaceError, load_surface, parse_key
-from tests.helpers import REPO, SimProcess, read_rows
+from tests.helpers import SimProcess, read_rows
 
-TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
 H100_TP2 = "hw=h100,isl=1024,osl=1024,image=v0.13.0"
-
-
-@pytest.fixture
-def table() -> Path:
-    if not TABLE.is_file():
-        pytest.skip("the shared InferenceX table is not beside this checkout")
-    return TABLE
 
 
 def test_a_key_picks_one_configuration_and_pools_its_repeats(table: Path) -> None:
