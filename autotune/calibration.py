@@ -18,9 +18,15 @@ from pathlib import Path
 
 from autotune.config import KNOBS
 from autotune.errors import UsageError
-from autotune.hardware.calibrated import CalibratedProfile, PointError, load_profile
+from autotune.hardware.calibrated import CalibratedProfile, PointError
 from autotune.hardware.measured import MeasuredBlock, SurfaceError, load_block
-from autotune.hardware.profiles import GPUS, GpuProfile, ModelProfile, find_model
+from autotune.hardware.profiles import (
+    GPUS,
+    GpuProfile,
+    ModelProfile,
+    StepCoefficients,
+    find_model,
+)
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.probe.window import ProbeSettings
 from autotune.servers.sim.calibrate import Engine, RunPoint, fit, steady_state
@@ -68,12 +74,15 @@ def _points(block: MeasuredBlock) -> list[RunPoint]:
     ]
 
 
-async def simulate(profile: Path, engine: Engine, point: RunPoint) -> PointError:
+async def simulate(
+    profile: Path, coefficients: StepCoefficients, engine: Engine, point: RunPoint
+) -> PointError:
     """The engine that `sim serve --profile PROFILE` runs, at one measured point, in
-    virtual time; the probe's window spans a set number of its request latencies."""
+    virtual time; the probe's window spans a set number of its request latencies, as the
+    profile's `coefficients` predict them."""
     _, throughput = steady_state(
         engine,
-        load_profile(profile).coefficients,
+        coefficients,
         point.tp,
         point.concurrency,
         point.input_tokens,
@@ -133,7 +142,7 @@ def calibrate(
     profile.save(output)
 
     async def every_point() -> list[PointError]:
-        return [await simulate(output, engine, point) for point in points]
+        return [await simulate(output, coefficients, engine, point) for point in points]
 
     errors = asyncio.run(every_point())
     profile = dataclasses.replace(profile, points=tuple(errors))

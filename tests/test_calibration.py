@@ -105,6 +105,16 @@ def test_a_key_that_picks_no_one_configuration_is_one_sentence(
     assert not (tmp_path / "profile.json").exists()
 
 
+def test_a_step_budget_below_1_is_one_sentence(table: Path, tmp_path: Path) -> None:
+    result = autotune(
+        "sim", "calibrate", str(table), "--where", H100, "--max-num-batched-tokens", "0",
+        "--output-dir", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--max-num-batched-tokens must be at least 1" in one_sentence_error(result)
+    assert not (tmp_path / "profile.json").exists()
+
+
 def test_a_profile_for_other_hardware_or_no_profile_is_refused_at_launch(tmp_path: Path) -> None:
     missing = tmp_path / "none.json"
     with pytest.raises(SimConfigError, match="cannot read --profile"):

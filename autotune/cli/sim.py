@@ -70,8 +70,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         where = parse_key(args.where)
     except SurfaceError as error:
         raise UsageError(f"{str(error).replace('--replay-where', '--where')}.") from None
-    budget = args.max_num_batched_tokens or KNOBS.max_num_batched_tokens
-    if budget < 1:
+    budget = args.max_num_batched_tokens
+    if budget is None:
+        budget = KNOBS.max_num_batched_tokens
+    elif budget < 1:
         raise UsageError("--max-num-batched-tokens must be at least 1.")
     output_dir = args.output_dir or REPORTS / "calibrate"
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ importing the simulator; servers/sim/server.py serves the configuration this giv
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn, Self
 
 from autotune.config import KNOBS, knob
-from autotune.hardware.calibrated import ProfileError, load_profile
+from autotune.hardware.calibrated import CalibratedProfile, ProfileError, load_profile
 from autotune.hardware.measured import MeasuredSurface, SurfaceError, load_surface, parse_key
 from autotune.hardware.memory import InsufficientMemory, kv_capacity_tokens
 from autotune.hardware.profiles import (
@@ -40,17 +41,24 @@ DEFAULT_WEIGHT_SYNC_GBPS = 50.0
 DEFAULT_HOST_GBPS = 25.0
 
 
+def _names(
+    gpu: str | None, model: str | None, profile: CalibratedProfile | None
+) -> tuple[str, str]:
+    """--gpu and --model, else the profile's, else the defaults."""
+    return (
+        gpu or (profile.gpu.name if profile else DEFAULT_GPU),
+        model or (profile.model.name if profile else DEFAULT_MODEL),
+    )
+
+
 def hardware_names(gpu: str | None, model: str | None, profile: str | None) -> tuple[str, str]:
     """The GPU and model profile names the simulator's --gpu, --model and --profile give
     (a profile that cannot be read gives the defaults; launching it says why)."""
+    calibrated = None
     if profile is not None and not (gpu and model):
-        try:
+        with contextlib.suppress(ProfileError):
             calibrated = load_profile(Path(profile))
-        except ProfileError:
-            pass
-        else:
-            return gpu or calibrated.gpu.name, model or calibrated.model.name
-    return gpu or DEFAULT_GPU, model or DEFAULT_MODEL
+    return _names(gpu, model, calibrated)
 
 
 class SimConfigError(ValueError):
@@ -307,11 +315,7 @@ class SimConfig:
                 profile = load_profile(Path(ns.profile))
             except ProfileError as error:
                 raise SimConfigError(f"{error}.") from None
-        gpu_name, model_name = (
-            (ns.gpu or profile.gpu.name, ns.model or profile.model.name)
-            if profile
-            else hardware_names(ns.gpu, ns.model, None)
-        )
+        gpu_name, model_name = _names(ns.gpu, ns.model, profile)
         gpu = GPUS.get(gpu_name)
         if gpu is None:
             raise SimConfigError(

@@ -56,10 +56,14 @@ class ModelProfile:
     embedding_params: int = 0
 
     @property
+    def expert_bytes(self) -> float:
+        """The routed experts' weights as stored (0 for a dense model)."""
+        return self.expert_params * (self.expert_bytes_per_param or self.bytes_per_param)
+
+    @property
     def weight_bytes(self) -> float:
         """Every weight as stored."""
-        dense = (self.params - self.expert_params) * self.bytes_per_param
-        return dense + self.expert_params * (self.expert_bytes_per_param or self.bytes_per_param)
+        return (self.params - self.expert_params) * self.bytes_per_param + self.expert_bytes
 
     @property
     def active_params(self) -> float:
@@ -75,9 +79,8 @@ class ModelProfile:
         read = self.weight_bytes - self.embedding_params * self.bytes_per_param
         if not self.experts:
             return read
-        expert_bytes = self.expert_params * (self.expert_bytes_per_param or self.bytes_per_param)
         touched = 1 - (1 - self.experts_per_token / self.experts) ** max(tokens, 1)
-        return read - expert_bytes * (1 - touched)
+        return read - self.expert_bytes * (1 - touched)
 
     @property
     def kv_layers(self) -> int:

@@ -143,7 +143,7 @@ class PoolVerifier:
 
     async def _run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
         """`fn(*args)` in a worker; TimeoutError after `timeout_s` (None: no limit)."""
-        if self._warming is not None:
+        if self._warming is not None and not self._warming.done():
             # A failed start-up breaks the pool: the call below then meets it and retires it.
             await asyncio.wait([self._warming])
         pool = self._pool()
