@@ -121,6 +121,23 @@ async def simulate(
     )
 
 
+def fit_profile(
+    table: Path,
+    where: Mapping[str, str],
+    gpu_name: str | None = None,
+    max_num_batched_tokens: int = KNOBS.max_num_batched_tokens,
+) -> tuple[CalibratedProfile, MeasuredBlock]:
+    """The profile fitted to the configuration `where` picks out of `table` (its error
+    not yet measured), and that configuration's measured block."""
+    try:
+        block = load_block(table, where, FLAGS)
+    except SurfaceError as error:
+        raise UsageError(f"{error}.") from None
+    gpu, model = _hardware(block, gpu_name)
+    coefficients = fit(Engine(gpu, model, max_num_batched_tokens), _points(block))
+    return CalibratedProfile(gpu, model, coefficients, table.name, dict(block.key)), block
+
+
 def calibrate(
     table: Path,
     where: Mapping[str, str],
@@ -130,16 +147,11 @@ def calibrate(
 ) -> CalibratedProfile:
     """Fit the configuration `where` picks out of `table`, write its profile to `output`,
     measure the simulator's error at each point and write the profile again with it."""
-    try:
-        block = load_block(table, where, FLAGS)
-    except SurfaceError as error:
-        raise UsageError(f"{error}.") from None
-    gpu, model = _hardware(block, gpu_name)
-    engine = Engine(gpu, model, max_num_batched_tokens)
-    points = _points(block)
-    coefficients = fit(engine, points)
-    profile = CalibratedProfile(gpu, model, coefficients, table.name, dict(block.key))
+    profile, block = fit_profile(table, where, gpu_name, max_num_batched_tokens)
     profile.save(output)
+    engine = Engine(profile.gpu, profile.model, max_num_batched_tokens)
+    coefficients = profile.coefficients
+    points = _points(block)
 
     async def every_point() -> list[PointError]:
         return [await simulate(output, coefficients, engine, point) for point in points]

@@ -1232,6 +1232,23 @@ class BudgetSpec(SpecModel):
         return VALIDATE_ROLLOUTS_SIM if kind == "sim" else VALIDATE_ROLLOUTS
 
 
+class PriorSpec(SpecModel):
+    """A calibrated simulator the study ranks its configurations on before launching any
+    (sweep/prior.py): `autotune sim calibrate` writes the profile."""
+
+    what: ClassVar[str] = "prior"
+    profile: Path  # a profile.json of `autotune sim calibrate` (relative: to the study file)
+    # `sim serve` flags the target holds fixed (e.g. [--max-num-seqs, "64"]); the searched
+    # knobs are added per configuration, as for the target.
+    args: list[str] = []
+    # Launch only the configurations the prior puts within this share of its best (its
+    # worst calibrated point missed by ~16%).
+    keep_within: Share = 0.25
+    # The lengths it simulates; None: the workload's synthetic ones.
+    prompt_tokens: Tokens | None = None
+    output_tokens: Tokens | None = None
+
+
 class ResourcesSpec(SpecModel):
     """The GPUs a study may spend: it then searches how to split them into engines
     (replicas of the model) × tensor-parallel size, engines × TP ≤ gpus."""
@@ -1258,7 +1275,19 @@ class Study(SpecModel):
     budget: BudgetSpec = BudgetSpec()
     probe: ProbeSpec = ProbeSpec()
     resources: ResourcesSpec | None = None
+    prior: PriorSpec | None = None
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _prior(self) -> Study:
+        """The prior ranks configurations by a throughput curve on the simulated engine;
+        the step and loop objectives measure what it does not simulate."""
+        if self.prior is not None and self.objective.metric in (GOODPUT, TRAINED):
+            raise ValueError(
+                f"prior ranks throughput curves; objective {self.objective.metric} cannot "
+                "use it: remove prior"
+            )
+        return self
 
     @model_validator(mode="after")
     def _loop(self) -> Study:
@@ -1394,6 +1423,10 @@ def load_study(path: Path) -> Study:
         where = _location(first) or "the file"
         message = first["msg"].removeprefix("Value error, ")
         raise UsageError(f"study file {path}: {where}: {message}.") from None
+    if study.prior is not None and not study.prior.profile.is_absolute():
+        profile = (path.parent / study.prior.profile).resolve()
+        prior = study.prior.model_copy(update={"profile": profile})
+        study = study.model_copy(update={"prior": prior})
     if study.workload.input is not None and not study.workload.input.is_absolute():
         study = study.model_copy(
             update={

@@ -10,6 +10,10 @@ The fit uses the standard linearisation N/X = a + b(N−1) + cN(N−1) with a = 
 b = σ/λ, c = κ/λ (ordinary least squares, σ and κ kept non-negative), which needs no
 optimiser and no starting guess. Pure functions; no I/O.
 
+The parallelism to run at is 80% of the peak's (the NeMo Gym guide's headroom), except
+on a curve whose best point is at the server's own ceiling: there it is the ceiling
+(`landmarks` says why).
+
 Intervals (`bootstrap_curve`): each measured point is drawn again from its own 95%
 interval (a parametric bootstrap of the probes' replicates; where the fit misses the
 points by more than their intervals say, the misses set the spread instead) and the
@@ -94,23 +98,38 @@ def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, count: int) -> tuple[f
 
 @dataclass(frozen=True, slots=True)
 class Landmarks:
-    """Where one curve peaks, its knee, and the 80% rule's parallelism."""
+    """Where one curve peaks, its knee, and the parallelism to run it at."""
 
     peak_parallelism: float
     peak_throughput: float
     inside: bool  # the fitted peak lies inside the measured range
     knee_parallelism: float
     recommended_parallelism: int
+    at_ceiling: bool = False  # the best point is at the server's ceiling: run it full
 
 
-def landmarks(fit: UslFit, parallelism: Sequence[int], throughput: Sequence[float]) -> Landmarks:
+def landmarks(
+    fit: UslFit,
+    parallelism: Sequence[int],
+    throughput: Sequence[float],
+    ceiling: int | None = None,
+) -> Landmarks:
     """The peak (fitted inside the range, else the best measured point: no extrapolation),
-    the knee and 80% of the peak's parallelism."""
+    the knee and the parallelism to run at: 80% of the peak's, or the server's `ceiling`
+    (the most requests it runs at once) where the best point measured is at or past it.
+
+    Why the ceiling takes no headroom: the guide's 20% keeps a client off the far side of
+    a peak, where throughput falls. A curve whose best point is at the server's own
+    admission limit (max_num_seqs, or what its KV cache holds) has no far side: past the
+    limit requests wait in the server's queue and throughput stays level, while 80% of
+    the limit leaves a fifth of the batch empty."""
     best_index = max(range(len(throughput)), key=lambda i: throughput[i])
     best_n, best_x = int(parallelism[best_index]), float(throughput[best_index])
     fitted_peak = fit.peak_parallelism
-    # A peak past the largest parallelism tried was never measured: no extrapolation.
-    inside = fitted_peak is not None and fitted_peak <= max(parallelism)
+    at_ceiling = ceiling is not None and best_n >= ceiling
+    # A peak past the largest parallelism tried was never measured: no extrapolation. A
+    # fitted turn below a best point at the ceiling is the fit bending into the limit.
+    inside = fitted_peak is not None and fitted_peak <= max(parallelism) and not at_ceiling
     if inside and fitted_peak is not None:
         peak_n, peak_x = fitted_peak, fit.throughput(fitted_peak)
     else:
@@ -119,11 +138,16 @@ def landmarks(fit: UslFit, parallelism: Sequence[int], throughput: Sequence[floa
     # Below the smallest parallelism measured the fit extrapolates: a curve already level
     # there (a client or a rate limit capping it) has its knee at that point, not at 0.
     knee = max(knee, float(min(parallelism)))
+    if at_ceiling and ceiling is not None:
+        return Landmarks(peak_n, peak_x, inside, knee, ceiling, at_ceiling=True)
     return Landmarks(peak_n, peak_x, inside, knee, max(1, math.floor(HEADROOM * peak_n)))
 
 
-def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> CurveSummary:
-    """Everything the recommendation needs from one curve (measured points)."""
+def summarise_curve(
+    parallelism: Sequence[int], throughput: Sequence[float], ceiling: int | None = None
+) -> CurveSummary:
+    """Everything the recommendation needs from one curve (measured points); `ceiling`:
+    the most requests the server runs at once, where the curve's ladder ended."""
     best_index = max(range(len(throughput)), key=lambda i: throughput[i])
     best_n, best_x = int(parallelism[best_index]), float(throughput[best_index])
     largest = max(parallelism)
@@ -132,7 +156,8 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
     except ValueError:
         fit = None
     if fit is None:
-        recommended = max(1, math.floor(HEADROOM * best_n))
+        at_ceiling = ceiling is not None and best_n >= ceiling
+        recommended = ceiling if at_ceiling and ceiling else max(1, math.floor(HEADROOM * best_n))
         return CurveSummary(
             None,
             best_n,
@@ -145,11 +170,18 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
             best_n,
             best_n,
             "too few points to fit a curve; using measured points",
+            server_ceiling=ceiling if at_ceiling else None,
         )
-    marks = landmarks(fit, parallelism, throughput)
+    marks = landmarks(fit, parallelism, throughput, ceiling)
     peak_n, peak_x = marks.peak_parallelism, marks.peak_throughput
     if marks.inside:
         note = f"throughput peaks at parallelism {peak_n:.0f} (fitted)"
+    elif marks.at_ceiling:
+        note = (
+            f"the curve reaches the server's ceiling ({ceiling} requests at once) without "
+            "turning down: past it requests only wait in the server's queue, so the "
+            "recommendation is the ceiling itself (headroom is kept from a peak that falls)"
+        )
     else:
         note = (
             f"no peak inside the searched range: the fitted curve does not turn down by "
@@ -181,6 +213,7 @@ def summarise_curve(parallelism: Sequence[int], throughput: Sequence[float]) -> 
         knee_parallelism=marks.knee_parallelism,
         smallest_parallelism_at_80pct=smallest,
         note=note,
+        server_ceiling=ceiling if marks.at_ceiling else None,
     )
 
 
@@ -207,6 +240,13 @@ class CurveBootstrap:
         return [not d.inside for d in self.draws]
 
     @property
+    def recommended_parallelism(self) -> Interval:
+        """Open above where draws put the peak past the range, unless at the ceiling
+        (the server's limit is known, not extrapolated)."""
+        open_above = [not d.inside and not d.at_ceiling for d in self.draws]
+        return self.interval([d.recommended_parallelism for d in self.draws], open_above)
+
+    @property
     def peak_parallelism(self) -> Interval:
         return self.interval([d.peak_parallelism for d in self.draws], self._past_range())
 
@@ -221,10 +261,6 @@ class CurveBootstrap:
         """A knee at a peak past the range is as unbounded as the peak."""
         at_peak = [not d.inside and d.knee_parallelism >= d.peak_parallelism for d in self.draws]
         return self.interval([d.knee_parallelism for d in self.draws], at_peak)
-
-    @property
-    def recommended_parallelism(self) -> Interval:
-        return self.interval([d.recommended_parallelism for d in self.draws], self._past_range())
 
     def throughput_at(self, parallelism: float) -> Interval:
         """The fitted throughput's 95% interval at one parallelism (a prediction)."""
@@ -268,9 +304,10 @@ def bootstrap_curve(
     *,
     draws: int = BOOTSTRAP_DRAWS,
     seed: int = 0,
+    ceiling: int | None = None,
 ) -> CurveBootstrap | None:
     """Refit the curve `draws` times, each point drawn from N(measured, error²); None when
-    there are too few points to fit."""
+    there are too few points to fit. `ceiling`: as for `landmarks`."""
     if len(parallelism) < 2:
         return None
     rng = np.random.default_rng(seed)
@@ -285,5 +322,5 @@ def bootstrap_curve(
         except ValueError:
             continue
         fits.append(fit)
-        marks.append(landmarks(fit, parallelism, drawn))
+        marks.append(landmarks(fit, parallelism, drawn, ceiling))
     return CurveBootstrap(fits, marks) if fits else None

@@ -894,11 +894,14 @@ class CurveSummary(Record):
     peak_inside_range: bool
     best_measured_parallelism: int
     best_measured_throughput: float
-    recommended_parallelism: int  # 80% of the peak parallelism
+    recommended_parallelism: int  # 80% of the peak parallelism, or the server's ceiling
     recommended_throughput: float  # what the fitted curve predicts there
     knee_parallelism: float  # where linear scaling (λN) meets the peak throughput
     smallest_parallelism_at_80pct: int  # smallest N whose fitted throughput ≥ 80% of peak
     note: str
+    # The server's ceiling (most requests at once) where the best point reached it: the
+    # recommendation runs it full instead of at 80% (knee.landmarks). None otherwise.
+    server_ceiling: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1098,14 +1101,19 @@ class Peak(Record):
     throughput_interval: tuple[float, float] | None = None
 
 
+# What set a recommended parallelism (Recommended.bound_by), besides an SLO or validation.
+HEADROOM_RULE = "80% of peak"
+CEILING_RULE = "server ceiling"
+
+
 @dataclass(frozen=True, slots=True)
 class Recommended(Record):
     parallelism: int
     predicted_throughput: float
     rule: str
-    # Which rule set the parallelism: "80% of peak", "p95 latency SLO", "p95 TTFT SLO"
-    # or "validation" (a failed validation run stepped it down).
-    bound_by: str = "80% of peak"
+    # Which rule set the parallelism: "80% of peak", "server ceiling", "p95 latency SLO",
+    # "p95 TTFT SLO" or "validation" (a failed validation run stepped it down).
+    bound_by: str = HEADROOM_RULE
     parallelism_interval: tuple[float, float] | None = None  # of the 80% rule, 95%
     throughput_interval: tuple[float, float] | None = None  # predicted there, 95%
     p95_latency_s: float | None = None  # expected there (interpolated between points)

@@ -16,8 +16,9 @@ the client's parallelism P is shared by the engines, P/engines each.
 
 Every method measures through one virtual probe (the sweep's launcher protocol): a probe
 at P costs a warm-up of one rollout latency and its window (a number of rollouts, or the
-study's window rule), and reads the truth with noise: 1% for the run-to-run spread and
-1/√completions for counting.
+study's window rule), and reads the truth with noise: 1% for the run-to-run spread, and
+1/√completions for counting a rate, or a p95's sampling error as an order statistic of
+the completions (√(0.95·0.05/n) · σ / φ(z95) of a log-normal's p95).
 
 Methods, each ending in an answer (configuration, client parallelism) by its own rule:
 
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import dataclasses
 import itertools
 import math
@@ -63,18 +65,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config import Study
+from autotune.calibration import fit_profile
+from autotune.config import PriorSpec, Study
 from autotune.hardware.measured import MeasuredBlock, SurfaceError, load_block, parse_key
 from autotune.probe import ProbeSettings
 from autotune.results import ProbeResult, StageLatency, SweepResult, no_latencies
+from autotune.sweep.prior import Prior
 from autotune.sweep.recommend import recommendation
-from autotune.sweep.search import open_study, optimise, trial_records
+from autotune.sweep.search import open_study, optimise, rank_on_prior, trial_records
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
-Z95_OVER_Z99 = 1.6449 / 2.3263  # of the standard normal: p95 of a log-normal
+Z95, Z99, DENSITY_AT_Z95 = 1.6449, 2.3263, 0.10314  # the standard normal's
 NOISE_CV = 0.01  # run-to-run spread of a measured rate
-WINDOW_LATENCIES = 8.0  # the study's probe window, at least, in rollout latencies
+WINDOW_LATENCIES = 8.0  # a probe window of the methods without a rule of their own
 LADDER_ROLLOUTS, LADDER_PLATEAU = 100, 0.10
 AUTO_TUNE_PROMPTS = 1000
 BISECTION_STEPS, BISECTION_SHARE = 5, 0.95
@@ -137,7 +141,7 @@ class Ground:
             tput *= per_engine / concs[0]
         queued = max(per_engine / self.ceiling, 1.0)
         rate = engines * tp * tput / self.block.output_tokens
-        p95 = median * (p99 / median) ** Z95_OVER_Z99
+        p95 = median * (p99 / median) ** (Z95 / Z99)
         return Truth(rate, median * queued, p95 * queued)
 
     def meets(self, truth: Truth) -> bool:
@@ -180,20 +184,28 @@ class Probe:
     async def measure(
         self, parallelism: int, settings: ProbeSettings | None = None, rollouts: int = 0
     ) -> ProbeResult:
-        """A closed-loop probe: the study's window rule, or a run of `rollouts` timed
-        whole (its rate is rollouts ÷ elapsed, ramp and drain included)."""
+        """A closed-loop probe after a warm-up of one rollout latency (until every slot
+        has finished one): over the window `settings` cap it at (the study's rungs, a
+        number of rollout latencies by its own rule), else over WINDOW_LATENCIES rollout
+        latencies; or a run of `rollouts` timed whole (its rate is rollouts ÷ elapsed,
+        ramp and drain included)."""
         truth = self.ground.truth(self.knobs, parallelism)
         latency = truth.median_latency_s
         if rollouts:
             warm_up, window = 0.0, latency * max(rollouts / parallelism, 1.0)
             rate, completions = rollouts / window, float(rollouts)
         else:
-            min_s = settings.min_s if settings else 0.0
-            warm_up, window = latency, max(min_s, WINDOW_LATENCIES * latency)
-            rate, completions = truth.rollouts_per_s, truth.rollouts_per_s * window
-        spread = math.hypot(NOISE_CV, 1 / math.sqrt(max(completions, 1.0)))
+            window = settings.max_s if settings else WINDOW_LATENCIES * latency
+            warm_up, rate = latency, truth.rollouts_per_s
+            completions = rate * window
+        count = max(completions, 1.0)
+        spread = math.hypot(NOISE_CV, 1 / math.sqrt(count))
         measured = rate * max(1 + self.rng.gauss(0, spread), 0.05)
-        p95 = truth.p95_latency_s * max(1 + self.rng.gauss(0, spread), 0.05)
+        # The p95 of `count` log-normal latencies, an order statistic: its relative error
+        # is √(0.95·0.05/n) · σ / φ(z95).
+        sigma = math.log(truth.p95_latency_s / latency) / Z95
+        tail = math.hypot(NOISE_CV, math.sqrt(0.95 * 0.05 / count) * sigma / DENSITY_AT_Z95)
+        p95 = truth.p95_latency_s * max(1 + self.rng.gauss(0, tail), 0.05)
         self.spent_s += warm_up + window
         self.measures += 1
         latencies = no_latencies()
@@ -299,8 +311,9 @@ def study_spec(ground: Ground, trials: int, seed: int) -> Study:
             },
             "workload": {
                 "synthetic": {
-                    "prompt_tokens": ground.block.input_tokens,
-                    "output_tokens": ground.block.output_tokens,
+                    # The table's lengths, as its runs held them: no spread.
+                    "prompt_tokens": [ground.block.input_tokens, 0],
+                    "output_tokens": [ground.block.output_tokens, 0],
                 }
             },
             "search_space": {
@@ -315,12 +328,14 @@ def study_spec(ground: Ground, trials: int, seed: int) -> Study:
     )  # fmt: skip
 
 
-async def study_method(ground: Ground, seed: int, seed_first: bool, trials: int = 30) -> Answer:
+async def study_method(
+    ground: Ground, seed: int, seed_first: bool, prior: Prior | None = None, trials: int = 30
+) -> Answer:
     spec = study_spec(ground, trials, seed)
     launcher = Launcher(ground, seed)
     with tempfile.TemporaryDirectory() as tmp:
         optuna_study = open_study(spec, f"sqlite:///{Path(tmp) / 'study.db'}")
-        await optimise(spec, optuna_study, launcher, seed_first=seed_first)
+        await optimise(spec, optuna_study, launcher, seed_first=seed_first, prior=prior)
         records = trial_records(optuna_study)
     result = SweepResult(
         study=spec.name, created_at=0.0, started_at=0.0, simulated=True, storage="",
@@ -328,7 +343,7 @@ async def study_method(ground: Ground, seed: int, seed_first: bool, trials: int 
         trials=records, importances={}, machine={}, p95_latency_slo_s=ground.slo_p95_s,
     )  # fmt: skip
     rec = recommendation(result)
-    name = "study" if seed_first else "study, no seed"
+    name = "study + prior" if prior else "study" if seed_first else "study, no seed"
     if rec is None:  # nothing feasible measured: the user is left with the smallest point
         return Answer.of(name, ground.configurations()[0], ground.low, launcher)
     knobs = {k: int(rec.server[k]) for k in ("num_engines", "tensor_parallel_size")}
@@ -352,7 +367,7 @@ async def random_method(ground: Ground, seed: int, probes: int) -> Answer:
         knobs = configurations[index]
         async with launcher.running(knobs) as probe:
             for _, parallelism in group:
-                point = await probe.measure(parallelism, ProbeSettings(parallelism))
+                point = await probe.measure(parallelism)
                 p95 = point.latency_s["total"].p95 or math.inf
                 fits = ground.slo_p95_s is None or p95 <= ground.slo_p95_s
                 if fits and point.rollouts_per_s > best[0]:
@@ -378,8 +393,7 @@ async def ladder(ground: Ground, probe: Probe) -> tuple[int, float]:
 
 async def bisection(ground: Ground, probe: Probe) -> tuple[int, float]:
     """AIPerf-style: the top first, then bisect on log scale."""
-    settings = ProbeSettings(1)
-    top = await probe.measure(ground.high, settings)
+    top = await probe.measure(ground.high)
     slo = ground.slo_p95_s
 
     def good(point: ProbeResult) -> bool:
@@ -392,7 +406,7 @@ async def bisection(ground: Ground, probe: Probe) -> tuple[int, float]:
     low, high, best = math.log(ground.low), math.log(ground.high), (ground.low, 0.0)
     for _ in range(BISECTION_STEPS):
         middle = round(math.exp((low + high) / 2))
-        point = await probe.measure(middle, settings)
+        point = await probe.measure(middle)
         if good(point):
             best = (middle, point.rollouts_per_s)
             low, high = (math.log(middle), high) if slo is not None else (low, math.log(middle))
@@ -415,6 +429,12 @@ async def auto_tune(ground: Ground, probe: Probe) -> tuple[int, float]:
 
 
 ONE_CONFIGURATION = {"ladder": ladder, "bisection": bisection, "auto_tune": auto_tune}
+# Server runs a method makes at one configuration: auto_tune.sh restarts the server for
+# every max_num_seqs × max_num_batched_tokens pair of its lists (by default 128 256 ×
+# 512 1024 2048 4096). The table measured one engine setting, so every run reads the
+# same surface: the runs cost, and only the noise differs between them.
+RUNS = {"auto_tune": 2 * 4}
+GUESS = "most engines"  # a one-configuration method's configuration: a guess, not a search
 
 
 async def one_configuration(ground: Ground, seed: int, name: str, every_tp: bool) -> Answer:
@@ -425,16 +445,19 @@ async def one_configuration(ground: Ground, seed: int, name: str, every_tp: bool
     configurations = ground.configurations() if every_tp else ground.configurations()[:1]
     found = []
     for knobs in configurations:
-        async with launcher.running(knobs) as probe:
-            parallelism, rate = await method(ground, probe)
-        found.append((rate, knobs, parallelism))
+        for _ in range(RUNS.get(name, 1)):
+            async with launcher.running(knobs) as probe:
+                parallelism, rate = await method(ground, probe)
+            found.append((rate, knobs, parallelism))
     _, knobs, parallelism = max(found, key=lambda item: item[0])
-    where = "every TP" if every_tp else "most engines"
+    where = "every TP" if every_tp else GUESS
     return Answer.of(f"{name} ({where})", knobs, parallelism, launcher)
 
 
-async def every_method(ground: Ground, seed: int) -> list[Answer]:
+async def every_method(ground: Ground, seed: int, prior: Prior | None) -> list[Answer]:
     studies = [await study_method(ground, seed, seed_first) for seed_first in (False, True)]
+    if prior is not None:
+        studies.append(await study_method(ground, seed, False, prior))
     answers = [*studies, await random_method(ground, seed, studies[0].measures)]
     for name in ONE_CONFIGURATION:
         for every_tp in (False, True):
@@ -467,6 +490,36 @@ def ground_of(name: str, key: str, slo: float | None, args: argparse.Namespace) 
     return Ground(name, block, key, args.table, gpus, args.launch_s, slo)
 
 
+def sibling(ground: Ground) -> dict[str, str] | None:
+    """The key of the table's block that differs from `ground`'s in its engine image only
+    (the same model, GPU and lengths on another vLLM release), if there is one: a prior
+    calibrated there is fitted to measurements a user could have, not to the truth."""
+    with ground.table.open(newline="") as handle:
+        images = {
+            row["image"]
+            for row in csv.DictReader(handle)
+            if all(row.get(k) == v for k, v in ground.block.key.items() if k != "image")
+        }
+    others = sorted(images - {ground.block.key["image"]})
+    return {**ground.block.key, "image": others[-1]} if others else None
+
+
+async def calibrated_prior(ground: Ground, folder: Path) -> tuple[Prior, str] | None:
+    """The study's ranking on the simulator calibrated on the sibling block, and what
+    that block is; None without a sibling."""
+    key = sibling(ground)
+    if key is None:
+        return None
+    profile, block = await asyncio.to_thread(fit_profile, ground.table, key)
+    path = folder / f"{ground.name}.json"
+    profile.save(path)
+    spec = study_spec(ground, 30, 0)
+    length = ground.block.input_tokens + ground.block.output_tokens
+    held = ["--max-num-seqs", str(ground.ceiling), "--max-model-len", str(2 * length)]
+    prior = PriorSpec(profile=path, args=held)
+    return await rank_on_prior(spec.model_copy(update={"prior": prior})), block.key["image"]
+
+
 async def run_block(ground: Ground, seeds: int) -> bool:
     knobs, parallelism, best = ground.best()
     slo = f", SLO p95 ≤ {ground.slo_p95_s:g} s" if ground.slo_p95_s else ""
@@ -475,9 +528,20 @@ async def run_block(ground: Ground, seeds: int) -> bool:
         f"best feasible: {knobs['num_engines']} engines × TP {knobs['tensor_parallel_size']} at "
         f"parallelism {parallelism}, {best:.3g} rollouts/s (start-up {ground.launch_s:g} s)"
     )
+    with tempfile.TemporaryDirectory() as folder:
+        found = await calibrated_prior(ground, Path(folder))
+    prior = found[0] if found else None
+    if found is not None:
+        ranked = ", ".join(f"{found[0].values[key]:.3g}" for key in sorted(found[0].values))
+        print(
+            f"prior: calibrated on image {found[1]}, {len(found[0].values)} configurations "
+            f"ranked in {found[0].seconds:.0f} CPU-s (rollouts/s {ranked})"
+        )
+    else:
+        print("prior: no block of another engine image to calibrate on; no prior row")
     by_method: dict[str, list[tuple[Answer, Score]]] = {}
     for seed in range(seeds):
-        for answer in await every_method(ground, seed):
+        for answer in await every_method(ground, seed, prior):
             by_method.setdefault(answer.method, []).append((answer, score(answer, ground)))
     print(
         f"{'method':>26} {'median':>7} {'worst':>7} {'config':>7} {'met SLO':>7} "
@@ -497,18 +561,35 @@ async def run_block(ground: Ground, seeds: int) -> bool:
             f"{first.knobs['num_engines']}×TP{first.knobs['tensor_parallel_size']} "
             f"at {first.parallelism}"
         )
-    median, worst, cost = summary["study, no seed"]
-    rivals = [
-        c for name, (m, _, c) in summary.items() if not name.startswith("study") and m >= median
-    ]
-    cheapest = min(rivals, default=math.inf)
-    ok = median >= MEDIAN_TARGET and worst >= WORST_TARGET and cost <= COST_SHARE * cheapest
+    candidates = [name for name in ("study, no seed", "study + prior") if name in summary]
+    return [verdict(summary, name) for name in candidates][-1]
+
+
+def verdict(summary: Mapping[str, tuple[float, float, float]], name: str) -> bool:
+    """Issue 25's bar for one study row: median ≥ 97%, worst ≥ 90%, at ≤ 50% of the cost
+    of the cheapest method as good that also searches the configurations (random, or a
+    one-configuration method run at every TP). A one-configuration method at its guess is
+    shown beside it: it is as good only where the guess happens to be the best."""
+    median, worst, cost = summary[name]
+
+    def cheapest(guess: bool) -> float:
+        return min(
+            (
+                c
+                for other, (m, _, c) in summary.items()
+                if not other.startswith("study") and (GUESS in other) == guess and m >= median
+            ),
+            default=math.inf,
+        )
+
+    searching, guessed = cheapest(False), cheapest(True)
+    ok = median >= MEDIAN_TARGET and worst >= WORST_TARGET and cost <= COST_SHARE * searching
+    shown = "none" if math.isinf(searching) else f"{searching:,.0f} s ({cost / searching:.0%})"
+    luck = "" if math.isinf(guessed) else f"; a guess as good: {guessed:,.0f} s"
     print(
-        f"study without the seeded trial: median {median:.1%}, worst {worst:.1%}, cost "
-        f"{cost:,.0f} s; the cheapest other method as good: "
-        f"{'none' if math.isinf(cheapest) else f'{cheapest:,.0f} s'}; target (median ≥ "
-        f"{MEDIAN_TARGET:.0%}, worst ≥ {WORST_TARGET:.0%}, cost ≤ {COST_SHARE:.0%} of it): "
-        f"{'PASS' if ok else 'FAIL'}"
+        f"{name}: median {median:.1%}, worst {worst:.1%}, cost {cost:,.0f} s; the cheapest "
+        f"searching method as good: {shown}{luck}; target (median ≥ {MEDIAN_TARGET:.0%}, "
+        f"worst ≥ {WORST_TARGET:.0%}, cost ≤ {COST_SHARE:.0%}): {'PASS' if ok else 'FAIL'}"
     )
     return ok
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from autotune.knee import HEADROOM, UslFit, fit_usl, summarise_curve
+from autotune.knee import HEADROOM, UslFit, bootstrap_curve, fit_usl, summarise_curve
 
 TRUE = UslFit(lam=10.0, sigma=0.02, kappa=0.0004, r2=1.0)  # N* = √(0.98/0.0004) ≈ 49.5
 DOUBLING = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -89,3 +89,40 @@ def test_a_curve_level_from_its_first_point_has_its_knee_there_and_says_so() -> 
     assert "already at 97% of the best at the lowest parallelism measured (8)" in summary.note
     rising = summarise_curve([8, 16, 32, 64], [100.0, 195.0, 370.0, 600.0])
     assert rising.knee_parallelism > 8 and "lowest parallelism measured" not in rising.note
+
+
+# A batching server admitting at most 64 requests: linear below, level past the limit.
+CAPPED = [8, 16, 32, 64]
+
+
+def _capped(n: int) -> float:
+    return 12.0 * min(n, 64)
+
+
+def test_a_curve_best_at_the_servers_ceiling_runs_there_not_at_80_percent() -> None:
+    summary = summarise_curve(CAPPED, [_capped(n) for n in CAPPED], ceiling=64)
+    assert summary.recommended_parallelism == 64 and summary.server_ceiling == 64
+    assert not summary.peak_inside_range
+    assert "server's ceiling (64 requests at once)" in summary.note
+    # Without the ceiling known, the same points keep the 80% rule.
+    unknown = summarise_curve(CAPPED, [_capped(n) for n in CAPPED])
+    assert unknown.recommended_parallelism == math.floor(HEADROOM * 64)
+    assert unknown.server_ceiling is None
+
+
+def test_a_curve_that_turns_down_before_the_ceiling_keeps_its_headroom() -> None:
+    """KV preemption or contention past a peak: the best point is below the ceiling."""
+    parallelism = [8, 16, 32, 64, 128]
+    summary = summarise_curve(parallelism, [TRUE.throughput(n) for n in parallelism], 128)
+    assert summary.peak_inside_range and summary.server_ceiling is None
+    assert summary.recommended_parallelism == math.floor(HEADROOM * summary.peak_parallelism)
+
+
+def test_the_ceiling_rules_bootstrap_interval_is_closed_at_the_ceiling() -> None:
+    throughput = [_capped(n) for n in CAPPED]
+    errors = [0.02 * x for x in throughput]
+    boot = bootstrap_curve(CAPPED, throughput, errors, seed=1, ceiling=64)
+    assert boot is not None
+    assert boot.recommended_parallelism == (64, 64)
+    open_ended = bootstrap_curve(CAPPED, throughput, errors, seed=1)
+    assert open_ended is not None and math.isinf(open_ended.recommended_parallelism[1])

@@ -14,10 +14,22 @@ from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
 from autotune.knee import summarise_curve
 from autotune.report.sweep_report import interval_bands, interval_text
-from autotune.results import CurvePoint, CurveSummary, SweepResult, TrialRecord, WorkloadRecord
+from autotune.results import (
+    CEILING_RULE,
+    CurvePoint,
+    CurveSummary,
+    SweepResult,
+    TrialRecord,
+    WorkloadRecord,
+)
 from autotune.servers.flags import server_flags
 from autotune.servers.vllm import vllm_command
-from autotune.sweep.recommend import recommendation, vllm_serve_line
+from autotune.sweep.recommend import (
+    latency_margin,
+    p95_margin,
+    recommendation,
+    vllm_serve_line,
+)
 from autotune.workload import workload_record
 from tests.test_sweep_curve import usl
 
@@ -279,15 +291,18 @@ def test_the_collect_line_reruns_the_sweeps_own_workload_on_its_server() -> None
     assert args.parallelism == rec.recommended.parallelism
 
 
-def ladder_trial(rates: dict[int, float]) -> TrialRecord:
-    """A trial measured at each parallelism of `rates`, each point ±3% over 10 batches."""
+def ci(rate: float) -> tuple[float, float]:
+    return 0.97 * rate, 1.03 * rate
+
+
+def ladder_trial(rates: dict[int, float], ceiling: int | None = None) -> TrialRecord:
+    """A trial measured at each parallelism of `rates`, each point ±3% over 10 batches
+    (p95 latency 0.1 s a unit of parallelism); `ceiling`: the server's, where it ended."""
     points = [
-        CurvePoint(
-            n, r, 128 * r, 0.0, 1.0, 10.0, "converged", None, None, (0.97 * r, 1.03 * r), batches=10
-        )
+        CurvePoint(n, r, 128 * r, 0.0, 0.1 * n, 10.0, "converged", None, None, ci(r), batches=10)
         for n, r in rates.items()
     ]
-    curve = summarise_curve(list(rates), list(rates.values()))
+    curve = summarise_curve(list(rates), list(rates.values()), ceiling)
     return dataclasses.replace(trial(0, max(rates.values()), KNOBS, curve=curve), points=points)
 
 
@@ -309,3 +324,41 @@ def test_a_peak_at_the_top_of_the_range_has_intervals_open_above() -> None:
     assert rec is not None and rec.peak.parallelism_interval is not None
     low, high = rec.peak.parallelism_interval
     assert low < high < math.inf  # a peak inside the range keeps both ends
+
+
+def test_a_curve_best_at_the_servers_ceiling_is_recommended_at_it() -> None:
+    """A server that runs at most 128 requests at once, still scaling up to them: 80% of
+    128 would leave a fifth of its batch empty (the rate there is 80% of the best), while
+    past 128 requests only queue. The recommendation is the ceiling, its interval closed."""
+    capped = ladder_trial({n: 0.5 * n for n in (16, 32, 64, 128)}, ceiling=128)
+    rec = recommendation(sweep(capped))
+    assert rec is not None
+    assert rec.recommended.parallelism == 128 and rec.recommended.bound_by == CEILING_RULE
+    assert "server's ceiling (128 requests at once" in rec.recommended.rule
+    assert rec.recommended.parallelism_interval == (128, 128)
+    assert rec.snippets.nemo_gym == "+num_samples_in_parallel=128"
+    # A latency SLO still binds, from the ceiling down: 0.1 s a unit, 10% inside 10 s.
+    bound = recommendation(dataclasses.replace(sweep(capped), p95_latency_slo_s=10.0))
+    assert bound is not None and bound.recommended.bound_by == "p95 latency SLO"
+    assert bound.recommended.parallelism == 90
+    assert "at or under the server's ceiling (128)" in bound.recommended.rule
+
+
+def test_the_latency_margin_is_what_the_measured_p95_is_known_to() -> None:
+    """The p95 of n log-normal latencies is known to ±1.96 · √(0.95·0.05/n) · σ / φ(z95)
+    of itself (σ = ln(p95/p50) / z95): a narrow spread counted over many rollouts needs
+    only the 3% floor, a wide one over few more than the flat 10% of old."""
+
+    def point(p50: float, p95: float, completed: int | None) -> CurvePoint:
+        return CurvePoint(16, 1.0, 100.0, 0.0, p95, 10.0, "converged", p50, completed=completed)
+
+    wide = p95_margin(point(10.0, 20.0, 100))
+    sigma = math.log(2.0) / 1.6449
+    assert wide == pytest.approx(1.96 * math.sqrt(0.0475 / 100) * sigma / 0.10314, rel=1e-3)
+    assert wide > 0.10  # 17%: a p95 twice the median, read from 100 rollouts
+    assert p95_margin(point(10.0, 11.0, 2000)) == 0.03  # floored: run-to-run drift
+    assert p95_margin(point(10.0, 20.0, None)) == 0.10  # not counted: the flat margin
+    # Read between two points, the wider of their margins holds.
+    points = [point(10.0, 11.0, 2000), dataclasses.replace(point(10.0, 20.0, 100), parallelism=64)]
+    assert latency_margin(points, 32, "p95_latency_s") == wide
+    assert latency_margin(points, 16, "p95_ttft_s") == 0.10

@@ -15,7 +15,7 @@ import pytest
 from autotune.config import Study
 from autotune.errors import ServerStartupError
 from autotune.probe import ProbeSettings
-from autotune.results import CurvePoint, ProbeResult
+from autotune.results import CurvePoint, ProbeResult, StageLatency, no_latencies
 from autotune.sweep.curve import (
     PEAK_LATENCIES,
     QUEUE_GAIN,
@@ -42,6 +42,7 @@ class FakeProbe:
     error_rate: Callable[[int], float] = lambda n: 0.0
     stop_reason: Callable[[int], str] = lambda n: "converged"
     tokens: Callable[[int], float] | None = None  # output tokens/s; default 100 a rollout
+    p95: Callable[[int], float] | None = None  # p95 rollout latency, s; default none kept
     asked: list[int] = field(default_factory=list)
     timed: list[ProbeSettings | None] = field(default_factory=list)  # settings asked with
 
@@ -49,6 +50,10 @@ class FakeProbe:
         self.asked.append(parallelism)
         self.timed.append(settings)
         rate = self.throughput(parallelism)
+        latency = no_latencies()
+        if self.p95 is not None:
+            p95 = self.p95(parallelism)
+            latency["total"] = StageLatency(100, p95 / 1.5, p95 / 1.5, p95)
         return ProbeResult(
             parallelism=parallelism,
             rollouts_per_s=rate,
@@ -60,6 +65,7 @@ class FakeProbe:
             measured_s=3.0,
             warmup_s=1.0,
             stop_reason=self.stop_reason(parallelism),
+            latency_s=latency,
         )
 
 
@@ -162,6 +168,17 @@ async def test_halving_stops_at_the_bottom_of_the_range() -> None:
     assert probe.asked == [16, 8, 4]
     assert ladder(points) == [4, 8, 16]
     assert died is None
+
+
+async def test_rungs_that_all_miss_the_slo_make_it_halve_until_one_meets_it() -> None:
+    """A recommendation under an SLO is read off points that meet it: one from points
+    that all miss it would be extrapolated below the curve."""
+    probe = FakeProbe(p95=lambda n: 2.0 * n)  # 2 s a unit of parallelism
+    points, _ = await curve(probe, study(p95_latency_slo_s=20.0), 32)
+    assert probe.asked == [32, 64, 16, 8]  # 16 (32 s) misses the SLO too; 8 (16 s) meets it
+    assert ladder(points) == [8, 16, 32, 64]
+    points, _ = await curve(FakeProbe(p95=lambda n: 2.0 * n), study(), 32)
+    assert ladder(points) == [32, 64]  # without an SLO, two usable points are enough
 
 
 async def test_no_halving_when_two_points_are_usable() -> None:

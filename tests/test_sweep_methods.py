@@ -84,7 +84,7 @@ async def test_every_method_is_scored_by_the_one_function(
 
     monkeypatch.setattr(methods, "score", spy)
     await methods.run_block(ground(tmp_path, slo=40.0), seeds=2)
-    answers = {a.method: a for a in await methods.every_method(ground(tmp_path, 40.0), 0)}
+    answers = {a.method: a for a in await methods.every_method(ground(tmp_path, 40.0), 0, None)}
     names = list(answers)
     # The random search has the study's budget: as many probes as it ran.
     assert answers["random"].measures == answers["study, no seed"].measures > 0

@@ -16,6 +16,8 @@ from autotune.knee import UslFit
 from autotune.report import html, plots
 from autotune.report.columns import Column, html_table
 from autotune.results import (
+    CEILING_RULE,
+    HEADROOM_RULE,
     AnyRecommendation,
     LoopRecommendation,
     Recommendation,
@@ -232,8 +234,10 @@ def knee_marks(recommended: Recommendation) -> tuple[dict[str, float], tuple[str
 
 def _bound(rec: Recommended) -> str:
     """Which rule set the recommended parallelism, in words."""
-    if rec.bound_by == "80% of peak":
+    if rec.bound_by == HEADROOM_RULE:
         return "80% of the peak parallelism"
+    if rec.bound_by == CEILING_RULE:
+        return "the server's ceiling (it runs no more at once)"
     if rec.bound_by == "validation":
         return "stepped down after a failed validation run"
     return f"the largest parallelism within the {rec.bound_by}"
@@ -343,8 +347,9 @@ def render(result: SweepResult, recommended: AnyRecommendation | None) -> str:
                     "throughput versus parallelism with fitted curves, peak, knee and 80% lines",
                 ),
                 html.paragraph(
-                    "The recommended parallelism is 80% of the peak parallelism (the NeMo Gym "
-                    "guide's headroom); the horizontal line is 80% of the peak throughput, a "
+                    f"The recommended parallelism is {_bound(recommended.recommended)} (where "
+                    "the curve peaks, 80% of the peak parallelism: the NeMo Gym guide's "
+                    "headroom); the horizontal line is 80% of the peak throughput, a "
                     "different figure: the smallest parallelism reaching it is "
                     f"{recommended.smallest_parallelism_at_80pct_of_peak_throughput}."
                 ),

@@ -139,8 +139,9 @@ async def measure_curve(
     """Double parallelism from `start` until throughput plateaus, errors appear, the rung
     reaches `top` (the server's ceiling) or the range ends, or `out_of_reach` says the
     curve cannot beat the best; then, if that left fewer than two usable points (errors
-    at `start`, or a start past this configuration's own plateau), halve below `start`
-    for more, if the curve is `wanted` (a trial that is not the best needs no fit).
+    at `start`, or a start past this configuration's own plateau) or none within the
+    study's SLOs, halve below `start` for more, if the curve is `wanted` (a trial that is
+    not the best needs no fit).
     `timing` sets each rung's probe length (None: the probe's own)."""
     space = study.search_space.parallelism
     limit = study.objective.max_error_rate
@@ -184,12 +185,15 @@ async def measure_curve(
         if why is not None:
             return Ladder(points, pruned=why, probe_s=spent)
         parallelism *= 2
+
+    def too_few(points: Sequence[CurvePoint]) -> bool:
+        """Fewer than two usable points, or none within the SLOs (a recommendation read
+        off points that all miss them would be extrapolated below the curve)."""
+        usable = [p for p in points if p.error_rate <= limit]
+        return len(usable) < MIN_USABLE_POINTS or not any(_within_slos(p, study) for p in usable)
+
     parallelism = start
-    while (
-        parallelism > space.low
-        and sum(p.error_rate <= limit for p in points) < MIN_USABLE_POINTS
-        and (wanted is None or wanted(points))
-    ):
+    while parallelism > space.low and too_few(points) and (wanted is None or wanted(points)):
         parallelism = max(space.low, parallelism // 2)
         point = await measure(parallelism)
         points.insert(0, point)
@@ -342,7 +346,7 @@ async def run_trial(
                 probe_s += again_s
     except ServerStartupError as error:  # deterministic: the server refuses these knobs
         ladder = Ladder([], error.reason)
-    return _outcome(study, knobs, ladder, probe_s, time.perf_counter() - started)
+    return _outcome(study, knobs, ladder, probe_s, time.perf_counter() - started, top)
 
 
 async def _confirm(probe: Probe, study: Study, ladder: Ladder) -> tuple[Ladder, float]:
@@ -364,7 +368,12 @@ async def _confirm(probe: Probe, study: Study, ladder: Ladder) -> tuple[Ladder, 
 
 
 def _outcome(
-    study: Study, knobs: dict[str, Any], ladder: Ladder, probe_s: float, wall_s: float
+    study: Study,
+    knobs: dict[str, Any],
+    ladder: Ladder,
+    probe_s: float,
+    wall_s: float,
+    top: int | None = None,
 ) -> TrialOutcome:
     objective = study.objective
     metric = objective.metric
@@ -373,7 +382,8 @@ def _outcome(
     best = max(meeting, key=lambda p: p.metric(metric), default=None)
     curve = None
     if usable:
-        curve = summarise_curve([p.parallelism for p in usable], [p.metric(metric) for p in usable])
+        parallelism = [p.parallelism for p in usable]
+        curve = summarise_curve(parallelism, [p.metric(metric) for p in usable], top)
     reason = ladder.died
     if best is None and reason is None:
         reason = f"every probe failed more than {objective.max_error_rate:.0%} of rollouts"

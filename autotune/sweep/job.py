@@ -48,6 +48,7 @@ from autotune.sweep.search import (
     measure_caching_twin,
     open_study,
     optimise,
+    rank_on_prior,
     storage_url,
     trial_records,
 )
@@ -125,7 +126,8 @@ async def _search(
             hidden = redact_text(reason) if reason else reason
             on_trial(number, dataclasses.replace(outcome, infeasible_reason=hidden))
 
-    await optimise(study, optuna_study, launcher, gpus, told)
+    prior = await rank_on_prior(study, gpus) if study.prior is not None else None
+    await optimise(study, optuna_study, launcher, gpus, told, prior=prior)
     await measure_caching_twin(study, optuna_study, launcher, gpus, told)
     result = SweepResult(
         study=study.name,

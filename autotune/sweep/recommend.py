@@ -1,13 +1,15 @@
-"""The recommendation: the best configuration at 80% of its peak parallelism, or lower
-where a latency budget or a failed validation run says so, with 95% intervals and lines
-ready to paste into NeMo Gym, `vllm serve` and OpenRLHF. Pure: computed from a saved
-SweepResult alone, never from a live study.
+"""The recommendation: the best configuration at 80% of its peak parallelism (or at the
+server's ceiling), or lower where a latency budget or a failed validation run says so,
+with 95% intervals and lines ready to paste into NeMo Gym, `vllm serve` and OpenRLHF.
+Pure: computed from a saved SweepResult alone, never from a live study.
 
 The rules, in order: start from 80% of the fitted peak's parallelism (the NeMo Gym
-guide's headroom); take the largest parallelism at or under it whose expected p95
-rollout latency (and p95 TTFT) meets the study's SLOs; then, if validation runs were
-made, the last one's parallelism (each failed run stepped down). `bound_by` names the
-rule that set the number.
+guide's headroom), or from the server's ceiling where the curve is best at it (the most
+requests it runs at once: past it they only queue, so there is no peak to keep off);
+take the largest parallelism at or under that whose expected p95 rollout latency (and
+p95 TTFT) meets the study's SLOs; then, if validation runs were made, the last one's
+parallelism (each failed run stepped down). `bound_by` names the rule that set the
+number.
 
 A study that split a GPU budget recommends engines × tensor-parallel size too: the
 parallelism is the client's total (NeMo Gym's semaphore), spread over the engines, so
@@ -28,6 +30,8 @@ from typing import Any
 from autotune.config import ENGINES, SERVER_KNOBS, knob
 from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
 from autotune.results import (
+    CEILING_RULE,
+    HEADROOM_RULE,
     CurvePoint,
     Peak,
     PrefixCachingGain,
@@ -47,14 +51,17 @@ OPENRLHF_FLAGS = {
 }
 CACHING = "enable_prefix_caching"
 RULE = "80% of the peak parallelism (the NeMo Gym guide's headroom for stability)"
-HEADROOM_RULE = "80% of peak"
 LATENCY_RULE = "p95 latency SLO"
 TTFT_RULE = "p95 TTFT SLO"
 VALIDATION_RULE = "validation"
-# An expected p95 must sit this far inside its SLO: a p95 read from a few hundred
-# rollouts moves by several percent, and a plan right at the SLO would fail its
-# validation run half the time.
+# An expected p95 must sit inside its SLO by what it is known to: a plan right at the
+# SLO would fail its validation run half the time. A p95 rollout latency is known to its
+# 95% half-width as an order statistic of the point's completions (p95_margin), never
+# better than MIN_LATENCY_MARGIN (the run-to-run drift of a rate, ~1-2%); a p95 whose
+# spread is not measured (TTFT: no median kept) takes LATENCY_MARGIN.
 LATENCY_MARGIN = 0.10
+MIN_LATENCY_MARGIN = 0.03
+Z95, NORMAL_DENSITY_AT_Z95 = 1.6449, 0.10314  # the standard normal's 95th percentile
 
 
 def vllm_serve_line(model: str | None, knobs: dict[str, object]) -> str:
@@ -132,7 +139,8 @@ def curve_bootstrap(result: SweepResult, trial: TrialRecord) -> CurveBootstrap |
         return None
     batches = [p.batches for p in points]
     errors = standard_errors(ns, xs, intervals, batches)
-    return bootstrap_curve(ns, xs, errors, seed=trial.number)
+    ceiling = trial.curve.server_ceiling if trial.curve else None
+    return bootstrap_curve(ns, xs, errors, seed=trial.number, ceiling=ceiling)
 
 
 def expected_latency(points: Sequence[CurvePoint], parallelism: float, which: str) -> float | None:
@@ -152,6 +160,32 @@ def expected_latency(points: Sequence[CurvePoint], parallelism: float, which: st
             share = math.log(parallelism / n0) / math.log(n1 / n0) if n1 > n0 else 0.0
             return float(math.exp(math.log(y0) + share * (math.log(y1) - math.log(y0))))
     return None
+
+
+def p95_margin(point: CurvePoint) -> float:
+    """The relative 95% half-width of a point's p95 rollout latency. The p95 of n
+    completions is an order statistic: its standard error is √(0.95·0.05/n) ÷ the
+    latencies' density there, which for a log-normal spread (σ = ln(p95/p50) / z95) is
+    √(0.95·0.05/n) · σ / φ(z95) of the p95 itself."""
+    p50, p95, count = point.p50_latency_s, point.p95_latency_s, point.completed
+    if not (p50 and p95 and count):
+        return LATENCY_MARGIN
+    sigma = math.log(max(p95 / p50, 1.0)) / Z95
+    error = math.sqrt(0.95 * 0.05 / count) * sigma / NORMAL_DENSITY_AT_Z95
+    return max(MIN_LATENCY_MARGIN, 1.96 * error)
+
+
+def latency_margin(points: Sequence[CurvePoint], parallelism: float, which: str) -> float:
+    """How far inside its SLO the expected latency at `parallelism` must sit: the wider
+    margin of the measured points it is read from (the two around it, or the end one)."""
+    if which != "p95_latency_s":
+        return LATENCY_MARGIN
+    known = sorted((p for p in points if p.p95_latency_s), key=lambda p: p.parallelism)
+    if not known:
+        return LATENCY_MARGIN
+    below = [p for p in known if p.parallelism <= parallelism][-1:] or known[:1]
+    above = [p for p in known if p.parallelism >= parallelism][:1] or known[-1:]
+    return max(p95_margin(below[0]), p95_margin(above[0]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +209,8 @@ def _slo_misses(
         ("p95_ttft_s", result.p95_ttft_slo_s, TTFT_RULE),
     ):
         expected = expected_latency(points, parallelism, which) if slo else None
-        if slo and expected is not None and expected * scale * (1 + LATENCY_MARGIN) > slo:
+        margin = latency_margin(points, parallelism, which)
+        if slo and expected is not None and expected * scale * (1 + margin) > slo:
             misses.append(rule)
     return misses
 
@@ -195,8 +230,9 @@ def _within_slos(
 
 
 def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -> Plan:
-    """80% of the peak, lowered to the SLOs where they bind, with the 95% interval of the
-    rule that bound it (the rule applied to every bootstrap draw)."""
+    """80% of the peak (or the server's ceiling), lowered to the SLOs where they bind,
+    with the 95% interval of the rule that bound it (the rule applied to every bootstrap
+    draw)."""
     assert trial.curve is not None
     curve = trial.curve
     headroom = int(curve.recommended_parallelism)
@@ -204,6 +240,8 @@ def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -
     parallelism = _within_slos(points, headroom, result)
     if parallelism == headroom:
         interval = boot.recommended_parallelism if boot else None
+        if curve.server_ceiling is not None:
+            return Plan(headroom, CEILING_RULE, _ceiling_rule(headroom), interval)
         return Plan(headroom, HEADROOM_RULE, RULE, interval)
     missed = _slo_misses(points, headroom, result)
     interval = None
@@ -216,14 +254,30 @@ def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -
         interval = boot.interval(draws)
     slos = []
     if LATENCY_RULE in missed:
-        slos.append(f"p95 rollout latency stays 10% within {result.p95_latency_slo_s:g} s")
+        margin = latency_margin(points, parallelism, "p95_latency_s")
+        slos.append(
+            f"p95 rollout latency stays {margin:.0%} within {result.p95_latency_slo_s:g} s (what "
+            "the measured p95 is known to, 95%)"
+        )
     if TTFT_RULE in missed:
-        slos.append(f"p95 time to first token stays 10% within {result.p95_ttft_slo_s:g} s")
+        slos.append(
+            f"p95 time to first token stays {LATENCY_MARGIN:.0%} within {result.p95_ttft_slo_s:g} s"
+        )
+    start = "the server's ceiling" if curve.server_ceiling is not None else "80% of the peak"
     rule = (
-        f"the largest parallelism at or under 80% of the peak ({headroom}) whose expected "
+        f"the largest parallelism at or under {start} ({headroom}) whose expected "
         f"{' and '.join(slos)} (the study's SLO: at {headroom} it would not)"
     )
     return Plan(parallelism, " and ".join(missed), rule, interval)
+
+
+def _ceiling_rule(ceiling: int) -> str:
+    return (
+        f"the server's ceiling ({ceiling} requests at once: max_num_seqs, or what its KV "
+        "cache holds): the curve is best there and does not turn down, since past it "
+        "requests only wait in the server's queue; 80% of it would leave a fifth of the "
+        "batch empty"
+    )
 
 
 def _scale(fitted: UslFit, draw: UslFit) -> Callable[[int], float]:

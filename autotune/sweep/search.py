@@ -26,14 +26,24 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune.config import GOODPUT, TRAINED, ChoiceSpace, FloatSpace, IntSpace, Study
+from autotune.config import (
+    GOODPUT,
+    TRAINED,
+    ChoiceSpace,
+    FloatSpace,
+    IntSpace,
+    PriorSpec,
+    Study,
+)
 from autotune.errors import UsageError
+from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import Batch
 from autotune.hardware.profiles import GPUS, MODELS, find_model
 from autotune.results import (
@@ -60,6 +70,7 @@ from autotune.sweep.fit import (
     splits,
 )
 from autotune.sweep.loop_study import run_loop_trial
+from autotune.sweep.prior import Prior, params_key, prior_launcher
 from autotune.sweep.steps import run_step_trial, step_p95
 
 log = logging.getLogger("autotune")
@@ -270,18 +281,24 @@ async def optimise(
     on_trial: Callable[[int, TrialOutcome], None] | None = None,
     *,
     seed_first: bool = True,
+    prior: Prior | None = None,
+    prune: bool = True,
 ) -> None:
     """Run trials until the budget (finished trials, time, patience) is spent; a new
-    study's first trial is fit.seed_configuration unless `seed_first` is off (a
-    benchmark of the sampler alone)."""
+    study's first trial is the `prior`'s best configuration, else fit.seed_configuration
+    unless `seed_first` is off (a benchmark of the sampler alone). A configuration the
+    prior rules out is recorded PRUNED without a launch; `prune` off measures every
+    curve whole (the prior's own run)."""
     from optuna.trial import TrialState
 
     budget = study.budget
     deadline = time.monotonic() + budget.time_s if budget.time_s else math.inf
-    if seed_first and not optuna_study.get_trials(deepcopy=False):
-        seed = seed_configuration(study, gpu_count)
-        if seed is not None:
-            optuna_study.enqueue_trial(seed)
+    if not optuna_study.get_trials(deepcopy=False):
+        first = dict(prior.best[0]) if prior and prior.best else None
+        if first is None and seed_first:
+            first = seed_configuration(study, gpu_count)
+        if first is not None:
+            optuna_study.enqueue_trial(first)
     while True:
         done = finished_trials(optuna_study)
         if len(done) >= budget.trials or time.monotonic() >= deadline:
@@ -298,8 +315,11 @@ async def optimise(
                 knobs = suggest_knobs(trial, study, gpu_count)
                 known = prelaunch(study, knobs)
                 same = effective_knobs(knobs, known)
-                outcome = _measured_before(done, knobs, same) or await _measure(
-                    study, launcher, trial, knobs, known, best
+                ruled_out = prior.ruled_out(trial.params) if prior else None
+                outcome = (
+                    _measured_before(done, knobs, same)
+                    or (_not_launched(knobs, ruled_out) if ruled_out else None)
+                    or await _measure(study, launcher, trial, knobs, known, best if prune else None)
                 )
         except BaseException:
             optuna_study.tell(trial, state=TrialState.FAIL)
@@ -353,6 +373,45 @@ async def measure_caching_twin(
     optuna_study.tell(trial, _values(outcome, study))
     if on_trial is not None:
         on_trial(trial.number, outcome)
+
+
+def _not_launched(knobs: dict[str, Any], why: str) -> TrialOutcome:
+    """A configuration ruled out before launch (by the calibrated prior): pruned."""
+    return TrialOutcome(
+        knobs=knobs,
+        points=[],
+        curve=None,
+        value=0.0,
+        p95_latency_s=None,
+        error_rate=0.0,
+        infeasible_reason=None,
+        probe_s=0.0,
+        wall_s=0.0,
+        pruned_reason=why,
+    )
+
+
+async def rank_on_prior(study: Study, gpu_count: int = 0) -> Prior:
+    """The study's own search, unpruned (every configuration it tries gets its whole
+    curve), on the calibrated simulator (`study.prior`) in virtual time."""
+    assert study.prior is not None
+    started = time.process_time()
+    with tempfile.TemporaryDirectory() as folder:
+        optuna_study = open_study(study, f"sqlite:///{Path(folder) / 'prior.db'}")
+        launcher = prior_launcher(study, study.prior)
+        await optimise(study, optuna_study, launcher, gpu_count, prune=False)
+        values: dict[tuple[tuple[str, Any], ...], float] = {}
+        for trial in finished_trials(optuna_study):
+            value = _value(trial) if trial.state.name == "COMPLETE" and is_feasible(trial) else 0.0
+            key = params_key(trial.params)
+            values[key] = max(values.get(key, 0.0), value)
+    prior = Prior(values, study.prior, time.process_time() - started)
+    log.info(
+        "the calibrated prior ranked %d configurations in %.0f CPU-seconds",
+        len(values),
+        prior.seconds,
+    )
+    return prior
 
 
 async def _measure(
@@ -591,3 +650,14 @@ def check_space(study: Study, gpu_count: int) -> None:
                 f"{', '.join(names)}, or leave it out."
             )
     splits(study)  # raises for a TP the model cannot be sharded over, or none that fits
+    if study.prior is not None:
+        check_prior(study.prior)
+
+
+def check_prior(prior: PriorSpec) -> None:
+    """The prior's profile and flags as the simulated engine will read them."""
+    try:
+        SimConfig.from_args(["--profile", str(prior.profile), *prior.args])
+    except SimConfigError as error:
+        why = str(error).rstrip(".")
+        raise UsageError(f"study prior: {why}; fix prior.profile or prior.args.") from None
