@@ -1205,6 +1205,7 @@ class ObjectiveSpec(SpecModel):
     # Latency budgets: a trial's value is its best throughput at a parallelism that meets
     # them, and the recommendation stays at or under them (sweep/recommend.py).
     p95_latency_slo_s: Positive | None = None  # p95 rollout latency, seconds
+    p99_latency_slo_s: Positive | None = None  # p99 rollout latency, seconds
     p95_ttft_slo_s: Positive | None = None  # p95 time to first token (streamed), seconds
     second_objective: Literal["p95_latency"] | None = None
     # informative_groups_per_s: the p95 training-step time allowed, seconds

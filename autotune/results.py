@@ -189,11 +189,13 @@ class StageLatency(Record):
     mean: float | None
     p50: float | None
     p95: float | None
+    p99: float | None = None  # older files lack it; a p99 latency SLO reads it
 
     @classmethod
     def of(cls, values: Sequence[float]) -> StageLatency:
         mean = sum(values) / len(values) if values else None
-        return cls(len(values), mean, percentile(values, 50), percentile(values, 95))
+        p50, p95, p99 = (percentile(values, q) for q in (50, 95, 99))
+        return cls(len(values), mean, p50, p95, p99)
 
 
 def no_latencies() -> dict[str, StageLatency]:
@@ -683,6 +685,7 @@ class CurvePoint(Record):
     # Prompt tokens the server found in its prefix cache ÷ those it looked up, over the
     # window (vLLM's prefix_cache_hits/queries counters); None where it exposes none.
     prefix_cache_hit_share: float | None = None
+    p99_latency_s: float | None = None  # rollout latency's; a p99 SLO reads it
 
     @classmethod
     def of(cls, result: ProbeResult) -> CurvePoint:
@@ -698,6 +701,7 @@ class CurvePoint(Record):
             output_tokens_per_s=result.output_tokens_per_s,
             error_rate=result.error_rate,
             p95_latency_s=total.p95,
+            p99_latency_s=total.p99,
             probe_s=result.probe_s,
             stop_reason=result.stop_reason,
             p50_latency_s=total.p50,
@@ -920,6 +924,7 @@ class TrialOutcome:
     pruned_reason: str | None = None
     min_p95_latency_s: float | None = None  # the lowest of any usable point (SLO constraint)
     min_p95_ttft_s: float | None = None
+    min_p99_latency_s: float | None = None
     # The trial whose figures this one reuses (the same effective knobs), not re-measured.
     copied_from: int | None = None
     batch: BatchSummary | None = None  # its training steps (objective informative_groups_per_s)
@@ -1064,6 +1069,7 @@ class SweepResult(Record):
     schema_version: int = SCHEMA_VERSION
     p95_latency_slo_s: float | None = None
     p95_ttft_slo_s: float | None = None
+    p99_latency_slo_s: float | None = None
     # The validation runs of the recommendation, in order: each failed one stepped down.
     validations: list[Validation] = field(default_factory=list)
     workload: WorkloadRecord | None = None  # what every trial measured
@@ -1161,6 +1167,7 @@ class Recommendation(Record):
     knee_interval: tuple[float, float] | None = None  # 95%, bootstrap of the fit
     p95_latency_slo_s: float | None = None
     p95_ttft_slo_s: float | None = None
+    p99_latency_slo_s: float | None = None
     # None: not validated (budget.validate_rollouts: 0, or a file from before validation);
     # else whether the last validation run passed. `validations` holds every run.
     validated: bool | None = None

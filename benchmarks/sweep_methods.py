@@ -11,8 +11,9 @@ the client's parallelism P is shared by the engines, P/engines each.
     requests (it is launched with --max-num-seqs there, as the replay target is) and the
     rest queue: throughput flat, latency growing in proportion. Below the lowest,
     throughput falls in proportion.
-  - The SLO bounds p95 rollout latency, which the table does not hold: it is read off a
-    log-normal through the measured median and p99, p95 = median · (p99/median)^(z95/z99).
+  - The SLO bounds p99 rollout latency, as the table measured it, or p95, which it does
+    not hold: read off a log-normal through the measured median and p99,
+    p95 = median · (p99/median)^(z95/z99).
 
 Every method measures through one virtual probe (the sweep's launcher protocol): a probe
 at P costs a warm-up of one rollout latency and its window (a number of rollouts, or the
@@ -76,7 +77,7 @@ from autotune.sweep.search import open_study, optimise, rank_on_prior, trial_rec
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
-Z95, Z99, DENSITY_AT_Z95 = 1.6449, 2.3263, 0.10314  # the standard normal's
+Z95, Z99, DENSITY_AT_Z95, DENSITY_AT_Z99 = 1.6449, 2.3263, 0.10314, 0.02665  # N(0, 1)
 NOISE_CV = 0.01  # run-to-run spread of a measured rate
 WINDOW_LATENCIES = 8.0  # a probe window of the methods without a rule of their own
 LADDER_ROLLOUTS, LADDER_PLATEAU = 100, 0.10
@@ -92,6 +93,31 @@ class Truth:
     rollouts_per_s: float
     median_latency_s: float
     p95_latency_s: float
+    p99_latency_s: float
+
+    def latency(self, percentile: int) -> float:
+        return self.p99_latency_s if percentile == 99 else self.p95_latency_s
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """A rollout-latency SLO: its percentile's latency at most `seconds`."""
+
+    percentile: int  # 95 or 99
+    seconds: float
+
+    @property
+    def field(self) -> str:
+        """The study objective's setting."""
+        return f"p{self.percentile}_latency_slo_s"
+
+    def met_by(self, point: ProbeResult) -> bool:
+        total = point.latency_s["total"]
+        figure = total.p99 if self.percentile == 99 else total.p95
+        return (figure or math.inf) <= self.seconds
+
+    def __str__(self) -> str:
+        return f"SLO p{self.percentile} ≤ {self.seconds:g} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +130,7 @@ class Ground:
     table: Path
     gpus: int
     launch_s: float  # a server's start-up: a 120B model takes minutes to load
-    slo_p95_s: float | None
+    slo: Slo | None
 
     def configurations(self) -> list[dict[str, int]]:
         return [
@@ -142,10 +168,10 @@ class Ground:
         queued = max(per_engine / self.ceiling, 1.0)
         rate = engines * tp * tput / self.block.output_tokens
         p95 = median * (p99 / median) ** (Z95 / Z99)
-        return Truth(rate, median * queued, p95 * queued)
+        return Truth(rate, median * queued, p95 * queued, p99 * queued)
 
     def meets(self, truth: Truth) -> bool:
-        return self.slo_p95_s is None or truth.p95_latency_s <= self.slo_p95_s
+        return self.slo is None or truth.latency(self.slo.percentile) <= self.slo.seconds
 
     def best(
         self, configurations: Sequence[dict[str, int]] | None = None
@@ -201,15 +227,21 @@ class Probe:
         count = max(completions, 1.0)
         spread = math.hypot(NOISE_CV, 1 / math.sqrt(count))
         measured = rate * max(1 + self.rng.gauss(0, spread), 0.05)
-        # The p95 of `count` log-normal latencies, an order statistic: its relative error
-        # is √(0.95·0.05/n) · σ / φ(z95).
-        sigma = math.log(truth.p95_latency_s / latency) / Z95
-        tail = math.hypot(NOISE_CV, math.sqrt(0.95 * 0.05 / count) * sigma / DENSITY_AT_Z95)
-        p95 = truth.p95_latency_s * max(1 + self.rng.gauss(0, tail), 0.05)
+        # A tail quantile q of `count` log-normal latencies is an order statistic: its
+        # relative error is √(q(1−q)/n) · σ / φ(z_q). One draw moves both tails.
+        draw = self.rng.gauss(0, 1)
+
+        def tail(figure: float, q: float, z: float, density: float) -> float:
+            sigma = math.log(figure / latency) / z
+            error = math.hypot(NOISE_CV, math.sqrt(q * (1 - q) / count) * sigma / density)
+            return figure * max(1 + draw * error, 0.05)
+
+        p95 = tail(truth.p95_latency_s, 0.95, Z95, DENSITY_AT_Z95)
+        p99 = tail(truth.p99_latency_s, 0.99, Z99, DENSITY_AT_Z99)
         self.spent_s += warm_up + window
         self.measures += 1
         latencies = no_latencies()
-        latencies["total"] = StageLatency(round(completions), latency, latency, p95)
+        latencies["total"] = StageLatency(round(completions), latency, latency, p95, p99)
         return ProbeResult(
             parallelism=parallelism,
             rollouts_per_s=measured,
@@ -321,7 +353,10 @@ def study_spec(ground: Ground, trials: int, seed: int) -> Study:
                 "tensor_parallel_size": {"choices": sorted(ground.block.points)},
             },
             "resources": {"gpus": ground.gpus},
-            "objective": {"metric": "rollouts_per_s", "p95_latency_slo_s": ground.slo_p95_s},
+            "objective": {
+                "metric": "rollouts_per_s",
+                **({ground.slo.field: ground.slo.seconds} if ground.slo else {}),
+            },
             "budget": {"trials": trials, "patience": 6},
             "seed": seed,
         }
@@ -340,7 +375,8 @@ async def study_method(
     result = SweepResult(
         study=spec.name, created_at=0.0, started_at=0.0, simulated=True, storage="",
         trials_reused=0, metric="rollouts_per_s", max_error_rate=0.05, model=None, spec={},
-        trials=records, importances={}, machine={}, p95_latency_slo_s=ground.slo_p95_s,
+        trials=records, importances={}, machine={},
+        **({ground.slo.field: ground.slo.seconds} if ground.slo else {}),
     )  # fmt: skip
     rec = recommendation(result)
     name = "study + prior" if prior else "study" if seed_first else "study, no seed"
@@ -368,8 +404,7 @@ async def random_method(ground: Ground, seed: int, probes: int) -> Answer:
         async with launcher.running(knobs) as probe:
             for _, parallelism in group:
                 point = await probe.measure(parallelism)
-                p95 = point.latency_s["total"].p95 or math.inf
-                fits = ground.slo_p95_s is None or p95 <= ground.slo_p95_s
+                fits = ground.slo is None or ground.slo.met_by(point)
                 if fits and point.rollouts_per_s > best[0]:
                     best = (point.rollouts_per_s, knobs, parallelism)
     return Answer.of("random", best[1], best[2], launcher)
@@ -394,11 +429,11 @@ async def ladder(ground: Ground, probe: Probe) -> tuple[int, float]:
 async def bisection(ground: Ground, probe: Probe) -> tuple[int, float]:
     """AIPerf-style: the top first, then bisect on log scale."""
     top = await probe.measure(ground.high)
-    slo = ground.slo_p95_s
+    slo = ground.slo
 
     def good(point: ProbeResult) -> bool:
         if slo is not None:
-            return (point.latency_s["total"].p95 or math.inf) <= slo
+            return slo.met_by(point)
         return point.rollouts_per_s >= BISECTION_SHARE * top.rollouts_per_s
 
     if slo is not None and good(top):
@@ -422,8 +457,7 @@ async def auto_tune(ground: Ground, probe: Probe) -> tuple[int, float]:
     parallelism = int(probe.knobs["num_engines"]) * ground.ceiling
     while True:
         point = await probe.measure(parallelism, rollouts=AUTO_TUNE_PROMPTS)
-        p95 = point.latency_s["total"].p95 or math.inf
-        if ground.slo_p95_s is None or p95 <= ground.slo_p95_s or parallelism <= ground.low:
+        if ground.slo is None or ground.slo.met_by(point) or parallelism <= ground.low:
             return parallelism, point.rollouts_per_s
         parallelism = max(ground.low, parallelism // 2)
 
@@ -470,14 +504,14 @@ async def every_method(ground: Ground, seed: int, prior: Prior | None) -> list[A
 BLOCKS = {
     "h100-1k1k": ("hw=h100,model=gpt-oss-120b,image=v0.13.0,isl=1024,osl=1024", None),
     "h200-8k1k": ("hw=h200,model=gpt-oss-120b,image=v0.13.0,isl=8192,osl=1024", None),
-    "h200-1k8k-slo": ("hw=h200,model=gpt-oss-120b,image=v0.11.2,isl=1024,osl=8192", 80.0),
+    "h200-1k8k-slo": ("hw=h200,model=gpt-oss-120b,image=v0.11.2,isl=1024,osl=8192", Slo(99, 80.0)),
 }
 
 
 MIN_CONCURRENCIES = 3  # a TP measured at fewer is left out of its block: no curve to search
 
 
-def ground_of(name: str, key: str, slo: float | None, args: argparse.Namespace) -> Ground:
+def ground_of(name: str, key: str, slo: Slo | None, args: argparse.Namespace) -> Ground:
     block = load_block(args.table, parse_key(key), ("--table", "--block"))
     kept = {tp: conc for tp, conc in block.points.items() if len(conc) >= MIN_CONCURRENCIES}
     if not kept:
@@ -522,7 +556,7 @@ async def calibrated_prior(ground: Ground, folder: Path) -> tuple[Prior, str] | 
 
 async def run_block(ground: Ground, seeds: int) -> bool:
     knobs, parallelism, best = ground.best()
-    slo = f", SLO p95 ≤ {ground.slo_p95_s:g} s" if ground.slo_p95_s else ""
+    slo = f", {ground.slo}" if ground.slo else ""
     print(f"\n== {ground.name}: {ground.block.describe()}; {ground.gpus} GPUs{slo}")
     print(
         f"best feasible: {knobs['num_engines']} engines × TP {knobs['tensor_parallel_size']} at "
@@ -596,7 +630,8 @@ def verdict(summary: Mapping[str, tuple[float, float, float]], name: str) -> boo
 
 async def main_async(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    given = [(f"block {i + 1}", key, args.slo) for i, key in enumerate(args.block or [])]
+    slo = Slo(args.slo_percentile, args.slo) if args.slo else None
+    given = [(f"block {i + 1}", key, slo) for i, key in enumerate(args.block or [])]
     chosen = given or [(name, key, slo) for name, (key, slo) in BLOCKS.items()]
     try:
         grounds = [ground_of(name, key, slo, args) for name, key, slo in chosen]
@@ -614,7 +649,10 @@ def main() -> int:
     parser.add_argument(
         "--block", action="append", help="COLUMN=VALUE pairs picking one block (repeatable)"
     )
-    parser.add_argument("--slo", type=float, help="p95 rollout latency SLO (s) for --block")
+    parser.add_argument("--slo", type=float, help="rollout latency SLO (s) for --block")
+    parser.add_argument(
+        "--slo-percentile", type=int, choices=(95, 99), default=99, help="the SLO's percentile"
+    )
     parser.add_argument("--gpus", type=int, help="the GPU budget (default: the block's top TP)")
     parser.add_argument("--launch-s", type=float, default=300.0, help="a server's start-up (s)")
     parser.add_argument("--seeds", type=int, default=5)

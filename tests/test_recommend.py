@@ -26,7 +26,7 @@ from autotune.servers.flags import server_flags
 from autotune.servers.vllm import vllm_command
 from autotune.sweep.recommend import (
     latency_margin,
-    p95_margin,
+    quantile_margin,
     recommendation,
     vllm_serve_line,
 )
@@ -336,6 +336,8 @@ def test_a_curve_best_at_the_servers_ceiling_is_recommended_at_it() -> None:
     assert rec.recommended.parallelism == 128 and rec.recommended.bound_by == CEILING_RULE
     assert "server's ceiling (128 requests at once" in rec.recommended.rule
     assert rec.recommended.parallelism_interval == (128, 128)
+    assert interval_text(rec.recommended.parallelism_interval) == "128 in every bootstrap draw"
+    assert not any(band.startswith("recommended") for band in interval_bands(rec))
     assert rec.snippets.nemo_gym == "+num_samples_in_parallel=128"
     # A latency SLO still binds, from the ceiling down: 0.1 s a unit, 10% inside 10 s.
     bound = recommendation(dataclasses.replace(sweep(capped), p95_latency_slo_s=10.0))
@@ -352,13 +354,34 @@ def test_the_latency_margin_is_what_the_measured_p95_is_known_to() -> None:
     def point(p50: float, p95: float, completed: int | None) -> CurvePoint:
         return CurvePoint(16, 1.0, 100.0, 0.0, p95, 10.0, "converged", p50, completed=completed)
 
-    wide = p95_margin(point(10.0, 20.0, 100))
+    wide = quantile_margin(point(10.0, 20.0, 100), "p95_latency_s", 0.95)
     sigma = math.log(2.0) / 1.6449
     assert wide == pytest.approx(1.96 * math.sqrt(0.0475 / 100) * sigma / 0.10314, rel=1e-3)
     assert wide > 0.10  # 17%: a p95 twice the median, read from 100 rollouts
-    assert p95_margin(point(10.0, 11.0, 2000)) == 0.03  # floored: run-to-run drift
-    assert p95_margin(point(10.0, 20.0, None)) == 0.10  # not counted: the flat margin
+    narrow, uncounted = point(10.0, 11.0, 2000), point(10.0, 20.0, None)
+    assert quantile_margin(narrow, "p95_latency_s", 0.95) == 0.03  # floored: run-to-run drift
+    assert quantile_margin(uncounted, "p95_latency_s", 0.95) == 0.10  # the flat margin
     # Read between two points, the wider of their margins holds.
     points = [point(10.0, 11.0, 2000), dataclasses.replace(point(10.0, 20.0, 100), parallelism=64)]
     assert latency_margin(points, 32, "p95_latency_s") == wide
     assert latency_margin(points, 16, "p95_ttft_s") == 0.10
+
+
+def test_a_p99_slo_binds_with_the_p99s_own_margin() -> None:
+    """p99 = 0.2 s a unit of parallelism, twice the p50, 400 rollouts a point: the p99 is
+    known to ±1.96 · √(0.99·0.01/400) · σ / φ(z99), σ = ln 2 / z99 (11%), so the
+    recommendation keeps its expected p99 that far inside a 20 s SLO."""
+    capped = ladder_trial({n: 0.5 * n for n in (16, 32, 64, 128)}, ceiling=128)
+    tails = [
+        dataclasses.replace(p, p50_latency_s=0.1 * n, p99_latency_s=0.2 * n, completed=400)
+        for p, n in ((p, p.parallelism) for p in capped.points)
+    ]
+    capped = dataclasses.replace(capped, points=tails)
+    rec = recommendation(dataclasses.replace(sweep(capped), p99_latency_slo_s=20.0))
+    assert rec is not None and rec.recommended.bound_by == "p99 latency SLO"
+    sigma = math.log(2) / 2.3263
+    margin = 1.96 * math.sqrt(0.99 * 0.01 / 400) * sigma / 0.02665
+    assert margin == pytest.approx(0.109, abs=0.001)
+    assert rec.recommended.parallelism == math.floor(20.0 / (0.2 * (1 + margin))) == 90
+    assert "p99 rollout latency stays 11% within 20 s" in rec.recommended.rule
+    assert rec.p99_latency_slo_s == 20.0

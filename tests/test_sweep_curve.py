@@ -53,7 +53,7 @@ class FakeProbe:
         latency = no_latencies()
         if self.p95 is not None:
             p95 = self.p95(parallelism)
-            latency["total"] = StageLatency(100, p95 / 1.5, p95 / 1.5, p95)
+            latency["total"] = StageLatency(100, p95 / 1.5, p95 / 1.5, p95, 1.5 * p95)
         return ProbeResult(
             parallelism=parallelism,
             rollouts_per_s=rate,
@@ -175,10 +175,29 @@ async def test_rungs_that_all_miss_the_slo_make_it_halve_until_one_meets_it() ->
     that all miss it would be extrapolated below the curve."""
     probe = FakeProbe(p95=lambda n: 2.0 * n)  # 2 s a unit of parallelism
     points, _ = await curve(probe, study(p95_latency_slo_s=20.0), 32)
-    assert probe.asked == [32, 64, 16, 8]  # 16 (32 s) misses the SLO too; 8 (16 s) meets it
-    assert ladder(points) == [8, 16, 32, 64]
+    # 16 (32 s) misses the SLO too; 8 (16 s) meets it; then the boundary, 97% of 20 s.
+    assert probe.asked == [32, 64, 16, 8, 9]
+    assert ladder(points) == [8, 9, 16, 32, 64]
     points, _ = await curve(FakeProbe(p95=lambda n: 2.0 * n), study(), 32)
     assert ladder(points) == [32, 64]  # without an SLO, two usable points are enough
+    probe = FakeProbe(p95=lambda n: 2.0 * n)  # p99 = 3 s a unit
+    points, _ = await curve(probe, study(p99_latency_slo_s=30.0), 32)
+    assert probe.asked == [32, 64, 16, 8, 9] and points[0].p99_latency_s == 24.0
+
+
+async def test_an_slo_crossed_between_rungs_gets_a_rung_at_its_boundary() -> None:
+    """p95 = 0.5 s a unit: 32 (16 s) meets a 30 s SLO, 64 (32 s) misses it. The latency
+    reaches 97% of it at 58: a rung there reads the value at the SLO, not at 32."""
+    probe = FakeProbe(throughput=float, p95=lambda n: 0.5 * n)
+    points, _ = await curve(probe, study(high=64, p95_latency_slo_s=30.0), 16)
+    assert probe.asked == [16, 32, 64, 58]
+    assert ladder(points) == [16, 32, 58, 64]
+    near = FakeProbe(throughput=float, p95=lambda n: 0.5 * n)  # 31 s at 62: barely past
+    await curve(near, study(high=64, p95_latency_slo_s=31.5), 16)
+    assert near.asked == [16, 32, 64, 61]
+    close = FakeProbe(throughput=float, p95=lambda n: 0.5 * n)  # the boundary is at 32
+    await curve(close, study(high=64, p95_latency_slo_s=16.6), 16)
+    assert close.asked == [16, 32, 64]  # 32 is within 10% of it: no rung worth adding
 
 
 async def test_no_halving_when_two_points_are_usable() -> None:

@@ -43,9 +43,10 @@ def write_table(path: Path) -> Path:
     return path
 
 
-def ground(tmp_path: Path, slo: float | None = None) -> methods.Ground:
+def ground(tmp_path: Path, slo: float | None = None, percentile: int = 95) -> methods.Ground:
     args = argparse.Namespace(table=write_table(tmp_path / "runs.csv"), gpus=4, launch_s=100.0)
-    return methods.ground_of("test", "hw=gpu-x,model=model-y", slo, args)
+    bound = methods.Slo(percentile, slo) if slo else None
+    return methods.ground_of("test", "hw=gpu-x,model=model-y", bound, args)
 
 
 def test_the_best_feasible_point_is_the_tables_best_within_the_slo(tmp_path: Path) -> None:
@@ -59,6 +60,12 @@ def test_the_best_feasible_point_is_the_tables_best_within_the_slo(tmp_path: Pat
     knobs, parallelism, _ = bound.best()
     assert bound.truth(knobs, parallelism).p95_latency_s <= 40.0
     assert bound.truth(knobs, parallelism + 2).p95_latency_s > 40.0
+    # A p99 SLO reads the table's p99 as measured (2·median): a 40 s SLO holds medians ≤ 20 s.
+    tail = ground(tmp_path, slo=40.0, percentile=99)
+    knobs, parallelism, _ = tail.best()
+    assert tail.truth(knobs, parallelism).p99_latency_s <= 40.0
+    assert tail.truth(knobs, parallelism + 2).p99_latency_s > 40.0
+    assert parallelism < bound.best()[1]
 
 
 def test_score_is_the_truth_at_the_answer_and_the_cost_counts_launches(tmp_path: Path) -> None:

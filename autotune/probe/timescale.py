@@ -25,10 +25,10 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
     def seconds(value: float | None) -> float | None:
         return None if value is None else value / scale
 
-    latency = {
-        stage: StageLatency(s.count, seconds(s.mean), seconds(s.p50), seconds(s.p95))
-        for stage, s in probe.latency_s.items()
-    }
+    def stretched(s: StageLatency) -> StageLatency:
+        return StageLatency(s.count, *(seconds(v) for v in (s.mean, s.p50, s.p95, s.p99)))
+
+    latency = {stage: stretched(s) for stage, s in probe.latency_s.items()}
     check = probe.token_check
     if check is not None:
         check = {
@@ -40,14 +40,11 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
     capacity = probe.verifier_capacity_rps
     groups = probe.groups
     if groups is not None:
-        took = groups.completion_s
         groups = replace(
             groups,
             informative_groups_per_s=groups.informative_groups_per_s * scale,
             informative_tokens_per_s=groups.informative_tokens_per_s * scale,
-            completion_s=StageLatency(
-                took.count, seconds(took.mean), seconds(took.p50), seconds(took.p95)
-            ),
+            completion_s=stretched(groups.completion_s),
         )
     blocks = [
         replace(

@@ -255,7 +255,7 @@ def interval_bands(recommended: Recommendation) -> dict[str, tuple[float, float]
         ("knee, 95% interval", recommended.knee_interval),
         ("recommended parallelism, 95% interval", recommended.recommended.parallelism_interval),
     ):
-        if interval is None:
+        if interval is None or interval[0] == interval[1]:  # none, or no width to draw
             continue
         low, high = interval
         if math.isinf(high):  # open above: the band runs to the plot's edge
@@ -641,10 +641,13 @@ def _intervals(recommended: Recommendation) -> list[tuple[str, str]]:
 
 def interval_text(interval: tuple[float, float]) -> str:
     """`12 – 30`, or `at least 256` for an interval with no upper end (a peak past the
-    range measured), never a zero-width `256 – 256`."""
+    range measured), never a zero-width `256 – 256`: a rule every bootstrap draw gives
+    the same number (the server's ceiling) says so."""
     low, high = interval
     if math.isinf(high):
         return f"at least {quantity(low)}"
+    if low == high:
+        return f"{quantity(low)} in every bootstrap draw"
     return f"{quantity(low)} – {quantity(high)}"
 
 

@@ -19,6 +19,7 @@ the curve (more parallelism only queues).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -199,6 +200,12 @@ async def measure_curve(
         points.insert(0, point)
         if point.stop_reason == "server died":
             return died(parallelism)
+    boundary = slo_boundary([p for p in points if p.error_rate <= limit], study)
+    if boundary is not None and (wanted is None or wanted(points)):
+        point = await measure(boundary)
+        points = sorted([*points, point], key=lambda p: p.parallelism)
+        if point.stop_reason == "server died":
+            return died(boundary)
     return Ladder(points, probe_s=spent)
 
 
@@ -272,10 +279,41 @@ def _value(points: Sequence[CurvePoint], study: Study) -> float:
     return max((p.metric(study.objective.metric) for p in usable), default=0.0)
 
 
+SLO_AIM = 0.97  # a rung at an SLO's boundary aims this far inside it (noise moves a p95)
+NEW_RUNG_GAIN = 1.1  # a boundary rung is worth measuring this far past the last that met it
+
+
+def slo_boundary(points: Sequence[CurvePoint], study: Study) -> int | None:
+    """Where an SLO is crossed between two rungs (one meets it, the next misses), the
+    parallelism at which the latency, interpolated on log-log axes, reaches it: a rung
+    there reads the configuration's value at the SLO itself, not at the rung below (a
+    doubling ladder can leave it far under). None when no SLO is crossed that way."""
+    objective = study.objective
+    found = []
+    for figure, slo in (
+        ("p95_latency_s", objective.p95_latency_slo_s),
+        ("p99_latency_s", objective.p99_latency_slo_s),
+        ("p95_ttft_s", objective.p95_ttft_slo_s),
+    ):
+        known = sorted((p for p in points if getattr(p, figure)), key=lambda p: p.parallelism)
+        for below, above in itertools.pairwise(known):
+            low, high = getattr(below, figure), getattr(above, figure)
+            target = SLO_AIM * slo if slo else None
+            if target is None or not low <= target < high:
+                continue
+            exponent = math.log(above.parallelism / below.parallelism) / math.log(high / low)
+            n = math.floor(below.parallelism * (target / low) ** exponent)
+            if NEW_RUNG_GAIN * below.parallelism <= n < above.parallelism:
+                found.append(n)
+            break
+    return min(found, default=None)
+
+
 def _within_slos(point: CurvePoint, study: Study) -> bool:
     objective = study.objective
     for figure, slo in (
         (point.p95_latency_s, objective.p95_latency_slo_s),
+        (point.p99_latency_s, objective.p99_latency_slo_s),
         (point.p95_ttft_s, objective.p95_ttft_slo_s),
     ):
         if slo is not None and (figure is None or figure > slo):
@@ -389,6 +427,7 @@ def _outcome(
         reason = f"every probe failed more than {objective.max_error_rate:.0%} of rollouts"
     latencies = [p.p95_latency_s for p in usable if p.p95_latency_s is not None]
     ttfts = [p.p95_ttft_s for p in usable if p.p95_ttft_s is not None]
+    tails = [p.p99_latency_s for p in usable if p.p99_latency_s is not None]
     return TrialOutcome(
         knobs=knobs,
         points=ladder.points,
@@ -402,4 +441,5 @@ def _outcome(
         pruned_reason=ladder.pruned,
         min_p95_latency_s=min(latencies, default=None),
         min_p95_ttft_s=min(ttfts, default=None),
+        min_p99_latency_s=min(tails, default=None),
     )

@@ -145,6 +145,7 @@ async def _search(
         machine=machine_identity(),
         p95_latency_slo_s=study.objective.p95_latency_slo_s,
         p95_ttft_slo_s=study.objective.p95_ttft_slo_s,
+        p99_latency_slo_s=study.objective.p99_latency_slo_s,
         workload=_workload(study),
     )
     best = result.best()

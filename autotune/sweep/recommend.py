@@ -52,16 +52,25 @@ OPENRLHF_FLAGS = {
 CACHING = "enable_prefix_caching"
 RULE = "80% of the peak parallelism (the NeMo Gym guide's headroom for stability)"
 LATENCY_RULE = "p95 latency SLO"
+P99_RULE = "p99 latency SLO"
 TTFT_RULE = "p95 TTFT SLO"
 VALIDATION_RULE = "validation"
-# An expected p95 must sit inside its SLO by what it is known to: a plan right at the
-# SLO would fail its validation run half the time. A p95 rollout latency is known to its
-# 95% half-width as an order statistic of the point's completions (p95_margin), never
-# better than MIN_LATENCY_MARGIN (the run-to-run drift of a rate, ~1-2%); a p95 whose
-# spread is not measured (TTFT: no median kept) takes LATENCY_MARGIN.
+# An expected latency must sit inside its SLO by what it is known to: a plan right at
+# the SLO would fail its validation run half the time. A rollout latency's p95 or p99 is
+# known to its 95% half-width as an order statistic of the point's completions
+# (quantile_margin), never better than MIN_LATENCY_MARGIN (the run-to-run drift of a
+# rate, ~1-2%); a p95 whose spread is not measured (TTFT: no median kept) takes
+# LATENCY_MARGIN.
 LATENCY_MARGIN = 0.10
 MIN_LATENCY_MARGIN = 0.03
-Z95, NORMAL_DENSITY_AT_Z95 = 1.6449, 0.10314  # the standard normal's 95th percentile
+# The standard normal's 95th and 99th percentiles, and its density there.
+NORMAL_QUANTILE = {0.95: (1.6449, 0.10314), 0.99: (2.3263, 0.02665)}
+# The SLOs: (the SLO's field, the point's figure, its quantile (None: spread unknown), rule).
+SLOS = (
+    ("p95_latency_slo_s", "p95_latency_s", 0.95, LATENCY_RULE),
+    ("p99_latency_slo_s", "p99_latency_s", 0.99, P99_RULE),
+    ("p95_ttft_slo_s", "p95_ttft_s", None, TTFT_RULE),
+)
 
 
 def vllm_serve_line(model: str | None, knobs: dict[str, object]) -> str:
@@ -162,30 +171,31 @@ def expected_latency(points: Sequence[CurvePoint], parallelism: float, which: st
     return None
 
 
-def p95_margin(point: CurvePoint) -> float:
-    """The relative 95% half-width of a point's p95 rollout latency. The p95 of n
-    completions is an order statistic: its standard error is √(0.95·0.05/n) ÷ the
-    latencies' density there, which for a log-normal spread (σ = ln(p95/p50) / z95) is
-    √(0.95·0.05/n) · σ / φ(z95) of the p95 itself."""
-    p50, p95, count = point.p50_latency_s, point.p95_latency_s, point.completed
-    if not (p50 and p95 and count):
+def quantile_margin(point: CurvePoint, which: str, quantile: float) -> float:
+    """The relative 95% half-width of a point's rollout-latency quantile (`which`: its
+    p95 or p99 figure). The q-quantile of n completions is an order statistic: its
+    standard error is √(q(1−q)/n) ÷ the latencies' density there, which for a log-normal
+    spread (σ = ln(p_q/p50) / z_q) is √(q(1−q)/n) · σ / φ(z_q) of the quantile itself."""
+    p50, tail, count = point.p50_latency_s, getattr(point, which), point.completed
+    if not (p50 and tail and count):
         return LATENCY_MARGIN
-    sigma = math.log(max(p95 / p50, 1.0)) / Z95
-    error = math.sqrt(0.95 * 0.05 / count) * sigma / NORMAL_DENSITY_AT_Z95
+    z, density = NORMAL_QUANTILE[quantile]
+    sigma = math.log(max(tail / p50, 1.0)) / z
+    error = math.sqrt(quantile * (1 - quantile) / count) * sigma / density
     return max(MIN_LATENCY_MARGIN, 1.96 * error)
 
 
 def latency_margin(points: Sequence[CurvePoint], parallelism: float, which: str) -> float:
-    """How far inside its SLO the expected latency at `parallelism` must sit: the wider
-    margin of the measured points it is read from (the two around it, or the end one)."""
-    if which != "p95_latency_s":
-        return LATENCY_MARGIN
-    known = sorted((p for p in points if p.p95_latency_s), key=lambda p: p.parallelism)
-    if not known:
+    """How far inside its SLO the expected latency (`which`: a point's figure) at
+    `parallelism` must sit: the wider margin of the measured points it is read from (the
+    two around it, or the end one)."""
+    quantile = next((q for _, figure, q, _ in SLOS if figure == which), None)
+    known = sorted((p for p in points if getattr(p, which)), key=lambda p: p.parallelism)
+    if quantile is None or not known:
         return LATENCY_MARGIN
     below = [p for p in known if p.parallelism <= parallelism][-1:] or known[:1]
     above = [p for p in known if p.parallelism >= parallelism][:1] or known[-1:]
-    return max(p95_margin(below[0]), p95_margin(above[0]))
+    return max(quantile_margin(p, which, quantile) for p in (*below, *above))
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +214,8 @@ def _slo_misses(
     """The SLOs the expected latencies at `parallelism` miss (`scale`: a bootstrap draw's
     latency ÷ the fit's, by Little's law)."""
     misses = []
-    for which, slo, rule in (
-        ("p95_latency_s", result.p95_latency_slo_s, LATENCY_RULE),
-        ("p95_ttft_s", result.p95_ttft_slo_s, TTFT_RULE),
-    ):
+    for field, which, _, rule in SLOS:
+        slo = getattr(result, field)
         expected = expected_latency(points, parallelism, which) if slo else None
         margin = latency_margin(points, parallelism, which)
         if slo and expected is not None and expected * scale * (1 + margin) > slo:
@@ -253,12 +261,14 @@ def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -
         ]
         interval = boot.interval(draws)
     slos = []
-    if LATENCY_RULE in missed:
-        margin = latency_margin(points, parallelism, "p95_latency_s")
-        slos.append(
-            f"p95 rollout latency stays {margin:.0%} within {result.p95_latency_slo_s:g} s (what "
-            "the measured p95 is known to, 95%)"
-        )
+    for field, which, _, rule in SLOS[:2]:
+        if rule in missed:
+            margin = latency_margin(points, parallelism, which)
+            name = which.split("_")[0]
+            slos.append(
+                f"{name} rollout latency stays {margin:.0%} within {getattr(result, field):g} s "
+                f"(what the measured {name} is known to, 95%)"
+            )
     if TTFT_RULE in missed:
         slos.append(
             f"p95 time to first token stays {LATENCY_MARGIN:.0%} within {result.p95_ttft_slo_s:g} s"
@@ -371,6 +381,7 @@ def recommendation(result: SweepResult) -> Recommendation | None:
         knee_interval=boot.knee_parallelism if boot else None,
         p95_latency_slo_s=result.p95_latency_slo_s,
         p95_ttft_slo_s=result.p95_ttft_slo_s,
+        p99_latency_slo_s=result.p99_latency_slo_s,
         validated=validations[-1].passed if validations else None,
         validations=validations,
         engines=engines,

@@ -155,6 +155,7 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
     # An SLO is met when some usable point meets it (the value is the best such point's).
     for name, lowest, slo in (
         ("p95_latency", outcome.min_p95_latency_s, objective.p95_latency_slo_s),
+        ("p99_latency", outcome.min_p99_latency_s, objective.p99_latency_slo_s),
         ("p95_ttft", outcome.min_p95_ttft_s, objective.p95_ttft_slo_s),
     ):
         if slo is not None:
@@ -492,6 +493,7 @@ def _measured_before(
                 pruned_reason=attrs.get("pruned_reason"),
                 min_p95_latency_s=attrs.get("min_p95_latency_s"),
                 min_p95_ttft_s=attrs.get("min_p95_ttft_s"),
+                min_p99_latency_s=attrs.get("min_p99_latency_s"),
                 copied_from=trial.number,
                 batch=_batch(attrs),
                 loop=_loop(attrs),

@@ -163,6 +163,7 @@ def _judged(
         problems.append(f"latency dispersion (p95 ÷ p50) {dispersion:.2f} above {limit:.2f}")
     for name, figure, slo in (
         ("p95 latency", measured.p95_latency_s, result.p95_latency_slo_s),
+        ("p99 latency", measured.p99_latency_s, result.p99_latency_slo_s),
         ("p95 TTFT", measured.p95_ttft_s, result.p95_ttft_slo_s),
     ):
         if slo is not None and figure is not None and figure > slo:
