@@ -29,6 +29,7 @@ from autotune.hardware.profiles import (
 )
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.probe.window import ProbeSettings
+from autotune.results import ProbeResult
 from autotune.servers.sim.calibrate import Engine, RunPoint, fit, steady_state
 
 FLAGS = ("TABLE", "--where")
@@ -74,12 +75,12 @@ def _points(block: MeasuredBlock) -> list[RunPoint]:
     ]
 
 
-async def simulate(
+async def run_point(
     profile: Path, coefficients: StepCoefficients, engine: Engine, point: RunPoint
-) -> PointError:
-    """The engine that `sim serve --profile PROFILE` runs, at one measured point, in
-    virtual time; the probe's window spans a set number of its request latencies, as the
-    profile's `coefficients` predict them."""
+) -> ProbeResult:
+    """The engine that `sim serve --profile PROFILE` runs, at one point's TP, concurrency
+    and lengths, in virtual time; the probe's window spans a set number of its request
+    latencies, as the profile's `coefficients` predict them."""
     _, throughput = steady_state(
         engine,
         coefficients,
@@ -108,16 +109,28 @@ async def simulate(
         "max_model_len": point.input_tokens + point.output_tokens + 1,
     }
     async with launcher.running(knobs) as probe:
-        result = await probe.measure(point.concurrency)
+        return await probe.measure(point.concurrency)
+
+
+def tpot_s(result: ProbeResult, output_tokens: int) -> float:
+    """The median time per output token after the first, from the probe's medians."""
     total, first = result.latency_s["total"].p50, result.latency_s["ttft"].p50
     assert total is not None and first is not None  # a window holds completions
+    return (total - first) / max(output_tokens - 1, 1)
+
+
+async def simulate(
+    profile: Path, coefficients: StepCoefficients, engine: Engine, point: RunPoint
+) -> PointError:
+    """The simulator's error at one measured point (run_point)."""
+    result = await run_point(profile, coefficients, engine, point)
     return PointError(
         tp=point.tp,
         concurrency=point.concurrency,
         measured_tokens_per_s_per_gpu=point.tokens_per_s_per_gpu,
         simulated_tokens_per_s_per_gpu=result.output_tokens_per_s / point.tp,
         measured_tpot_s=point.tpot_s,
-        simulated_tpot_s=(total - first) / max(point.output_tokens - 1, 1),
+        simulated_tpot_s=tpot_s(result, point.output_tokens),
     )
 
 
