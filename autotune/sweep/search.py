@@ -319,7 +319,7 @@ async def optimise(
                 ruled_out = prior.ruled_out(trial.params) if prior else None
                 outcome = (
                     _measured_before(done, knobs, same)
-                    or (_not_launched(knobs, ruled_out) if ruled_out else None)
+                    or (_not_started(knobs, pruned=ruled_out) if ruled_out else None)
                     or await _measure(study, launcher, trial, knobs, known, best if prune else None)
                 )
         except BaseException:
@@ -376,19 +376,22 @@ async def measure_caching_twin(
         on_trial(trial.number, outcome)
 
 
-def _not_launched(knobs: dict[str, Any], why: str) -> TrialOutcome:
-    """A configuration ruled out before launch (by the calibrated prior): pruned."""
+def _not_started(
+    knobs: dict[str, Any], *, infeasible: str | None = None, pruned: str | None = None
+) -> TrialOutcome:
+    """A configuration settled without a launch: known not to fit (`infeasible`), or
+    ruled out by the calibrated prior (`pruned`)."""
     return TrialOutcome(
         knobs=knobs,
         points=[],
         curve=None,
         value=0.0,
         p95_latency_s=None,
-        error_rate=0.0,
-        infeasible_reason=None,
+        error_rate=1.0 if infeasible else 0.0,
+        infeasible_reason=infeasible,
         probe_s=0.0,
         wall_s=0.0,
-        pruned_reason=why,
+        pruned_reason=pruned,
     )
 
 
@@ -426,19 +429,8 @@ async def _measure(
     """Reject a configuration known not to fit without launching it; else run the trial,
     each rung reported to Optuna and, in a one-objective study, pruned once it cannot
     reach the best value so far."""
-    started = time.perf_counter()
     if known.problem is not None:
-        return TrialOutcome(
-            knobs=knobs,
-            points=[],
-            curve=None,
-            value=0.0,
-            p95_latency_s=None,
-            error_rate=1.0,
-            infeasible_reason=f"{known.problem} (known before launch: not started)",
-            probe_s=0.0,
-            wall_s=time.perf_counter() - started,
-        )
+        return _not_started(knobs, infeasible=f"{known.problem} (known before launch: not started)")
     if study.objective.metric == GOODPUT:
         return await run_step_trial(launcher, knobs, study)
     if study.objective.metric == TRAINED:
