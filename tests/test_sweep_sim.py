@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,7 +17,13 @@ import pytest
 from autotune.config import Study
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualProbe, VirtualSimLauncher
-from autotune.results import ProbeResult, Recommendation, SweepResult
+from autotune.results import (
+    CEILING_RULE,
+    HEADROOM_RULE,
+    ProbeResult,
+    Recommendation,
+    SweepResult,
+)
 from autotune.sweep.job import run_sweep, write_outputs
 from autotune.sweep.recommend import recommendation
 
@@ -76,11 +83,11 @@ async def test_a_tighter_p95_slo_lowers_the_parallelism_and_is_named_as_the_rule
     tmp_path: Path,
 ) -> None:
     free_result, free = await sweep(tmp_path, study())
-    assert free.recommended.bound_by == "80% of peak"
-    at_80 = free.recommended.p95_latency_s
-    assert at_80 is not None
+    assert free.recommended.bound_by in (HEADROOM_RULE, CEILING_RULE)
+    unbound = free.recommended.p95_latency_s
+    assert unbound is not None
     lowest = min(p.p95_latency_s for p in free_result.trials[0].points if p.p95_latency_s)
-    slo = round((lowest + at_80) / 2, 3)  # between the lowest rung's and the 80% point's
+    slo = round((lowest + unbound) / 2, 3)  # between the lowest rung's and the free plan's
     spec = study(p95_latency_slo_s=slo).model_copy(update={"name": "slo"})
     result, found = await sweep(tmp_path, spec)
     assert found.recommended.parallelism < free.recommended.parallelism
@@ -91,7 +98,7 @@ async def test_a_tighter_p95_slo_lowers_the_parallelism_and_is_named_as_the_rule
     write_outputs(result, tmp_path / "report")
     page = (tmp_path / "report" / "index.html").read_text()
     assert "the largest parallelism within the p95 latency SLO" in page
-    assert f"p95 rollout latency stays 10% within {slo:g} s" in page
+    assert re.search(rf"p95 rollout latency stays \d+% within {slo:g} s \(what the", page)
 
 
 @dataclasses.dataclass

@@ -347,10 +347,10 @@ def render(result: SweepResult, recommended: AnyRecommendation | None) -> str:
                     "throughput versus parallelism with fitted curves, peak, knee and 80% lines",
                 ),
                 html.paragraph(
-                    f"The recommended parallelism is {_bound(recommended.recommended)} (where "
-                    "the curve peaks, 80% of the peak parallelism: the NeMo Gym guide's "
-                    "headroom); the horizontal line is 80% of the peak throughput, a "
-                    "different figure: the smallest parallelism reaching it is "
+                    f"The recommended parallelism is {_bound(recommended.recommended)}; "
+                    "where a curve peaks and turns down, 80% of the peak parallelism (the "
+                    "NeMo Gym guide's headroom). The horizontal line is 80% of the peak "
+                    "throughput, a different figure: the smallest parallelism reaching it is "
                     f"{recommended.smallest_parallelism_at_80pct_of_peak_throughput}."
                 ),
                 html.paragraph(recommended.note),
