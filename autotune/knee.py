@@ -105,7 +105,7 @@ class Landmarks:
     inside: bool  # the fitted peak lies inside the measured range
     knee_parallelism: float
     recommended_parallelism: int
-    at_ceiling: bool = False  # the best point is at the server's ceiling: run it full
+    at_ceiling: bool = False  # the curve is level at the server's ceiling: run it full
 
 
 def landmarks(
@@ -116,17 +116,18 @@ def landmarks(
 ) -> Landmarks:
     """The peak (fitted inside the range, else the best measured point: no extrapolation),
     the knee and the parallelism to run at: 80% of the peak's, or the server's `ceiling`
-    (the most requests it runs at once) where the best point measured is at or past it.
+    (the most requests it runs at once) where the curve reached it (the caller passes the
+    ceiling only where the curve is level there: not clearly below its best point).
 
     Why the ceiling takes no headroom: the guide's 20% keeps a client off the far side of
-    a peak, where throughput falls. A curve whose best point is at the server's own
-    admission limit (max_num_seqs, or what its KV cache holds) has no far side: past the
-    limit requests wait in the server's queue and throughput stays level, while 80% of
-    the limit leaves a fifth of the batch empty."""
+    a peak, where throughput falls. A curve level at the server's own admission limit
+    (max_num_seqs, or what its KV cache holds) has no far side: past the limit requests
+    wait in the server's queue and throughput stays level, while 80% of the limit leaves
+    a fifth of the batch empty."""
     best_index = max(range(len(throughput)), key=lambda i: throughput[i])
     best_n, best_x = int(parallelism[best_index]), float(throughput[best_index])
     fitted_peak = fit.peak_parallelism
-    at_ceiling = ceiling is not None and best_n >= ceiling
+    at_ceiling = ceiling is not None and max(parallelism) >= ceiling
     # A peak past the largest parallelism tried was never measured: no extrapolation. A
     # fitted turn below a best point at the ceiling is the fit bending into the limit.
     inside = fitted_peak is not None and fitted_peak <= max(parallelism) and not at_ceiling
@@ -147,7 +148,8 @@ def summarise_curve(
     parallelism: Sequence[int], throughput: Sequence[float], ceiling: int | None = None
 ) -> CurveSummary:
     """Everything the recommendation needs from one curve (measured points); `ceiling`:
-    the most requests the server runs at once, where the curve's ladder ended."""
+    the most requests the server runs at once, where the curve's ladder ended level
+    (sweep/curve.py decides that from the points' intervals)."""
     best_index = max(range(len(throughput)), key=lambda i: throughput[i])
     best_n, best_x = int(parallelism[best_index]), float(throughput[best_index])
     largest = max(parallelism)
@@ -156,7 +158,7 @@ def summarise_curve(
     except ValueError:
         fit = None
     if fit is None:
-        at_ceiling = ceiling is not None and best_n >= ceiling
+        at_ceiling = ceiling is not None and max(parallelism) >= ceiling
         recommended = ceiling if at_ceiling and ceiling else max(1, math.floor(HEADROOM * best_n))
         return CurveSummary(
             None,

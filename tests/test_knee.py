@@ -110,14 +110,6 @@ def test_a_curve_best_at_the_servers_ceiling_runs_there_not_at_80_percent() -> N
     assert unknown.server_ceiling is None
 
 
-def test_a_curve_that_turns_down_before_the_ceiling_keeps_its_headroom() -> None:
-    """KV preemption or contention past a peak: the best point is below the ceiling."""
-    parallelism = [8, 16, 32, 64, 128]
-    summary = summarise_curve(parallelism, [TRUE.throughput(n) for n in parallelism], 128)
-    assert summary.peak_inside_range and summary.server_ceiling is None
-    assert summary.recommended_parallelism == math.floor(HEADROOM * summary.peak_parallelism)
-
-
 def test_the_ceiling_rules_bootstrap_interval_is_closed_at_the_ceiling() -> None:
     throughput = [_capped(n) for n in CAPPED]
     errors = [0.02 * x for x in throughput]

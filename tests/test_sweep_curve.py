@@ -21,6 +21,7 @@ from autotune.sweep.curve import (
     QUEUE_GAIN,
     SCREEN_LATENCIES,
     Incumbent,
+    level_at,
     measure_curve,
     reachable,
     run_trial,
@@ -363,3 +364,25 @@ async def test_rungs_are_timed_by_their_rollout_latency_and_the_top_is_measured_
     assert second is not None and second.max_s == pytest.approx(SCREEN_LATENCIES * 4.0)
     assert top is not None and top.max_s == pytest.approx(PEAK_LATENCIES * 2.0)
     assert probe.asked == [16, 32, 64]
+
+
+def rung(n: int, rate: float, half: float | None) -> CurvePoint:
+    """A rung measuring `rate` rollouts/s, ± `half` of it (95%; None: no interval)."""
+    ci = (rate * (1 - half), rate * (1 + half)) if half is not None else None
+    return CurvePoint(n, rate, 100 * rate, 0.0, None, 5.0, "converged", rollouts_per_s_ci=ci)
+
+
+def test_a_curve_is_level_at_the_ceiling_unless_its_rung_there_is_clearly_below_the_best() -> None:
+    """The ceiling rule (knee.landmarks) holds where the curve reached the server's
+    ceiling without falling: a rung there a little under the best by noise is level, one
+    whose interval lies wholly under the best's is a curve that turned down."""
+    rising = [rung(32, 0.8, 0.1), rung(64, 1.0, 0.1), rung(128, 1.6, 0.07)]
+    assert level_at(rising, 128, "rollouts_per_s")
+    noisy = [rung(64, 1.0, 0.1), rung(125, 1.67, 0.11), rung(128, 1.48, 0.07)]  # seen in a bench
+    assert level_at(noisy, 128, "rollouts_per_s")
+    falling = [rung(64, 1.0, 0.02), rung(96, 1.6, 0.03), rung(128, 1.3, 0.03)]
+    assert not level_at(falling, 128, "rollouts_per_s")
+    assert not level_at(rising[:2], 128, "rollouts_per_s")  # the ceiling was not reached
+    # Without intervals, within 5% of the best.
+    assert level_at([rung(64, 1.0, None), rung(128, 0.96, None)], 128, "rollouts_per_s")
+    assert not level_at([rung(64, 1.0, None), rung(128, 0.9, None)], 128, "rollouts_per_s")

@@ -405,6 +405,24 @@ async def _confirm(probe: Probe, study: Study, ladder: Ladder) -> tuple[Ladder, 
     return Ladder(points, died, probe_s=ladder.probe_s + again.probe_s), again.probe_s
 
 
+def level_at(points: Sequence[CurvePoint], top: int, metric: str) -> bool:
+    """Whether the curve reached the server's ceiling `top` without falling: its rung
+    there is not clearly below its best point (their 95% intervals overlap; without
+    intervals, within UNKNOWN_SPREAD). A rung a little under the best by noise is level;
+    one clearly under it is a curve that turned down (preemption), which keeps the
+    headroom."""
+    last = max(points, key=lambda p: p.parallelism)
+    if last.parallelism < top:
+        return False
+    best = max(points, key=lambda p: p.metric(metric))
+    if best is last:
+        return True
+    low, high = last.metric_interval(metric), best.metric_interval(metric)
+    if low is None or high is None:
+        return last.metric(metric) >= (1 - UNKNOWN_SPREAD) * best.metric(metric)
+    return low[1] >= high[0]
+
+
 def _outcome(
     study: Study,
     knobs: dict[str, Any],
@@ -421,7 +439,8 @@ def _outcome(
     curve = None
     if usable:
         parallelism = [p.parallelism for p in usable]
-        curve = summarise_curve(parallelism, [p.metric(metric) for p in usable], top)
+        level = top if top is not None and level_at(usable, top, metric) else None
+        curve = summarise_curve(parallelism, [p.metric(metric) for p in usable], level)
     reason = ladder.died
     if best is None and reason is None:
         reason = f"every probe failed more than {objective.max_error_rate:.0%} of rollouts"
