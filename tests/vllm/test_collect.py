@@ -269,13 +269,15 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
     assert len(keys) % REPEATS == 0
     assert set(keys) == {(task, sample) for task in range(GROUP_TASKS) for sample in range(REPEATS)}
 
-    # The cancelled samples stopped on vLLM. Each completed sample finished there; of the
-    # cancelled, at least one (a sample whose answer was already on its way when its step
-    # ended is cancelled here, done there) never did, though vLLM generated tokens for
-    # them, fewer than they asked for; none is left running. vLLM's abort counter counts
-    # no more than that (vLLM 0.32 counts none: see the module's docstring).
+    # The cancelled samples stopped on vLLM: it generated tokens for them, fewer than they
+    # asked for, and none is left running. Each completed sample finished there. How vLLM
+    # 0.32 files a cancelled request in its counters varies: some end outside its
+    # finished-reason counters, but a CI run saw all four of a step's cancelled samples
+    # counted as finished (one token each: 4 generated of the ~640 they asked for), so
+    # only the tokens say they stopped. Its abort counter counts none (the module's
+    # docstring).
     stopped = len(keys) - finished
-    assert finished >= completed and 1 <= stopped <= cancelled, (finished, completed, cancelled)
+    assert finished >= completed and 0 <= stopped <= cancelled, (finished, completed, cancelled)
     assert change["abort"] <= stopped
     assert after["running"] == 0
     wasted = change["generated"] - summary["output_tokens"]
