@@ -283,23 +283,32 @@ SLO_AIM = 0.97  # a rung at an SLO's boundary aims this far inside it (noise mov
 NEW_RUNG_GAIN = 1.1  # a boundary rung is worth measuring this far past the last that met it
 
 
+def _slos(study: Study) -> list[tuple[str, float]]:
+    """The study's latency SLOs: (a curve point's figure, its limit), those set."""
+    objective = study.objective
+    return [
+        (figure, slo)
+        for figure, slo in (
+            ("p95_latency_s", objective.p95_latency_slo_s),
+            ("p99_latency_s", objective.p99_latency_slo_s),
+            ("p95_ttft_s", objective.p95_ttft_slo_s),
+        )
+        if slo is not None
+    ]
+
+
 def slo_boundary(points: Sequence[CurvePoint], study: Study) -> int | None:
     """Where an SLO is crossed between two rungs (one meets it, the next misses), the
     parallelism at which the latency, interpolated on log-log axes, reaches it: a rung
     there reads the configuration's value at the SLO itself, not at the rung below (a
     doubling ladder can leave it far under). None when no SLO is crossed that way."""
-    objective = study.objective
     found = []
-    for figure, slo in (
-        ("p95_latency_s", objective.p95_latency_slo_s),
-        ("p99_latency_s", objective.p99_latency_slo_s),
-        ("p95_ttft_s", objective.p95_ttft_slo_s),
-    ):
+    for figure, slo in _slos(study):
+        target = SLO_AIM * slo
         known = sorted((p for p in points if getattr(p, figure)), key=lambda p: p.parallelism)
         for below, above in itertools.pairwise(known):
             low, high = getattr(below, figure), getattr(above, figure)
-            target = SLO_AIM * slo if slo else None
-            if target is None or not low <= target < high:
+            if not low <= target < high:
                 continue
             exponent = math.log(above.parallelism / below.parallelism) / math.log(high / low)
             n = math.floor(below.parallelism * (target / low) ** exponent)
@@ -310,15 +319,9 @@ def slo_boundary(points: Sequence[CurvePoint], study: Study) -> int | None:
 
 
 def _within_slos(point: CurvePoint, study: Study) -> bool:
-    objective = study.objective
-    for figure, slo in (
-        (point.p95_latency_s, objective.p95_latency_slo_s),
-        (point.p99_latency_s, objective.p99_latency_slo_s),
-        (point.p95_ttft_s, objective.p95_ttft_slo_s),
-    ):
-        if slo is not None and (figure is None or figure > slo):
-            return False
-    return True
+    return all(
+        (figure := getattr(point, name)) is not None and figure <= slo for name, slo in _slos(study)
+    )
 
 
 async def run_trial(
