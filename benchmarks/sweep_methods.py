@@ -237,16 +237,17 @@ class Probe:
     ) -> ProbeResult:
         """A closed-loop probe after a warm-up of one rollout latency (until every slot
         has finished one): over the window `settings` cap it at (the study's rungs, a
-        number of rollout latencies by its own rule), else over WINDOW_LATENCIES rollout
-        latencies; or a run of `rollouts` timed whole (its rate is rollouts ÷ elapsed,
-        ramp and drain included)."""
+        number of rollout latencies by its own rule, counted in the mean latency of the
+        table's log-normal), else over WINDOW_LATENCIES rollout latencies; or a run of
+        `rollouts` timed whole (its rate is rollouts ÷ elapsed, ramp and drain included)."""
         truth = self.ground.truth(self.knobs, parallelism)
         latency = truth.median_latency_s
         if rollouts:
             warm_up, window = 0.0, latency * max(rollouts / parallelism, 1.0)
             rate, completions = rollouts / window, float(rollouts)
         else:
-            window = settings.max_s if settings else WINDOW_LATENCIES * latency
+            mean = latency * math.exp(math.log(truth.p95_latency_s / latency) ** 2 / Z95**2 / 2)
+            window = settings.cap_s(mean) if settings else WINDOW_LATENCIES * latency
             warm_up, rate = latency, truth.rollouts_per_s
             completions = rate * window
         count = max(completions, 1.0)

@@ -44,6 +44,7 @@ class FakeProbe:
     stop_reason: Callable[[int], str] = lambda n: "converged"
     tokens: Callable[[int], float] | None = None  # output tokens/s; default 100 a rollout
     p95: Callable[[int], float] | None = None  # p95 rollout latency, s; default none kept
+    halfwidth: float = 0.01  # of the rate's 95% interval (ten batches: trusted), a share
     asked: list[int] = field(default_factory=list)
     timed: list[ProbeSettings | None] = field(default_factory=list)  # settings asked with
 
@@ -55,10 +56,11 @@ class FakeProbe:
         if self.p95 is not None:
             p95 = self.p95(parallelism)
             latency["total"] = StageLatency(100, p95 / 1.5, p95 / 1.5, p95, 1.5 * p95)
+        half = self.halfwidth
         return ProbeResult(
             parallelism=parallelism,
             rollouts_per_s=rate,
-            rollouts_per_s_ci=(rate * 0.99, rate * 1.01),
+            rollouts_per_s_ci=(rate * (1 - half), rate * (1 + half)),
             output_tokens_per_s=self.tokens(parallelism) if self.tokens else rate * 100,
             error_rate=self.error_rate(parallelism),
             completed=100,
@@ -386,3 +388,46 @@ def test_a_curve_is_level_at_the_ceiling_unless_its_rung_there_is_clearly_below_
     # Without intervals, within 5% of the best.
     assert level_at([rung(64, 1.0, None), rung(128, 0.96, None)], 128, "rollouts_per_s")
     assert not level_at([rung(64, 1.0, None), rung(128, 0.9, None)], 128, "rollouts_per_s")
+
+
+async def test_a_rung_that_gained_little_only_by_its_noise_does_not_end_the_curve() -> None:
+    """A plateau is a doubling that gained under plateau_gain (5%) even at the top of its
+    rung's interval: a short rung read 20% low must not stop a curve still rising."""
+    measured = {4: 4.0, 8: 8.0, 16: 16.0, 32: 16.3, 64: 64.0, 128: 64.5}  # 32 read low
+    noisy = FakeProbe(throughput=measured.__getitem__, halfwidth=0.2)
+    points, _ = await curve(noisy, study(high=128), 4)
+    assert ladder(points) == [4, 8, 16, 32, 64, 128]
+    precise = FakeProbe(throughput=measured.__getitem__, halfwidth=0.01)
+    points, _ = await curve(precise, study(high=128), 4)
+    assert ladder(points) == [4, 8, 16, 32]  # 1.9% gained, at most 3.9%: a plateau
+
+
+def test_after_a_curve_level_at_its_ceiling_a_configuration_starts_at_its_own() -> None:
+    assert start_parallelism(study(), 256.0, top=128, best_level=True) == 128
+    assert start_parallelism(study(), 256.0, top=128) == 32  # an eighth of the best
+    assert start_parallelism(study(high=64), 256.0, top=128, best_level=True) == 32
+    assert start_parallelism(study(), None, top=128, best_level=True) == 32  # first: ÷ 4
+
+
+async def test_from_its_ceiling_a_loser_takes_one_rung_and_a_new_best_halves_down() -> None:
+    """After a best curve that rose level to its ceiling, a configuration is measured
+    first where it can do the most, at its own ceiling: below the best there, it is
+    pruned on that one rung; above it, it halves down to a quarter of it (the span of
+    the first ladder, for its fit) and its best rung is measured again at length."""
+    level_best = Incumbent(value=40.0, parallelism=128, points=[], level=True)
+    loser = FakeProbe(throughput=lambda n: 0.5 * min(n, 64))  # 32/s at its ceiling, 64
+    start = start_parallelism(study(), 128.0, top=64, best_level=True)
+    outcome = await run_trial(FakeLauncher(loser), {}, study(), start, best=level_best, top=64)
+    assert loser.asked == [64] and outcome.pruned_reason is not None
+    winner = FakeProbe(throughput=lambda n: 0.5 * min(n, 256))  # 128/s at 256
+    start = start_parallelism(study(), 128.0, top=256, best_level=True)
+    outcome = await run_trial(FakeLauncher(winner), {}, study(), start, best=level_best, top=256)
+    assert winner.asked == [256, 128, 64, 256] and outcome.pruned_reason is None
+    assert ladder(outcome.points) == [64, 128, 256]
+    assert outcome.value == pytest.approx(128.0)
+    # Below the last rung its latency (256 ÷ 128/s = 2 s) caps the window, not Little's
+    # law at the lower rate (1 s): a batching server's latency hardly shrinks. The probe
+    # counts the 2.5 latencies in those it measures.
+    below = winner.timed[1]
+    assert below is not None and below.max_s == pytest.approx(SCREEN_LATENCIES * 2.0)
+    assert below.window_latencies == SCREEN_LATENCIES

@@ -1,8 +1,10 @@
-"""The steady-state window's rules for long rollouts: timed in tokens (pure: no server)."""
+"""The steady-state window's rules (pure: no server): its length in measured rollout
+latencies, and long rollouts timed in tokens."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from autotune.probe.window import (
     MIN_BATCHES,
@@ -10,6 +12,7 @@ from autotune.probe.window import (
     ProbeSettings,
     in_rollouts,
     long_rollouts,
+    steady_window,
     token_window,
 )
 
@@ -77,3 +80,19 @@ def test_a_jumpy_token_rate_runs_to_the_cap_in_tokens() -> None:
     assert token_window(points, SETTINGS, started=0.0, now=15.0) is None
     window = token_window(points, SETTINGS, started=0.0, now=21.0)
     assert window is not None and window.reason == "time cap (in tokens)"
+
+
+def test_a_window_counted_in_latencies_ends_after_that_many_measured_latencies() -> None:
+    """A sweep's rung asks for 2.5 rollout latencies: the probe counts them in the latency
+    it measures, so a rung whose rollouts are faster than guessed (max_s) ends sooner."""
+    done_at = [0.5 * k for k in range(1, 200)]  # 4 slots, 2 s a rollout, staggered
+    asked = ProbeSettings(4, warmup_s=0.0, min_s=1.0, max_s=60.0, target_halfwidth=1e-6)
+    counted = replace(asked, window_latencies=2.5)
+    # Warm at 2.0 s, when the fourth slot has finished a rollout: 2.5 latencies is 5 s.
+    assert steady_window(done_at, counted, started=0.0, now=6.9, mean_latency_s=2.0) is None
+    window = steady_window(done_at, counted, started=0.0, now=7.0, mean_latency_s=2.0)
+    assert window is not None and window.reason == "time cap" and window.start == 2.0
+    assert steady_window(done_at, asked, started=0.0, now=7.0, mean_latency_s=2.0) is None
+    # max_s still bounds it, and min_s is its floor.
+    assert counted.cap_s(100.0) == 60.0 and counted.cap_s(0.1) == 1.0
+    assert asked.cap_s(2.0) == 60.0

@@ -9,7 +9,9 @@ spanning about BATCH_LATENCIES mean rollout latencies (so neighbouring batches s
 rollouts and a batch never counts a wave of completions twice), at least MIN_BATCHES of
 them: the window's length follows the measured latency. It stops once the rate's 95%
 interval is within ±`target_halfwidth` ("precision") over a window at least `min_s`
-long, or at `max_s` ("time cap"). A probe measured in several blocks asks for each
+long, or at `max_s` ("time cap"), or sooner at `window_latencies` rollout latencies as
+the probe has measured them (a sweep's rungs: a window of whole batches, not a guess of
+how long they take). A probe measured in several blocks asks for each
 block on its own; `pooled_estimate` then pools every block's batches. Completions after
 the stop (the drain, slots idling as the last rollouts finish) are never counted.
 
@@ -56,6 +58,15 @@ class ProbeSettings:
     # Rollouts too long for a window of completions are timed in output tokens (diagnose);
     # off, a window of completions runs to its cap (a sweep's and a suite's fixed windows).
     in_tokens: bool = False
+    # Above 0: the window ends after this many rollout latencies as measured so far (never
+    # under min_s), if before max_s; max_s then bounds a latency guessed too short.
+    window_latencies: float = 0.0
+
+    def cap_s(self, mean_latency_s: float) -> float:
+        """The window's time cap, given the mean rollout latency measured so far."""
+        if self.window_latencies <= 0 or mean_latency_s <= 0:
+            return self.max_s
+        return min(self.max_s, max(self.min_s, self.window_latencies * mean_latency_s))
 
     @classmethod
     def of(cls, spec: ProbeSpec, parallelism: int) -> ProbeSettings:
@@ -216,7 +227,7 @@ def steady_window(
         return None
     elapsed = now - warm
     estimate, end = pooled_estimate(done_at, [(warm, now)], mean_latency_s)
-    if elapsed >= settings.max_s:
+    if elapsed >= settings.cap_s(mean_latency_s):
         return Window(warm, end if end > warm else now, "time cap", estimate)
     if (
         elapsed >= settings.min_s

@@ -6,11 +6,13 @@ throughput plateaus or errors appear; the Universal Scalability Law fit of those
 places the peak and the knee (knee.py). Nothing here knows Optuna: a fake launcher and
 probe test it on their own.
 
-Probe time goes where it decides. A rung's window is counted in rollout latencies
-(Little's law from the rungs before), so it holds whole batches of completions however
-long rollouts are: a short screening window on every rung, after which `reachable`
-bounds what the configuration could still reach, and one that cannot beat the best so
-far is pruned there. Longer windows go to the top of the study's first curve and to a
+Probe time goes where it decides. A rung's window is counted in rollout latencies as
+the probe measures them (capped by what Little's law expects from the rungs before), so
+it holds whole batches of completions however long rollouts are: a short screening
+window on every rung, after which `reachable` bounds what the configuration could still
+reach, and one that cannot beat the best so far is pruned there. Once the best curve
+has risen level to its server's ceiling, a later configuration is measured at its own
+ceiling first, where it does the most: one rung prunes a loser. Longer windows go to the top of the study's first curve and to a
 new best's best point (measured again): the bar every later trial is pruned against. A
 vLLM-like server runs at most `max_num_seqs` requests at once (fewer when its KV cache
 holds fewer rollouts: fit.prelaunch), so a rung at or past that ceiling is the top of
@@ -73,15 +75,20 @@ class Incumbent:
     value: float
     parallelism: int
     points: list[CurvePoint]
+    level: bool = False  # its curve ran level up to its server's ceiling (knee.landmarks)
 
 
 def expected_latency_s(points: Sequence[CurvePoint], parallelism: int) -> float | None:
     """A rollout's latency at `parallelism`, from the last rung by Little's law (latency =
-    parallelism ÷ throughput), the throughput growing as it did over the last step."""
+    parallelism ÷ throughput), the throughput growing as it did over the last step; below
+    the last rung, its latency (a batching server's hardly shrinks: a guess on the long
+    side)."""
     measured = [p for p in points if p.rollouts_per_s > 0]
     if not measured:
         return None
     last = measured[-1]
+    if parallelism < last.parallelism:
+        return last.parallelism / last.rollouts_per_s
     growth = 1.0
     if len(measured) > 1 and parallelism > last.parallelism:
         before = measured[-2]
@@ -111,10 +118,11 @@ def rung_timing(
     parallelism: int,
     reference: Sequence[CurvePoint] = (),
 ) -> ProbeSettings:
-    """A rung's probe: a window of `latencies` expected rollout latencies (so it counts
-    whole batches of completions however long rollouts are), never shorter than the
-    study's min_s. A first rung's latency is guessed from `reference` (the best curve's
-    rungs up to this parallelism); without either, the study's settings."""
+    """A rung's probe: a window of `latencies` rollout latencies (so it counts whole
+    batches of completions however long rollouts are), never shorter than the study's
+    min_s. The probe counts them in the latencies it measures; the latency expected here
+    caps the window (a first rung's is guessed from `reference`, the best curve's rungs,
+    on the slow side). Without either, the study's settings."""
     spec = study.probe
     settings = ProbeSettings.of(spec, parallelism)
     if points:
@@ -124,7 +132,9 @@ def rung_timing(
     if latency is None:
         return settings
     window = max(spec.min_s, latencies * latency)
-    return replace(settings, min_s=min(spec.min_s, window), max_s=window)
+    return replace(
+        settings, min_s=min(spec.min_s, window), max_s=window, window_latencies=latencies
+    )
 
 
 async def measure_curve(
@@ -136,13 +146,14 @@ async def measure_curve(
     timing: Timing | None = None,
     out_of_reach: OutOfReach | None = None,
     wanted: Callable[[Sequence[CurvePoint]], bool] | None = None,
+    down_to: int | None = None,
 ) -> Ladder:
-    """Double parallelism from `start` until throughput plateaus, errors appear, the rung
-    reaches `top` (the server's ceiling) or the range ends, or `out_of_reach` says the
-    curve cannot beat the best; then, if that left fewer than two usable points (errors
-    at `start`, or a start past this configuration's own plateau) or none within the
-    study's SLOs, halve below `start` for more, if the curve is `wanted` (a trial that is
-    not the best needs no fit).
+    """Double parallelism from `start` until throughput clearly plateaus, errors appear,
+    the rung reaches `top` (the server's ceiling) or the range ends, or `out_of_reach` says
+    the curve cannot beat the best; then, if that left fewer than two usable points
+    (errors at `start`, or a start past this configuration's own plateau) or none within
+    the study's SLOs, or to reach `down_to` (a curve started at its ceiling), halve below
+    `start`, if the curve is `wanted` (a trial that is not the best needs no fit).
     `timing` sets each rung's probe length (None: the probe's own)."""
     space = study.search_space.parallelism
     limit = study.objective.max_error_rate
@@ -180,8 +191,10 @@ async def measure_curve(
             return Ladder(points, pruned=why, probe_s=spent)  # no halving: out of reach
         if point.error_rate > limit:
             break
+        # A plateau is a doubling that gained under plateau_gain even at the top of its
+        # rung's 95% interval: a short rung's noise alone must not end the curve early.
         plateau = points[-2].metric(metric) * (1 + space.plateau_gain) if len(points) > 1 else 0
-        if point.metric(metric) < plateau or (top is not None and parallelism >= top):
+        if _spread(point, metric)[1] < plateau or (top is not None and parallelism >= top):
             break  # the curve is whole
         if why is not None:
             return Ladder(points, pruned=why, probe_s=spent)
@@ -194,7 +207,12 @@ async def measure_curve(
         return len(usable) < MIN_USABLE_POINTS or not any(_within_slos(p, study) for p in usable)
 
     parallelism = start
-    while parallelism > space.low and too_few(points) and (wanted is None or wanted(points)):
+    floor = start if down_to is None else down_to
+    while (
+        parallelism > space.low
+        and (too_few(points) or parallelism > floor)
+        and (wanted is None or wanted(points))
+    ):
         parallelism = max(space.low, parallelism // 2)
         point = await measure(parallelism)
         points.insert(0, point)
@@ -209,12 +227,23 @@ async def measure_curve(
     return Ladder(points, probe_s=spent)
 
 
-def start_parallelism(study: Study, best_parallelism: float | None, top: int | None = None) -> int:
+def start_parallelism(
+    study: Study,
+    best_parallelism: float | None,
+    top: int | None = None,
+    *,
+    best_level: bool = False,
+) -> int:
     """Doubling starts at `low`, or on the same ladder at the last step at or under an
     eighth of the best configuration's best parallelism and under this one's ceiling
     `top`: two cheap rungs (short rollouts, far below the best's scale) bound the curve,
-    and a loser is pruned there."""
+    and a loser is pruned there. Where the best curve ran level up to its own server's
+    ceiling (`best_level`: curves here rise until their servers queue), a configuration
+    whose ceiling is known starts there instead: its one rung that can beat the best, so
+    a loser is pruned on it and a new best halves down from it."""
     space = study.search_space.parallelism
+    if best_level and best_parallelism and top is not None and top <= space.high:
+        return max(top, space.low)
     if not best_parallelism:  # far below its ceiling a batching server scales ~linearly
         return _on_ladder(space.low, min(top // FIRST_RUNG_SHARE, space.high)) if top else space.low
     cap = min(best_parallelism / 8, top if top is not None else space.high, space.high)
@@ -380,6 +409,8 @@ async def run_trial(
                 timing=timing,
                 out_of_reach=out_of_reach,
                 wanted=lambda points: best is None or _value(points, study) >= best.value,
+                # Started at its ceiling: down to the first ladder's span for its fit.
+                down_to=top // FIRST_RUNG_SHARE if top is not None and start >= top else None,
             )
             probe_s = ladder.probe_s
             if best is not None and _value(ladder.points, study) > best.value:

@@ -436,7 +436,12 @@ async def _measure(
     if study.objective.metric == TRAINED:
         return await run_loop_trial(launcher, knobs, study)
     one_objective = study.objective.second_objective is None
-    start = start_parallelism(study, best.parallelism if best else None, known.ceiling)
+    start = start_parallelism(
+        study,
+        best.parallelism if best else None,
+        known.ceiling,
+        best_level=best is not None and best.level,
+    )
     return await run_trial(
         launcher,
         knobs,
@@ -512,6 +517,7 @@ def _best(done: list[Any]) -> Incumbent | None:
         _value(best),
         int(attrs["curve"]["best_measured_parallelism"]),
         [CurvePoint.from_dict(point) for point in attrs["points"]],
+        level=attrs["curve"].get("server_ceiling") is not None,
     )
 
 
