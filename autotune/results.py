@@ -889,6 +889,31 @@ class DiagnoseResult(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class LatencySlo:
+    """A latency SLO a study may set: `field` on its objective and on the SweepResult, the
+    `figure` a curve point (and a trial's lowest, `min_` before it) carries, the quantile
+    that figure is (None: its spread is not kept, so its margin is a flat one), and its
+    name in words. Every place that applies the SLOs reads them from LATENCY_SLOS."""
+
+    field: str
+    figure: str
+    quantile: float | None
+    label: str
+
+    @property
+    def rule(self) -> str:
+        """The recommendation's `bound_by` where this SLO lowered it."""
+        return f"{self.label} SLO"
+
+
+LATENCY_SLOS = (
+    LatencySlo("p95_latency_slo_s", "p95_latency_s", 0.95, "p95 latency"),
+    LatencySlo("p99_latency_slo_s", "p99_latency_s", 0.99, "p99 latency"),
+    LatencySlo("p95_ttft_slo_s", "p95_ttft_s", None, "p95 TTFT"),
+)
+
+
+@dataclass(frozen=True, slots=True)
 class CurveSummary(Record):
     """Peak, knee and recommendation for one configuration's measured curve."""
 

@@ -12,13 +12,16 @@ import pytest
 
 from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
+from autotune.config import ObjectiveSpec
 from autotune.knee import summarise_curve
 from autotune.report.sweep_report import interval_bands, interval_text
 from autotune.results import (
     CEILING_RULE,
+    LATENCY_SLOS,
     CurvePoint,
     CurveSummary,
     SweepResult,
+    TrialOutcome,
     TrialRecord,
     WorkloadRecord,
 )
@@ -197,6 +200,18 @@ def test_a_ttft_slo_binds_like_the_latency_one() -> None:
     # The largest parallelism whose expected TTFT (0.01 s a request) stays 10% inside 0.2 s.
     assert bound.recommended.parallelism == 18 < headroom
     assert bound.recommended.p95_ttft_s is not None and bound.recommended.p95_ttft_s * 1.1 <= 0.2
+    assert "p95 TTFT stays 10% within 0.2 s" in bound.recommended.rule
+
+
+def test_every_slo_a_study_can_set_is_in_the_one_table_every_rule_reads() -> None:
+    """The trial's constraints, the curve's SLO rung, the recommendation and validation
+    all read LATENCY_SLOS: an SLO added to the objective but not to it would be ignored."""
+    fields = {name for name in ObjectiveSpec.model_fields if name.endswith("_slo_s")}
+    assert {slo.field for slo in LATENCY_SLOS} == fields
+    for slo in LATENCY_SLOS:
+        assert slo.field in SweepResult.__dataclass_fields__
+        assert slo.figure in CurvePoint.__dataclass_fields__
+        assert f"min_{slo.figure}" in TrialOutcome.__dataclass_fields__
 
 
 # -- a GPU budget split into engines × TP (issue 13) ----------------------------------------

@@ -12,11 +12,11 @@ it holds whole batches of completions however long rollouts are: a short screeni
 window on every rung, after which `reachable` bounds what the configuration could still
 reach, and one that cannot beat the best so far is pruned there. Once the best curve
 has risen level to its server's ceiling, a later configuration is measured at its own
-ceiling first, where it does the most: one rung prunes a loser. Longer windows go to the top of the study's first curve and to a
-new best's best point (measured again): the bar every later trial is pruned against. A
-vLLM-like server runs at most `max_num_seqs` requests at once (fewer when its KV cache
-holds fewer rollouts: fit.prelaunch), so a rung at or past that ceiling is the top of
-the curve (more parallelism only queues).
+ceiling first, where it does the most: one rung prunes a loser. Longer windows go to
+the top of the study's first curve and to a new best's best point (measured again): the
+bar every later trial is pruned against. A vLLM-like server runs at most `max_num_seqs`
+requests at once (fewer when its KV cache holds fewer rollouts: fit.prelaunch), so a
+rung at or past that ceiling is the top of the curve (more parallelism only queues).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from autotune.config import Study
 from autotune.errors import ServerStartupError
 from autotune.knee import TRUSTED_BATCHES, UNKNOWN_SPREAD, summarise_curve
 from autotune.probe import Probe, ProbeSettings
-from autotune.results import CurvePoint, TrialOutcome
+from autotune.results import LATENCY_SLOS, CurvePoint, TrialOutcome
 
 MIN_USABLE_POINTS = 2  # a curve needs two; a start above a configuration's peak may leave one
 SCREEN_LATENCIES = 2.5  # a screening rung's window: one batch (two rollout latencies) and room
@@ -314,16 +314,8 @@ NEW_RUNG_GAIN = 1.1  # a boundary rung is worth measuring this far past the last
 
 def _slos(study: Study) -> list[tuple[str, float]]:
     """The study's latency SLOs: (a curve point's figure, its limit), those set."""
-    objective = study.objective
-    return [
-        (figure, slo)
-        for figure, slo in (
-            ("p95_latency_s", objective.p95_latency_slo_s),
-            ("p99_latency_s", objective.p99_latency_slo_s),
-            ("p95_ttft_s", objective.p95_ttft_slo_s),
-        )
-        if slo is not None
-    ]
+    limits = [(slo.figure, getattr(study.objective, slo.field)) for slo in LATENCY_SLOS]
+    return [(figure, limit) for figure, limit in limits if limit is not None]
 
 
 def slo_boundary(points: Sequence[CurvePoint], study: Study) -> int | None:

@@ -32,6 +32,7 @@ from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, sta
 from autotune.results import (
     CEILING_RULE,
     HEADROOM_RULE,
+    LATENCY_SLOS,
     CurvePoint,
     Peak,
     PrefixCachingGain,
@@ -51,9 +52,6 @@ OPENRLHF_FLAGS = {
 }
 CACHING = "enable_prefix_caching"
 RULE = "80% of the peak parallelism (the NeMo Gym guide's headroom for stability)"
-LATENCY_RULE = "p95 latency SLO"
-P99_RULE = "p99 latency SLO"
-TTFT_RULE = "p95 TTFT SLO"
 VALIDATION_RULE = "validation"
 # An expected latency must sit inside its SLO by what it is known to: a plan right at
 # the SLO would fail its validation run half the time. A rollout latency's p95 or p99 is
@@ -65,12 +63,6 @@ LATENCY_MARGIN = 0.10
 MIN_LATENCY_MARGIN = 0.03
 # The standard normal's 95th and 99th percentiles, and its density there.
 NORMAL_QUANTILE = {0.95: (1.6449, 0.10314), 0.99: (2.3263, 0.02665)}
-# The SLOs: (the SLO's field, the point's figure, its quantile (None: spread unknown), rule).
-SLOS = (
-    ("p95_latency_slo_s", "p95_latency_s", 0.95, LATENCY_RULE),
-    ("p99_latency_slo_s", "p99_latency_s", 0.99, P99_RULE),
-    ("p95_ttft_slo_s", "p95_ttft_s", None, TTFT_RULE),
-)
 
 
 def vllm_serve_line(model: str | None, knobs: dict[str, object]) -> str:
@@ -189,7 +181,7 @@ def latency_margin(points: Sequence[CurvePoint], parallelism: float, which: str)
     """How far inside its SLO the expected latency (`which`: a point's figure) at
     `parallelism` must sit: the wider margin of the measured points it is read from (the
     two around it, or the end one)."""
-    quantile = next((q for _, figure, q, _ in SLOS if figure == which), None)
+    quantile = next((slo.quantile for slo in LATENCY_SLOS if slo.figure == which), None)
     known = sorted((p for p in points if getattr(p, which)), key=lambda p: p.parallelism)
     if quantile is None or not known:
         return LATENCY_MARGIN
@@ -214,12 +206,12 @@ def _slo_misses(
     """The SLOs the expected latencies at `parallelism` miss (`scale`: a bootstrap draw's
     latency ÷ the fit's, by Little's law)."""
     misses = []
-    for field, which, _, rule in SLOS:
-        slo = getattr(result, field)
-        expected = expected_latency(points, parallelism, which) if slo else None
-        margin = latency_margin(points, parallelism, which)
+    for latency in LATENCY_SLOS:
+        slo = getattr(result, latency.field)
+        expected = expected_latency(points, parallelism, latency.figure) if slo else None
+        margin = latency_margin(points, parallelism, latency.figure)
         if slo and expected is not None and expected * scale * (1 + margin) > slo:
-            misses.append(rule)
+            misses.append(latency.rule)
     return misses
 
 
@@ -261,17 +253,18 @@ def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -
         ]
         interval = boot.interval(draws)
     slos = []
-    for field, which, _, rule in SLOS[:2]:
-        if rule in missed:
-            margin = latency_margin(points, parallelism, which)
-            name = which.split("_")[0]
-            slos.append(
-                f"{name} rollout latency stays {margin:.0%} within {getattr(result, field):g} s "
-                f"(what the measured {name} is known to, 95%)"
-            )
-    if TTFT_RULE in missed:
+    for latency in LATENCY_SLOS:
+        if latency.rule not in missed:
+            continue
+        slo = getattr(result, latency.field)
+        if latency.quantile is None:  # TTFT: no spread kept, the flat margin
+            slos.append(f"{latency.label} stays {LATENCY_MARGIN:.0%} within {slo:g} s")
+            continue
+        margin = latency_margin(points, parallelism, latency.figure)
+        name = latency.label.split()[0]
         slos.append(
-            f"p95 time to first token stays {LATENCY_MARGIN:.0%} within {result.p95_ttft_slo_s:g} s"
+            f"{name} rollout latency stays {margin:.0%} within {slo:g} s "
+            f"(what the measured {name} is known to, 95%)"
         )
     start = "the server's ceiling" if curve.server_ceiling is not None else "80% of the peak"
     rule = (

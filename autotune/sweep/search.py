@@ -47,6 +47,7 @@ from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import Batch
 from autotune.hardware.profiles import GPUS, MODELS, find_model
 from autotune.results import (
+    LATENCY_SLOS,
     BatchSummary,
     CurvePoint,
     CurveSummary,
@@ -153,13 +154,12 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
     trial.set_constraint("feasible", 0.0 if outcome.infeasible_reason is None else 1.0)
     trial.set_constraint("error_rate", outcome.error_rate - objective.max_error_rate)
     # An SLO is met when some usable point meets it (the value is the best such point's).
-    for name, lowest, slo in (
-        ("p95_latency", outcome.min_p95_latency_s, objective.p95_latency_slo_s),
-        ("p99_latency", outcome.min_p99_latency_s, objective.p99_latency_slo_s),
-        ("p95_ttft", outcome.min_p95_ttft_s, objective.p95_ttft_slo_s),
-    ):
+    for latency in LATENCY_SLOS:
+        slo = getattr(objective, latency.field)
         if slo is not None:
-            trial.set_user_attr(f"min_{name}_s", lowest)
+            lowest = getattr(outcome, f"min_{latency.figure}")
+            trial.set_user_attr(f"min_{latency.figure}", lowest)
+            name = latency.figure.removesuffix("_s")
             trial.set_constraint(name, min(lowest if lowest is not None else math.inf, 1e9) - slo)
     if objective.max_step_s is not None:
         p95 = step_p95(outcome.batch)

@@ -29,7 +29,7 @@ from autotune.config import Study
 from autotune.errors import ServerStartupError
 from autotune.knee import HEADROOM, Interval
 from autotune.probe import Probe, ProbeSettings
-from autotune.results import CurvePoint, SweepResult, TrialRecord, Validation
+from autotune.results import LATENCY_SLOS, CurvePoint, SweepResult, TrialRecord, Validation
 from autotune.sweep.curve import Launcher
 from autotune.sweep.recommend import curve_bootstrap, predicted_at, recommendation, usable_points
 
@@ -161,13 +161,10 @@ def _judged(
         )
     if dispersion is not None and limit is not None and dispersion > limit:
         problems.append(f"latency dispersion (p95 ÷ p50) {dispersion:.2f} above {limit:.2f}")
-    for name, figure, slo in (
-        ("p95 latency", measured.p95_latency_s, result.p95_latency_slo_s),
-        ("p99 latency", measured.p99_latency_s, result.p99_latency_slo_s),
-        ("p95 TTFT", measured.p95_ttft_s, result.p95_ttft_slo_s),
-    ):
+    for latency in LATENCY_SLOS:
+        figure, slo = getattr(measured, latency.figure), getattr(result, latency.field)
         if slo is not None and figure is not None and figure > slo:
-            problems.append(f"{name} {figure:.3g} s over the {slo:g} s SLO")
+            problems.append(f"{latency.label} {figure:.3g} s over the {slo:g} s SLO")
     return Validation(
         trial=best.number,
         knobs=best.knobs,
