@@ -125,7 +125,7 @@ bench-loop: setup
 
 bench-sweep: setup
 	$(BIN)/python benchmarks/sweep_efficiency.py
-	$(BIN)/python benchmarks/sweep_methods.py
+	$(BIN)/python benchmarks/sweep_methods.py --check
 
 clean:
 	rm -rf $(VENV) reports/demo studies/demo.db .pytest_cache .ruff_cache
