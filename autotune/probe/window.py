@@ -11,9 +11,9 @@ them: the window's length follows the measured latency. It stops once the rate's
 interval is within ±`target_halfwidth` ("precision") over a window at least `min_s`
 long, or at `max_s` ("time cap"), or sooner at `window_latencies` rollout latencies as
 the probe has measured them (a sweep's rungs: a window of whole batches, not a guess of
-how long they take). A probe measured in several blocks asks for each
-block on its own; `pooled_estimate` then pools every block's batches. Completions after
-the stop (the drain, slots idling as the last rollouts finish) are never counted.
+how long they take). A probe measured in several blocks asks for each block on its own;
+`pooled_estimate` then pools every block's batches. Completions after the stop (the
+drain, slots idling as the last rollouts finish) are never counted.
 
 Long rollouts (RL answers of thousands of tokens, tool turns: tens of seconds each)
 complete too rarely for MIN_BATCHES batches of BATCH_LATENCIES latencies within
