@@ -500,7 +500,7 @@ class TargetConfig:
 
     base_url: str | None = None  # None: the embedded simulated server
     # Every replica's base URL when several serve the model (base_url is the first one);
-    # calls are balanced across them (autotune/replicas.py).
+    # calls are balanced across them (autotune/rollout/replicas.py).
     replica_urls: tuple[str, ...] = ()
     replica_gpus: tuple[tuple[int, ...], ...] = ()  # each replica's GPUs, when known
     model: str | None = None  # None: the server's first /v1/models entry
@@ -592,7 +592,7 @@ class CollectConfig:
     verifier_workers: int | None = None
     verifier_cost_ms: float = 0.0
     verifier_timeout_s: float = 60.0  # one HTTP or user-function verification, at most
-    # Multi-turn rollouts (autotune.turns): a NeMo Gym resources server's URL whose tools
+    # Multi-turn rollouts (autotune.rollout.turns): a NeMo Gym resources server's URL whose tools
     # the model may call, or "null" (answered at once, in-process); None: one model call.
     tools: str | None = None
     max_turns: int = 10  # model calls per multi-turn rollout, at most
@@ -752,7 +752,7 @@ ServerArgs = Annotated[
     AfterValidator(_server_args),
 ]  # fmt: skip
 # A study with `resources` searches how its GPUs split into engines × tensor-parallel size
-# (sweep/fit.py `splits`): one categorical parameter of this name, each trial's knobs
+# (sweep/feasibility.py `splits`): one categorical parameter of this name, each trial's knobs
 # holding the engines under ENGINES and the size under tensor_parallel_size.
 SPLIT = "split"
 ENGINES = "num_engines"

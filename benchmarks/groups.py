@@ -25,9 +25,9 @@ from typing import Any
 
 import orjson
 
-from autotune.collect import collect
 from autotune.config import BatchSpec, CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.results import percentile
+from autotune.rollout.collect_job import collect
 from autotune.servers.launcher import ServerSpec
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.groups`

@@ -27,10 +27,10 @@ from typing import Any
 from _common import machine, print_result
 
 from autotune.classify import classify, pair_speedups
-from autotune.collect import run_async
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
-from autotune.diagnose import DiagnoseConfig, diagnose
+from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.results import DiagnoseResult, ProbeResult
+from autotune.rollout.collect_job import run_async
 
 TRUE_VERDICT = "parallelism-bound"
 TIME_SCALE = 0.05  # the embedded simulator's default in diagnose

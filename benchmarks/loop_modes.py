@@ -25,7 +25,7 @@ import statistics
 from typing import Any
 
 from autotune.config import CollectConfig, LoopSpec, SyntheticWorkload, TargetConfig
-from autotune.loop import loop
+from autotune.rl.loop_job import loop
 from autotune.servers.launcher import ServerSpec
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.loop_modes`

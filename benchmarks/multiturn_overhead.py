@@ -26,8 +26,8 @@ from pathlib import Path
 
 import orjson
 
-from autotune.collect import run_collect
 from autotune.config import CollectConfig, TargetConfig
+from autotune.rollout.collect_job import run_collect
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.multiturn_overhead`
     import _common

@@ -10,7 +10,7 @@ The engine runs a second time per round "metered": with everything a production 
 watches on (/metrics scraped every second, a stats line every second, a drift watch;
 autotune/live/), which must keep 95% of the plain engine's rate. Then twice as GRPO
 groups of 8 samples a prompt (`--num-repeats 8`): "repeated" without the group figures,
-"grouped" with them (autotune/groups.py): the same requests and tasks, only the
+"grouped" with them (autotune/rl/groups.py): the same requests and tasks, only the
 bookkeeping differs. Two rates on a shared machine differ by more than 3% from noise
 alone (identical runs here spread ±25%), so the bookkeeping's cost is also timed on its
 own, per sample, and judged as a share of a repeated request's client CPU: at most 3%.
@@ -56,7 +56,7 @@ KINDS = ("bare", "engine", "metered", "repeated", "grouped")
 def bookkeeping_us(samples: int = 160_000) -> float:
     """CPU µs the group figures cost a sample, timed alone (GroupTracker.ended on groups of
     GROUP_SIZE): steadier than the difference of two noisy rates."""
-    from autotune.groups import GroupTracker
+    from autotune.rl.groups import GroupTracker
 
     tracker = GroupTracker(GROUP_SIZE)
     started = _common.cpu_seconds()
@@ -68,7 +68,7 @@ def bookkeeping_us(samples: int = 160_000) -> float:
 def engine_available() -> str | None:
     """None when autotune's engine can be imported, else why not."""
     try:
-        import autotune.collect  # noqa: F401
+        import autotune.rollout.collect_job  # noqa: F401
     except ImportError as error:
         return str(error)
     return None
@@ -176,7 +176,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "requests_per_run": args.requests,
         "rounds": args.rounds,
-        "engine": "skipped" if args.no_engine else (why_no_engine or "autotune.collect"),
+        "engine": "skipped"
+        if args.no_engine
+        else (why_no_engine or "autotune.rollout.collect_job"),
         "bare_req_per_s": bare,
         "engine_rollouts_per_s": engine,
         "bare_median": bare_median,

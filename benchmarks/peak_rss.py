@@ -69,8 +69,8 @@ class RssSampler:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One long run; the figures as a dict."""
-    from autotune.collect import run_collect
     from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+    from autotune.rollout.collect_job import run_collect
 
     client_core, server_core = _common.core_plan()
     _common.pin_self(client_core)

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
 
-import autotune.collect
+import autotune.rollout.collect_job
 from autotune.bench.overhead import engine_run
 from autotune.report.terminal import BAR_EVERY_S, LINE_EVERY_S, progress_bar
 
@@ -471,7 +471,7 @@ def end_to_end(
     """engine_run (the engine of `autotune collect`, null server on its own core) with each
     display as collect's progress; rollouts/s and this process's CPU µs a rollout."""
     arms = {name: arm for name, arm in displays().items() if name != "noop"}
-    real_run_collect = autotune.collect.run_collect
+    real_run_collect = autotune.rollout.collect_job.run_collect
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     with _common.NullServer(core=server_core) as server:
         print(f"  null server {server.base_url} (core {server_core})", file=sys.stderr)
@@ -485,10 +485,12 @@ def end_to_end(
                     return real_run_collect(config, progress=bar.observer)
 
                 # engine_run imports run_collect when called: this hands it our display.
-                with mock.patch.object(autotune.collect, "run_collect", run_collect):
+                with mock.patch.object(autotune.rollout.collect_job, "run_collect", run_collect):
                     run = engine_run(server.base_url, args.concurrency, total, tmp)
             if not used:
-                raise RuntimeError("engine_run did not go through autotune.collect.run_collect")
+                raise RuntimeError(
+                    "engine_run did not go through autotune.rollout.collect_job.run_collect"
+                )
             return run
 
         collect_with(ours_quiet, False, args.warmup)

@@ -28,8 +28,8 @@ from typing import Any
 
 import aiohttp
 
-from autotune.collect import collect, run_async
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.rollout.collect_job import collect, run_async
 from autotune.servers.launcher import ServerSpec, free_port
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.rate_limit`

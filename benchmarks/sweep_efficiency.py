@@ -58,14 +58,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import Study
+from autotune.engine_model.scheduler import SimEngine
 from autotune.errors import ServerStartupError
 from autotune.hardware.deployment import SimConfigError
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.results import TrialOutcome
-from autotune.servers.sim.scheduler import SimEngine
 from autotune.servers.sim.server import load_config
-from autotune.sweep.fit import knobs_of, parameters
+from autotune.sweep.feasibility import knobs_of, parameters
 from autotune.sweep.search import grid_values, open_study, optimise
 
 PROMPT, OUTPUT = (512, 128), (256, 64)

@@ -81,8 +81,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.calibration import fit_profile, run_point, tpot_s
 from autotune.config import KNOBS, PriorSpec, Study
+from autotune.engine_model.step_fit import Engine, RunPoint
 from autotune.hardware.calibrated import CalibratedProfile
 from autotune.hardware.measured import (
     KEY_COLUMNS,
@@ -95,7 +95,7 @@ from autotune.hardware.measured import (
 from autotune.hardware.profiles import GPUS, StepCoefficients, find_model
 from autotune.probe import ProbeSettings
 from autotune.results import ProbeResult, StageLatency, SweepResult, no_latencies
-from autotune.servers.sim.calibrate import Engine, RunPoint
+from autotune.sweep.calibration import fit_profile, run_point, tpot_s
 from autotune.sweep.prior import Prior
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import open_study, optimise, rank_on_prior, trial_records

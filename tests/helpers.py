@@ -108,7 +108,7 @@ def plant_slowdown(destination: Path, micros: float) -> Path:
     """A copy of this autotune whose engine burns `micros` µs of CPU per rollout (the
     regression a gate must catch); returns the folder to put on PYTHONPATH."""
     shutil.copytree(REPO / "autotune", destination / "autotune")
-    engine = destination / "autotune" / "engine.py"
+    engine = destination / "autotune" / "rollout" / "engine.py"
     text = engine.read_text()
     assert PLANTED_AT in text, "the engine changed: move the planted slowdown"
     burn = (

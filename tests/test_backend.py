@@ -17,8 +17,8 @@ from autotune.backends import ModelCallError
 from autotune.backends.openai import OpenAIBackend, _Stream, retry_after_s
 from autotune.config import TargetConfig
 from autotune.errors import ServerUnreachable
-from autotune.target import resolve_target
-from autotune.workload import task_from_row
+from autotune.rollout.target import resolve_target
+from autotune.rollout.workload import task_from_row
 from tests.faults import answer_text, fault_app
 from tests.helpers import ServeApp
 

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from autotune.bench.stats import (
+from autotune.bench.significance import (
     MAX_EXACT_SAMPLES,
     bootstrap_ratio_interval,
     mann_whitney_u,

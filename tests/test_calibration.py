@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from autotune.engine_model.perf_model import step_time_s
+from autotune.engine_model.step_fit import Engine, RunPoint, fit, steady_state
 from autotune.hardware.calibrated import load_profile
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.memory import weights_bytes_per_gpu
 from autotune.hardware.profiles import GPUS, MODELS, GiB, StepCoefficients
-from autotune.servers.sim.calibrate import Engine, RunPoint, fit, steady_state
-from autotune.servers.sim.perf_model import step_time_s
 from tests.helpers import autotune, one_sentence_error
 
 H100 = "hw=h100,model=gpt-oss-120b,image=v0.13.0,isl=1024,osl=1024"

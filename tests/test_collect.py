@@ -16,8 +16,8 @@ import pytest
 
 from autotune.config import TargetConfig
 from autotune.errors import ServerUnreachable
+from autotune.rollout.target import PREFLIGHT_TIMEOUT_S, open_session, resolve_target
 from autotune.servers.launcher import ServerSpec
-from autotune.target import PREFLIGHT_TIMEOUT_S, open_session, resolve_target
 from tests.helpers import REPO, autotune, one_sentence_error, read_rows, server_process
 
 # Built-in verifier for each NeMo Gym example that has reference rollouts.

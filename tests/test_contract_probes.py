@@ -19,13 +19,13 @@ import pytest
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import SyntheticWorkload, TargetConfig
 from autotune.probe import Probe, ProbeSettings
-from autotune.probe.command import CommandProbe
-from autotune.probe.engine import EngineProbe
+from autotune.probe.collector import CommandProbe
+from autotune.probe.realtime import EngineProbe
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.results import CurvePoint, ProbeResult, to_json
-from autotune.target import open_session, resolve_target
+from autotune.rollout.target import open_session, resolve_target
+from autotune.rollout.workload import Workload
 from autotune.verifiers import load_verifier
-from autotune.workload import Workload
 from tests.helpers import COLLECTOR_TEMPLATE, SimProcess
 
 PROBES = ["engine", "command", "virtual"]

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from autotune.classify import VERDICTS, classify
-from autotune.collect import run_async, run_collect
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
-from autotune.diagnose import DiagnoseConfig, diagnose
+from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.results import DiagnoseResult, Evidence, ProbeResult, Thresholds, load_result
+from autotune.rollout.collect_job import run_async, run_collect
 from tests.browser import drawn, render
 from tests.helpers import autotune, one_sentence_error
 

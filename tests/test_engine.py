@@ -12,9 +12,9 @@ import pytest
 
 from autotune.backends import CallCounters, Generation
 from autotune.config import SyntheticWorkload
-from autotune.engine import Engine
-from autotune.store import RolloutSink, completed_keys, failures_path
-from autotune.workload import Task, WorkItem, synthetic_tasks
+from autotune.rollout.engine import Engine
+from autotune.rollout.store import RolloutSink, completed_keys, failures_path
+from autotune.rollout.workload import Task, WorkItem, synthetic_tasks
 from tests.helpers import read_rows
 
 

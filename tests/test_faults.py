@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 import pytest
 
+from autotune.rollout.store import failures_path
+from autotune.rollout.workload import task_from_row
 from autotune.servers.launcher import ServerSpec
-from autotune.store import failures_path
-from autotune.workload import task_from_row
 from tests.faults import answer_text, fault_app, reasoning_text
 from tests.helpers import (
     REPO,

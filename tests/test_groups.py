@@ -16,8 +16,6 @@ import aiohttp
 import orjson
 import pytest
 
-from autotune.batch import Occupancy, grouped
-from autotune.collect import collect
 from autotune.config import (
     PROBE_DEFAULTS,
     BatchSpec,
@@ -26,9 +24,12 @@ from autotune.config import (
     SyntheticWorkload,
     TargetConfig,
 )
-from autotune.diagnose import DiagnoseConfig, diagnose
+from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.errors import UsageError
-from autotune.groups import (
+from autotune.hardware.deployment import SimConfigError
+from autotune.results import percentile
+from autotune.rl.batch import Occupancy, grouped
+from autotune.rl.groups import (
     ClosedGroup,
     GroupTracker,
     completion_s,
@@ -37,14 +38,13 @@ from autotune.groups import (
     summarise_closed,
     tail_share,
 )
-from autotune.hardware.deployment import SimConfigError
-from autotune.results import percentile
+from autotune.rollout.collect_job import collect
+from autotune.rollout.store import failures_path
+from autotune.rollout.workload import Task, WorkItem
 from autotune.servers.sim.policy import RIGHT, WRONG, Policy, RolloutReplay
 from autotune.servers.sim.server import load_config
 from autotune.servers.sim.server import main as sim_main
-from autotune.store import failures_path
 from autotune.verifiers.pool import synthetic_reward
-from autotune.workload import Task, WorkItem
 from tests.helpers import SimProcess, read_rows
 
 # A group of 8: when each sample started and ended (seconds).

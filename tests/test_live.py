@@ -26,12 +26,8 @@ from prometheus_client.registry import CollectorRegistry
 from autotune.backends import CallCounters
 from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
-from autotune.collect import _summarise
-from autotune.concurrency import AdaptiveConcurrency
 from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
-from autotune.engine import RunStats
 from autotune.errors import UsageError
-from autotune.groups import GroupTracker
 from autotune.knee import summarise_curve
 from autotune.live.drift import DriftWatch, WindowFigures, auto_window_s, window_rate
 from autotune.live.expect import diagnose_command, from_recommendation, load_expectation
@@ -54,10 +50,14 @@ from autotune.results import (
     save,
     to_json,
 )
+from autotune.rl.groups import GroupTracker
+from autotune.rollout.collect_job import _summarise
+from autotune.rollout.concurrency import AdaptiveConcurrency
+from autotune.rollout.engine import RunStats
+from autotune.rollout.target import MeteredConnector, Target
+from autotune.rollout.workload import workload_record
 from autotune.stats import RateEstimate
 from autotune.sweep.recommend import recommendation
-from autotune.target import MeteredConnector, Target
-from autotune.workload import workload_record
 from tests.browser import VIEWPORT, render
 from tests.helpers import REPO, autotune, free_port
 

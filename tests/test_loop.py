@@ -30,9 +30,9 @@ from autotune.config import (
     SyntheticWorkload,
     TargetConfig,
 )
-from autotune.loop import loop
 from autotune.results import LoopSummary
-from autotune.trainer import LEDGER_FILE
+from autotune.rl.loop_job import loop
+from autotune.rl.trainer import LEDGER_FILE
 from tests.helpers import SimProcess, autotune, free_port, one_sentence_error
 
 GROUPS, SAMPLES, TOKENS = 4, 4, 200

@@ -14,7 +14,7 @@ from autotune.config import KNOBS, Study
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import batch_fit
-from autotune.sweep.fit import parameters, prelaunch
+from autotune.sweep.feasibility import parameters, prelaunch
 from autotune.sweep.recommend import openrlhf_flags, vllm_serve_line
 from autotune.sweep.search import open_study, optimise, trial_records
 from tests.test_sweep_search import SeqsLauncher

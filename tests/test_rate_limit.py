@@ -14,13 +14,13 @@ import orjson
 import pytest
 
 from autotune.backends import CallCounters, Generation
-from autotune.collect import collect
-from autotune.concurrency import MIN_ROUND_TRIP_S, AdaptiveConcurrency
 from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
-from autotune.engine import Engine
+from autotune.rollout.collect_job import collect
+from autotune.rollout.concurrency import MIN_ROUND_TRIP_S, AdaptiveConcurrency
+from autotune.rollout.engine import Engine
+from autotune.rollout.store import RolloutSink
+from autotune.rollout.workload import Task, WorkItem, synthetic_tasks
 from autotune.servers.launcher import ServerSpec, free_port
-from autotune.store import RolloutSink
-from autotune.workload import Task, WorkItem, synthetic_tasks
 from tests.helpers import REPO, ServeApp, autotune, server_process
 from tests.rate_limit import MODEL, SlidingWindowLimit, rate_limited_app
 

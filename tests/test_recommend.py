@@ -25,6 +25,7 @@ from autotune.results import (
     TrialRecord,
     WorkloadRecord,
 )
+from autotune.rollout.workload import workload_record
 from autotune.servers.flags import server_flags
 from autotune.servers.vllm import vllm_command
 from autotune.sweep.recommend import (
@@ -33,7 +34,6 @@ from autotune.sweep.recommend import (
     recommendation,
     vllm_serve_line,
 )
-from autotune.workload import workload_record
 from tests.test_sweep_curve import usl
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 
 from autotune.classify import _replica_notes
-from autotune.replicas import ReplicaSet, calls_heard, replica_stats, several
 from autotune.results import ProbeResult, ReplicaStats
+from autotune.rollout.replicas import ReplicaSet, calls_heard, replica_stats, several
 from autotune.servers.launcher import ServerSpec
 from autotune.telemetry.prometheus import PrometheusSampler
 from tests.helpers import (

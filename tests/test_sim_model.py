@@ -6,6 +6,8 @@ import asyncio
 
 import pytest
 
+from autotune.engine_model.perf_model import allreduce_time_s, step_time_s
+from autotune.engine_model.scheduler import EngineConfig, SimEngine
 from autotune.hardware.memory import (
     InsufficientMemory,
     kv_bytes_per_token_per_gpu,
@@ -13,8 +15,6 @@ from autotune.hardware.memory import (
     weights_bytes_per_gpu,
 )
 from autotune.hardware.profiles import GPUS, MODELS, find_model
-from autotune.servers.sim.perf_model import allreduce_time_s, step_time_s
-from autotune.servers.sim.scheduler import EngineConfig, SimEngine
 
 H100 = GPUS["h100-80gb"]
 L8B = MODELS["llama-3.1-8b"]

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from autotune.errors import UsageError
-from autotune.store import (
+from autotune.rollout.store import (
     RolloutSink,
     check_run,
     completed_keys,
@@ -19,7 +19,7 @@ from autotune.store import (
     run_path,
     save_run,
 )
-from autotune.workload import rollout_key
+from autotune.rollout.workload import rollout_key
 
 
 def _row(task: int, rollout: int = 0) -> dict[str, object]:

@@ -18,14 +18,14 @@ import psutil
 import pytest
 import yaml
 
-from autotune.collect import run_async
 from autotune.config import Study, load_study
 from autotune.errors import UsageError
 from autotune.report.terminal import trial_line
 from autotune.results import CurvePoint, SweepResult, load_result, machine_identity
-from autotune.sweep.job import run_sweep, write_outputs, write_trials_csv
+from autotune.rollout.collect_job import run_async
 from autotune.sweep.launchers import http_launcher
 from autotune.sweep.search import open_study, storage_url
+from autotune.sweep.sweep_job import run_sweep, write_outputs, write_trials_csv
 from autotune.verifiers import NoneVerifier
 from tests.browser import render
 from tests.helpers import REPO, autotune, one_sentence_error, sweep
@@ -229,7 +229,7 @@ def test_storage_without_its_driver_is_one_sentence(tmp_path: Path) -> None:
 
 
 def test_secret_flags_never_reach_saved_results() -> None:
-    from autotune.sweep.job import redacted
+    from autotune.sweep.sweep_job import redacted
 
     args = ["--model", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--max-num-batched-tokens"]
     assert redacted([*args, "8"]) == [
@@ -252,7 +252,7 @@ def test_secret_flags_never_reach_saved_results() -> None:
     ],
 )
 def test_secrets_in_urls_and_command_lines_are_hidden(text: str, shown: str) -> None:
-    from autotune.sweep.job import redact_text
+    from autotune.sweep.sweep_job import redact_text
 
     assert redact_text(text) == shown
 

@@ -24,7 +24,7 @@ from autotune.probe.virtual import VirtualSimLauncher
 from autotune.report.sweep_report import split_rows
 from autotune.report.terminal import sweep_text
 from autotune.results import CurvePoint, SweepResult, TrialRecord
-from autotune.sweep.fit import (
+from autotune.sweep.feasibility import (
     knobs_of,
     parameters,
     prelaunch,
@@ -32,10 +32,10 @@ from autotune.sweep.fit import (
     seed_configuration,
     splits,
 )
-from autotune.sweep.job import run_sweep, write_outputs
 from autotune.sweep.launchers import http_launcher
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import check_space, suggest_knobs
+from autotune.sweep.sweep_job import run_sweep, write_outputs
 from autotune.verifiers import load_verifier
 from tests.helpers import SIM_FAST, autotune
 

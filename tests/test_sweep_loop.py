@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from autotune.results import LoopRecommendation, SweepResult
-from autotune.sweep.job import recommend
+from autotune.sweep.sweep_job import recommend
 from tests.helpers import autotune, one_sentence_error
 from tests.test_sweep_steps import run_enqueued
 

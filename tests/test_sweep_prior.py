@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.calibration import fit_profile
 from autotune.config import PriorSpec, Study, load_study
 from autotune.errors import UsageError
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualProbe, VirtualSimLauncher
-from autotune.sweep.job import run_sweep
+from autotune.sweep.calibration import fit_profile
 from autotune.sweep.prior import Prior, params_key
 from autotune.sweep.search import check_space, rank_on_prior
+from autotune.sweep.sweep_job import run_sweep
 
 BLOCK = {"hw": "h100", "model": "gpt-oss-120b", "image": "v0.11.2", "isl": "1024", "osl": "1024"}
 HELD = ["--max-num-seqs", "32"]  # small batches keep the virtual curves quick

@@ -14,7 +14,7 @@ from typing import Any
 from autotune.config import Study
 from autotune.hardware.memory import kv_capacity_tokens
 from autotune.hardware.profiles import GPUS, MODELS, GiB
-from autotune.sweep.fit import prelaunch
+from autotune.sweep.feasibility import prelaunch
 from autotune.sweep.search import open_study, optimise, trial_records
 from tests.test_sweep_curve import FakeProbe
 

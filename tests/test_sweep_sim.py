@@ -24,8 +24,8 @@ from autotune.results import (
     Recommendation,
     SweepResult,
 )
-from autotune.sweep.job import run_sweep, write_outputs
 from autotune.sweep.recommend import recommendation
+from autotune.sweep.sweep_job import run_sweep, write_outputs
 
 ARGS = ["--gpu", "h100-80gb", "--model", "llama-3.1-8b", "--max-num-seqs", "128"]
 PROMPT, OUTPUT = (256, 64), (128, 32)

@@ -17,7 +17,7 @@ import yaml
 
 from autotune.config import load_study
 from autotune.results import BatchSummary, StageLatency, SweepResult, load_result
-from autotune.sweep.fit import prelaunch, seed_configuration
+from autotune.sweep.feasibility import prelaunch, seed_configuration
 from autotune.sweep.search import open_study, storage_url
 from autotune.sweep.steps import batch_spec, step_snippets
 from tests.helpers import autotune, one_sentence_error

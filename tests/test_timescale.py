@@ -7,8 +7,8 @@ import pytest
 
 from autotune.probe.timescale import in_simulated_time
 from autotune.results import ProbeResult, StageLatency, no_latencies
+from autotune.rollout.target import resolve_target
 from autotune.servers.sim.server import serve_in_process
-from autotune.target import resolve_target
 
 
 @pytest.mark.parametrize("scale", ["0.05", "1.0"])

@@ -1,8 +1,8 @@
-"""Tool endpoints are servers too (autotune.tools, autotune.turns): a resources server that
-answers errors or hangs, through collect and diagnose. Its errors are counted and shown,
-fed back to the model or failing the rollout as --tool-errors says; a call that hangs
-fails as `tool_timeout` after --tool-timeout, and one still hanging when a probe ends is
-counted and makes the verdict `unstable`, pointing at the environment."""
+"""Tool endpoints are servers too (autotune.rollout.tools, autotune.rollout.turns): a resources
+server that answers errors or hangs, through collect and diagnose. Its errors are counted and
+shown, fed back to the model or failing the rollout as --tool-errors says; a call that hangs
+fails as `tool_timeout` after --tool-timeout, and one still hanging when a probe ends is counted
+and makes the verdict `unstable`, pointing at the environment."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from autotune.collect import collect
 from autotune.config import CollectConfig, TargetConfig
-from autotune.diagnose import DiagnoseConfig, diagnose
+from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.results import CollectSummary
+from autotune.rollout.collect_job import collect
 from tests.helpers import ServeApp, SimProcess, autotune, read_rows
 
 WEATHER = {

@@ -1,5 +1,5 @@
-"""Multi-turn rollouts in autotune's own engine (autotune.turns, autotune.tools): the tool
-loop NeMo Gym's simple agent runs, its rows, its timings, and the verdict when the
+"""Multi-turn rollouts in autotune's own engine (autotune.rollout.turns, autotune.rollout.tools):
+the tool loop NeMo Gym's simple agent runs, its rows, its timings, and the verdict when the
 tools are what saturates."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from aiohttp import web
 
 from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.bench.overhead import NullServer
-from autotune.collect import run_collect
 from autotune.config import CollectConfig, TargetConfig
-from autotune.diagnose import DiagnoseConfig, diagnose
-from autotune.engine import Engine
+from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.results import stage_durations
-from autotune.store import RolloutSink
-from autotune.tools import NULL_OUTPUT, ResourcesServerTools, ToolOutput
-from autotune.turns import MultiTurnBackend
+from autotune.rollout.collect_job import run_collect
+from autotune.rollout.engine import Engine
+from autotune.rollout.store import RolloutSink
+from autotune.rollout.tools import NULL_OUTPUT, ResourcesServerTools, ToolOutput
+from autotune.rollout.turns import MultiTurnBackend
+from autotune.rollout.workload import WorkItem, task_from_row
 from autotune.verifiers import NoneVerifier
-from autotune.workload import WorkItem, task_from_row
 from tests.helpers import SIM_FAST, ServeApp, SimProcess, read_rows
 
 WEATHER = {

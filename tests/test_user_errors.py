@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from autotune.store import completed_keys
-from autotune.workload import rollout_key
+from autotune.rollout.store import completed_keys
+from autotune.rollout.workload import rollout_key
 from tests.helpers import autotune, free_port, one_sentence_error, read_rows
 
 ROOT = os.geteuid() == 0

@@ -9,7 +9,13 @@ import pytest
 
 from autotune.config import Shard, SyntheticWorkload
 from autotune.errors import UsageError
-from autotune.workload import Workload, read_tasks, synthetic_tasks, task_from_row, work_items
+from autotune.rollout.workload import (
+    Workload,
+    read_tasks,
+    synthetic_tasks,
+    task_from_row,
+    work_items,
+)
 
 
 def _write(path: Path, rows: list[object]) -> Path:

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.replicas import ReplicaSet
-from autotune.workload import Task
+from autotune.rollout.replicas import ReplicaSet
+from autotune.rollout.workload import Task
 
 
 @dataclass(slots=True)
@@ -28,13 +28,13 @@ class Generation:
     first_token: float | None
     model_end: float
     attempts: int = 1
-    replica: int = 0  # which of the run's replicas answered (autotune/replicas.py)
+    replica: int = 0  # which of the run's replicas answered (autotune/rollout/replicas.py)
     # A whole rollout made elsewhere (a NeMo Gym agent's /run answer): the row as it came.
     row: dict[str, Any] | None = None
     # What a reasoning parser split off the answer (vLLM's `reasoning_content`, or
     # `reasoning` from vLLM 0.16 on), as the server sent it.
     reasoning: str = ""
-    # A multi-turn rollout (autotune.turns): every turn's Responses output items, tool
+    # A multi-turn rollout (autotune.rollout.turns): every turn's Responses output items, tool
     # outputs included; each turn's timings (its model call, then its tool calls); and
     # the seconds spent in the environment (its session's start and every tool call).
     output: list[dict[str, Any]] | None = None
@@ -75,7 +75,7 @@ class CallCounters:
     # a probe of long rollouts times its throughput by them where the server does not
     # count its generated tokens itself (probe.window).
     streamed_tokens: int = 0
-    # Multi-turn rollouts' tool calls (autotune.turns): made, answered with an error
+    # Multi-turn rollouts' tool calls (autotune.rollout.turns): made, answered with an error
     # status, and in flight now (a probe counts the ones still hanging when it ends).
     tool_calls: int = 0
     tool_errors: int = 0

@@ -24,7 +24,7 @@ import orjson
 from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.config import TargetConfig
 from autotune.errors import ServerUnreachable, UsageError
-from autotune.workload import Task
+from autotune.rollout.workload import Task
 
 AGENT_MODEL = "set by the NeMo Gym agent"  # what rows and summaries name as the model
 PREFLIGHT_TIMEOUT_S = 5.0

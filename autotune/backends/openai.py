@@ -37,8 +37,8 @@ from aiolimiter import AsyncLimiter
 
 from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.config import TargetConfig
-from autotune.replicas import Replica, ReplicaSet
-from autotune.workload import CHARS_PER_TOKEN, Task
+from autotune.rollout.replicas import Replica, ReplicaSet
+from autotune.rollout.workload import CHARS_PER_TOKEN, Task
 
 log = logging.getLogger("autotune")
 

@@ -23,7 +23,7 @@ from autotune.bench.compare import (
     Verdict,
     compare_files,
 )
-from autotune.bench.results import BenchResults, CaseResult, Metric, load, save, write_baseline
+from autotune.bench.records import BenchResults, CaseResult, Metric, load, save, write_baseline
 from autotune.bench.runner import run_suite
 from autotune.bench.suite import Suite, load_suite
 from autotune.errors import BaselineUnavailable

@@ -50,7 +50,7 @@ from autotune.bench.compare import (
     check_options,
     compare_results,
 )
-from autotune.bench.results import BenchResults, CaseResult, Metric, load, save
+from autotune.bench.records import BenchResults, CaseResult, Metric, load, save
 from autotune.errors import CollectionError, UsageError
 from autotune.files import write_whole
 from autotune.servers.launcher import PACKAGE_ROOT

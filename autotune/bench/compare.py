@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench.fingerprint import DECISIVE, differences
-from autotune.bench.results import BenchResults, CaseResult, load
-from autotune.bench.stats import (
+from autotune.bench.records import BenchResults, CaseResult, load
+from autotune.bench.significance import (
     bootstrap_ratio_interval,
     mann_whitney_u,
     median,

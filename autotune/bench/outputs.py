@@ -21,7 +21,7 @@ from autotune.bench.compare import (
     Comparison,
     Verdict,
 )
-from autotune.bench.results import BenchResults
+from autotune.bench.records import BenchResults
 from autotune.report import html
 
 _NEEDS_ACTION = (REGRESSION, COULD_NOT_RUN, NOT_COMPARABLE)
@@ -65,7 +65,7 @@ def _cells(v: Verdict) -> list[str]:
 
 def run_summary(results: BenchResults) -> str:
     """What `bench run` prints: each case's medians, or why it could not run."""
-    from autotune.bench.stats import median
+    from autotune.bench.significance import median
 
     lines = []
     for case in results.cases:

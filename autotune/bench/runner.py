@@ -39,16 +39,16 @@ from autotune.bench.overhead import (
     pinned,
     side_by_side,
 )
-from autotune.bench.results import BenchResults, CaseResult, Metric
+from autotune.bench.records import BenchResults, CaseResult, Metric
 from autotune.bench.suite import Case, OverheadCase, ProbeCase, Suite
-from autotune.collect import run_async
 from autotune.config import TargetConfig
 from autotune.errors import AutotuneError, CollectionError, UsageError
-from autotune.pipeline import open_pipeline
-from autotune.probe.engine import run_probe
+from autotune.probe.realtime import run_probe
 from autotune.results import ProbeResult
-from autotune.target import synthetic_defaults
-from autotune.workload import Workload
+from autotune.rollout.collect_job import run_async
+from autotune.rollout.pipeline import open_pipeline
+from autotune.rollout.target import synthetic_defaults
+from autotune.rollout.workload import Workload
 
 # Bumped when what a metric means changes: results of another method are not comparable.
 METHODS = {"probe": "probe/1", "overhead": "overhead/1"}

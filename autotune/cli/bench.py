@@ -51,7 +51,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _bench_run(args: argparse.Namespace) -> int:
     from autotune.bench import EXIT_CANNOT_RUN, load_suite, run_suite, save
     from autotune.bench.outputs import run_summary
-    from autotune.bench.results import refuse_baseline
+    from autotune.bench.records import refuse_baseline
 
     suite = load_suite(args.suite).select(args.case, args.repetitions, args.warmup)
     if args.launch:

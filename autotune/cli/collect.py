@@ -147,7 +147,7 @@ def kept_on_interrupt(args: argparse.Namespace) -> str:
 def _remove_if_unused(directory: Path) -> None:
     """The run's own new folder, gone if it failed before its first row (a wrong URL, a
     bad flag), so that a mistake leaves no litter; anything collected stays."""
-    from autotune.store import failures_path
+    from autotune.rollout.store import failures_path
 
     rows = directory / ROLLOUTS_FILE
     if failures_path(rows).exists() or (rows.exists() and rows.stat().st_size):
@@ -158,8 +158,8 @@ def _remove_if_unused(directory: Path) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.collect import failure_gate, run_collect
     from autotune.report.terminal import collect_summary_text, progress_bar
+    from autotune.rollout.collect_job import failure_gate, run_collect
 
     defaulted = args.output_dir is None and args.output is None and not args.no_output
     args.output, summary_file = _outputs(args)

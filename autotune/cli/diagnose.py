@@ -111,10 +111,10 @@ def _rescue_json(result: DiagnoseResult) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.collect import run_async
-    from autotune.diagnose import BLOCKS, DiagnoseConfig, diagnose, write_outputs
+    from autotune.diagnose.diagnose_job import BLOCKS, DiagnoseConfig, diagnose, write_outputs
     from autotune.report.terminal import diagnose_text, probe_progress
     from autotune.results import save
+    from autotune.rollout.collect_job import run_async
 
     config = DiagnoseConfig(
         collect=run_config(args),

@@ -39,7 +39,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.store import merge_rollouts
+    from autotune.rollout.store import merge_rollouts
 
     new = f"--output-dir DIR (the rows go to DIR/{ROLLOUTS_FILE})"
     output = old_spelling(args, "output", "--output", ("--output FILE", new))

@@ -34,11 +34,11 @@ def add_parser(commands: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.collect import write_outputs as collect_outputs
-    from autotune.diagnose import write_outputs as diagnose_outputs
-    from autotune.loop import write_outputs as loop_outputs
+    from autotune.diagnose.diagnose_job import write_outputs as diagnose_outputs
     from autotune.results import CollectResult, DiagnoseResult, LoopResult, load_result
-    from autotune.sweep.job import write_outputs as sweep_outputs
+    from autotune.rl.loop_job import write_outputs as loop_outputs
+    from autotune.rollout.collect_job import write_outputs as collect_outputs
+    from autotune.sweep.sweep_job import write_outputs as sweep_outputs
 
     result = load_result(args.directory)
     directory = old_spelling(args, "out", "--out", ("--out DIR", "--output-dir DIR"))

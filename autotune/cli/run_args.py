@@ -269,7 +269,7 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 
 def _target_config(args: argparse.Namespace, request: RequestFields) -> TargetConfig:
-    from autotune.target import base_url_problem
+    from autotune.rollout.target import base_url_problem
 
     base_urls: list[str] = args.base_url or []
     for flag, url, example in (

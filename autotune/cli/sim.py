@@ -61,10 +61,10 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from autotune.calibration import calibrate
     from autotune.config import KNOBS
     from autotune.errors import UsageError
     from autotune.hardware.measured import SurfaceError, parse_key
+    from autotune.sweep.calibration import calibrate
 
     try:
         where = parse_key(args.where)

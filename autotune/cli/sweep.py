@@ -78,11 +78,11 @@ def _with_repeats(study: Any, repeats: int | None) -> Any:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.collect import run_async
     from autotune.config import Study, load_study
     from autotune.report.terminal import progress_bar, sweep_text, trial_line
     from autotune.results import TrialOutcome
-    from autotune.sweep.job import check_storage, recommend, run_sweep, write_outputs
+    from autotune.rollout.collect_job import run_async
+    from autotune.sweep.sweep_job import check_storage, recommend, run_sweep, write_outputs
 
     if args.schema:
         print_result(to_json(Study.model_json_schema()).decode())

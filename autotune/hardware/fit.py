@@ -4,7 +4,7 @@ divide the attention heads and split the KV heads evenly, and the weights must l
 for a KV cache), a local model's shape from its config.json, the GPUs' memory from NVML,
 and the split of a GPU budget into engines × tensor-parallel size.
 
-Here rather than in the sweep because none of it is about a study: sweep/fit.py puts
+Here rather than in the sweep because none of it is about a study: sweep/feasibility.py puts
 these checks to a study's configurations before launching them.
 """
 

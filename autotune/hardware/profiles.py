@@ -91,7 +91,7 @@ class ModelProfile:
 
 @dataclass(frozen=True, slots=True)
 class StepCoefficients:
-    """What the simulator's step model (servers/sim/perf_model.py) takes from a real
+    """What the simulator's step model (engine_model/perf_model.py) takes from a real
     engine rather than a datasheet: the shares of peak bandwidth and compute its kernels
     sustain and its fixed costs. The defaults are rules of thumb for vLLM on NVIDIA GPUs;
     `autotune sim calibrate` fits them to measured runs (hardware/calibrated.py)."""

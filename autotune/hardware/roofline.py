@@ -1,10 +1,10 @@
 """The output-token ceiling of replicas of one model at datasheet peaks: a bound, no I/O.
 
-What the simulator's step model (servers/sim/perf_model.py) would give with every
+What the simulator's step model (engine_model/perf_model.py) would give with every
 efficiency at 100%, no scheduler overhead and no tensor-parallel all-reduce: no real
 engine beats it, so it says how far a measured configuration is from what its GPUs
 allow, and which of two layouts of the same GPUs (say 4 engines × TP 2 against 1 × TP 8)
-has the higher roof. The sweep scores every trial against it (sweep/fit.py's
+has the higher roof. The sweep scores every trial against it (sweep/feasibility.py's
 roofline_share), whatever serves the trial.
 
 Per engine, `batch` sequences (given, or as many as the KV cache holds at full length,

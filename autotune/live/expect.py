@@ -26,7 +26,7 @@ from autotune.results import (
     WorkloadRecord,
     load_result,
 )
-from autotune.workload import workload_flags
+from autotune.rollout.workload import workload_flags
 
 RECOMMENDATION_FILE = "recommendation.json"
 

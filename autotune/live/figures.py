@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.backends import CallCounters
-from autotune.concurrency import AdaptiveConcurrency
-from autotune.engine import Engine, RunStats
-from autotune.groups import GroupTracker
 from autotune.results import STAGES, Expectation, StageSamples
-from autotune.target import MeteredConnector
+from autotune.rl.groups import GroupTracker
+from autotune.rollout.concurrency import AdaptiveConcurrency
+from autotune.rollout.engine import Engine, RunStats
+from autotune.rollout.target import MeteredConnector
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from autotune.pipeline import Pipeline
+    from autotune.rollout.pipeline import Pipeline
 
 # Seconds; Prometheus' default buckets stretched to the minutes a long rollout can take.
 LATENCY_BUCKETS = (

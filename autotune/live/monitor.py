@@ -24,13 +24,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autotune.config import PROBE_DEFAULTS, CollectConfig
-from autotune.engine import EngineObserver
 from autotune.live.expect import diagnose_command, workload_differences
 from autotune.live.figures import RunState, Sources, StageHistograms
 from autotune.live.samples import Sampler, StatsFile, stats_path
-from autotune.pipeline import Pipeline
 from autotune.results import CollectSummary, DriftWarning, Expectation, LiveSample
-from autotune.workload import workload_record
+from autotune.rollout.engine import EngineObserver
+from autotune.rollout.pipeline import Pipeline
+from autotune.rollout.workload import workload_record
 
 if TYPE_CHECKING:
     from autotune.live.drift import DriftWatch

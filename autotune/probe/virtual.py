@@ -12,7 +12,7 @@ A configuration may run several engines (`num_engines`: a GPU budget split into
 replicas). They share one clock: the engine whose step ends first ends it, the clients
 whose rollouts finished there submit their next ones at that instant, and an idle
 engine's clock jumps to it, so no engine runs ahead of the others. Calls are routed as
-the HTTP backend routes them (autotune.replicas: fewest outstanding calls, the prompt as
+the HTTP backend routes them (autotune.rollout.replicas: fewest outstanding calls, the prompt as
 affinity key), and with `num_repeats` > 1 the clients send GRPO groups: a task's
 rollouts one after another, sharing its prompt, which an engine with prefix caching
 prefills once.
@@ -30,13 +30,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.config import ENGINES
+from autotune.engine_model.scheduler import SimEngine
 from autotune.errors import ServerStartupError
 from autotune.hardware.deployment import SimConfigError
 from autotune.probe.window import ProbeSettings, Window, steady_window
-from autotune.replicas import ReplicaSet
 from autotune.results import ProbeResult, StageLatency, no_latencies
+from autotune.rollout.replicas import ReplicaSet
 from autotune.servers.flags import server_flags
-from autotune.servers.sim.scheduler import SimEngine
 from autotune.servers.sim.server import load_config
 from autotune.stats import batch_means_rate
 

@@ -18,13 +18,13 @@ from autotune.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, 
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import ENGINES, Study, SyntheticWorkload, TargetConfig, target_config
 from autotune.probe import ProbeSettings
-from autotune.probe.command import CommandProbe
-from autotune.probe.engine import EngineProbe
+from autotune.probe.collector import CommandProbe
+from autotune.probe.realtime import EngineProbe
+from autotune.rollout.target import api_key, lengths_sampled, open_session, resolve_target
+from autotune.rollout.workload import Task, Workload
 from autotune.servers.flags import server_flags
 from autotune.servers.launcher import LOCALHOST, ServerGroup, ServerSpec, free_ports
-from autotune.target import api_key, lengths_sampled, open_session, resolve_target
 from autotune.verifiers import Verifier
-from autotune.workload import Task, Workload
 
 
 @dataclass(slots=True)
@@ -34,7 +34,7 @@ class HttpLauncher:
 
     `server(knobs)` makes the (unstarted) servers for a configuration; None means the
     server at `target.base_url` is used as it is (no knobs can change). With several, the
-    probe's backend spreads its calls over them (autotune.replicas).
+    probe's backend spreads its calls over them (autotune.rollout.replicas).
     """
 
     target: TargetConfig

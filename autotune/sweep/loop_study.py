@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.config import TRAINED, Study, loop_spec, server_part
 from autotune.errors import ServerStartupError, UsageError
-from autotune.probe.engine import EngineProbe
+from autotune.probe.realtime import EngineProbe
 from autotune.results import (
     LoopRecommendation,
     LoopSnippets,

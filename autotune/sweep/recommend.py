@@ -42,8 +42,8 @@ from autotune.results import (
     SweepResult,
     TrialRecord,
 )
+from autotune.rollout.workload import workload_flags
 from autotune.servers.flags import server_flags
-from autotune.workload import workload_flags
 
 # OpenRLHF's dotted flags for the vLLM knobs it exposes (a switch: given when true).
 OPENRLHF_FLAGS = {

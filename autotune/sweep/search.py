@@ -3,7 +3,7 @@
 A configuration the server refuses (out of memory, a bad flag) or that crashes under
 load is a deterministic failure: it is recorded as a COMPLETE trial that violates a
 constraint, with the server's own error line, so the sampler learns to avoid it; one
-that is known not to fit before launch (sweep/fit.py) is recorded the same way without
+that is known not to fit before launch (sweep/feasibility.py) is recorded the same way without
 being started. Transient infrastructure errors are FAIL. Each rung of a trial's curve
 is reported to Optuna (`trial.report`), and a curve whose upper bound cannot reach the
 best trial's value is stopped there and recorded as PRUNED, which TPE learns from as
@@ -61,7 +61,7 @@ from autotune.sweep.curve import (
     run_trial,
     start_parallelism,
 )
-from autotune.sweep.fit import (
+from autotune.sweep.feasibility import (
     effective_knobs,
     knobs_of,
     parameters,

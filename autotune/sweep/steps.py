@@ -18,10 +18,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from autotune.batch import launched_groups
 from autotune.config import BATCH_KNOBS, GOODPUT, BatchSpec, Study, server_part
 from autotune.errors import ServerStartupError, UsageError
-from autotune.probe.engine import EngineProbe
+from autotune.probe.realtime import EngineProbe
 from autotune.results import (
     BatchSummary,
     StepSnippets,
@@ -31,6 +30,7 @@ from autotune.results import (
     TrialRecord,
     Validation,
 )
+from autotune.rl.batch import launched_groups
 from autotune.sweep.curve import Launcher
 from autotune.sweep.recommend import vllm_serve_line
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from autotune.errors import UsageError
-from autotune.responses import response_text
+from autotune.rollout.responses import response_text
 from autotune.servers.lifeline import forkserver_context
 
 if sys.platform != "win32":

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from autotune.rollout.store import failures_path
 from autotune.servers.vllm import VllmServer
-from autotune.store import failures_path
 from autotune.telemetry import parse_prometheus
 from tests.helpers import autotune, read_rows
 from tests.vllm.conftest import server_counters

@@ -37,8 +37,8 @@ from typing import Any
 import orjson
 
 from autotune.hardware.deployment import SimConfigError
-from autotune.responses import response_text
-from autotune.workload import CHARS_PER_TOKEN
+from autotune.rollout.responses import response_text
+from autotune.rollout.workload import CHARS_PER_TOKEN
 
 RIGHT, WRONG = "\\boxed{42}", "\\boxed{0}"
 _FROM_PROMPT = math.sqrt(0.5)  # the share of log-length spread that the difficulty sets

@@ -48,11 +48,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from autotune.engine_model.scheduler import EngineConfig, Histogram, Request, SimEngine
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.servers.sim.policy import Policy, RolloutReplay, uniform
-from autotune.servers.sim.rl import WeightSyncEndpoints
-from autotune.servers.sim.scheduler import EngineConfig, Histogram, Request, SimEngine
+from autotune.servers.sim.rl_endpoints import WeightSyncEndpoints
 
 log = logging.getLogger(__name__)
 

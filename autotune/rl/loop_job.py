@@ -7,14 +7,14 @@ import contextlib
 import logging
 from pathlib import Path
 
-from autotune.collect import SIM_DEFAULT_ARGS, run_async, run_record
 from autotune.config import CollectConfig, LoopSpec
-from autotune.engine import Engine
-from autotune.pipeline import open_pipeline
 from autotune.results import LoopResult, LoopSummary, save
-from autotune.store import RolloutSink, save_run
-from autotune.trainer import LEDGER_FILE, GroupLedger, LoopRunner, ServerControl
-from autotune.workload import Workload
+from autotune.rl.trainer import LEDGER_FILE, GroupLedger, LoopRunner, ServerControl
+from autotune.rollout.collect_job import SIM_DEFAULT_ARGS, run_async, run_record
+from autotune.rollout.engine import Engine
+from autotune.rollout.pipeline import open_pipeline
+from autotune.rollout.store import RolloutSink, save_run
+from autotune.rollout.workload import Workload
 
 log = logging.getLogger("autotune")
 

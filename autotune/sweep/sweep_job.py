@@ -32,6 +32,7 @@ from autotune.results import (
     save,
     to_json,
 )
+from autotune.rollout.workload import workload_record
 from autotune.sweep.curve import Launcher
 from autotune.sweep.launchers import (
     agent_launcher,
@@ -55,7 +56,6 @@ from autotune.sweep.search import (
 from autotune.sweep.steps import steps_recommendation, validate_steps
 from autotune.sweep.validate import validate
 from autotune.verifiers import VerifierOptions, load_verifier
-from autotune.workload import workload_record
 
 log = logging.getLogger("autotune")
 

@@ -43,13 +43,13 @@ import orjson
 
 from autotune.backends import ModelBackend
 from autotune.config import LoopSpec
-from autotune.engine import Engine, Outcome
 from autotune.errors import CollectionError, UsageError
 from autotune.results import LoopStep, LoopSummary, StageLatency, percentile
-from autotune.store import RolloutSink
+from autotune.rollout.engine import Engine, Outcome
+from autotune.rollout.store import RolloutSink
+from autotune.rollout.workload import Task, WorkItem
 from autotune.telemetry.prometheus import server_root
 from autotune.verifiers import Verifier
-from autotune.workload import Task, WorkItem
 
 LEDGER_FILE = "groups.jsonl"
 Figure = tuple[str, str, str, float]  # as autotune.live.metrics reads them

@@ -8,7 +8,7 @@ requests only once its own queue is full, never before.
 With `adaptive_concurrency` (collect turns it on; probes measure at a fixed
 parallelism) every model call, retries included, also passes an AIMD limit that halves
 when the server refuses calls (429/503) and grows back on successes, so a rate-limited
-endpoint is not stormed by `parallelism` calls retrying together (autotune/concurrency.py).
+endpoint is not stormed by `parallelism` calls retrying together (autotune/rollout/concurrency.py).
 
 The loop is the hot path of every measurement autotune makes, so it does as little
 as it can per rollout: no task objects per rollout, no locks, one write per row.
@@ -27,13 +27,13 @@ from typing import Any, Protocol
 import orjson
 
 from autotune.backends import Generation, ModelBackend, ModelCallError
-from autotune.concurrency import AdaptiveConcurrency
-from autotune.groups import GroupTracker
-from autotune.responses import build_response
 from autotune.results import StageSamples, stage_durations
-from autotune.store import RolloutSink
+from autotune.rl.groups import GroupTracker
+from autotune.rollout.concurrency import AdaptiveConcurrency
+from autotune.rollout.responses import build_response
+from autotune.rollout.store import RolloutSink
+from autotune.rollout.workload import WorkItem
 from autotune.verifiers import Verifier
-from autotune.workload import WorkItem
 
 # After this many model calls in a row fail to connect, the server is taken for dead.
 DEAD_SERVER_CONSECUTIVE_FAILURES = 20

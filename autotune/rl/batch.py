@@ -33,13 +33,13 @@ import aiohttp
 
 from autotune.backends import ModelBackend
 from autotune.config import BatchSpec
-from autotune.engine import Engine
-from autotune.groups import ClosedGroup, GroupTracker, tail_share
 from autotune.results import BatchStep, BatchSummary, StageLatency
-from autotune.store import RolloutSink
+from autotune.rl.groups import ClosedGroup, GroupTracker, tail_share
+from autotune.rollout.engine import Engine
+from autotune.rollout.store import RolloutSink
+from autotune.rollout.workload import Task, WorkItem
 from autotune.telemetry.prometheus import PrometheusSampler
 from autotune.verifiers import Verifier
-from autotune.workload import Task, WorkItem
 
 POLL_S = 0.1  # how often the server's running gauge is read during a step
 RUNNING = "vllm:num_requests_running"

@@ -22,10 +22,7 @@ from typing import Any
 import aiohttp
 
 from autotune.backends import ModelBackend
-from autotune.batch import run_steps
 from autotune.config import BatchSpec, LoopSpec
-from autotune.engine import Engine
-from autotune.groups import ClosedGroup, GroupTracker, summarise_closed
 from autotune.probe.status import ProbeWatch, drain_status, probe_status
 from autotune.probe.window import (
     ProbeSettings,
@@ -38,7 +35,6 @@ from autotune.probe.window import (
     token_window,
     warm_until,
 )
-from autotune.replicas import CallEnd, ReplicaCounts, calls_heard, replica_stats, several
 from autotune.results import (
     STAGES,
     BatchSummary,
@@ -49,16 +45,20 @@ from autotune.results import (
     percentile,
     stage_durations,
 )
+from autotune.rl.batch import run_steps
+from autotune.rl.groups import ClosedGroup, GroupTracker, summarise_closed
+from autotune.rl.trainer import run_on_server
+from autotune.rollout.engine import Engine
+from autotune.rollout.replicas import CallEnd, ReplicaCounts, calls_heard, replica_stats, several
+from autotune.rollout.store import RolloutSink
+from autotune.rollout.workload import Task, WorkItem
 from autotune.stats import RateEstimate, mean
-from autotune.store import RolloutSink
 from autotune.telemetry import Sample, Sampler, summarise
 from autotune.telemetry.client import ClientSampler
 from autotune.telemetry.gpu import GpuSampler
 from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
 from autotune.telemetry.recorder import TelemetryRecorder
-from autotune.trainer import run_on_server
 from autotune.verifiers import Verifier
-from autotune.workload import Task, WorkItem
 
 CHECK_EVERY_S = 0.25
 TOKEN_MISMATCH_THRESHOLD = 0.10

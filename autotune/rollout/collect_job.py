@@ -20,16 +20,11 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from autotune.batch import BatchRunner
 from autotune.config import CollectConfig
-from autotune.engine import Engine, EngineObserver
 from autotune.errors import CollectionError
-from autotune.groups import GroupTracker
 from autotune.live import load_expectation, open_monitor
 from autotune.live.figures import Sources
 from autotune.live.monitor import REPORT_EVERY_S, LiveMonitor
-from autotune.pipeline import open_pipeline
-from autotune.replicas import ReplicaSet, replica_stats, several
 from autotune.results import (
     CollectResult,
     CollectSummary,
@@ -38,12 +33,17 @@ from autotune.results import (
     machine_identity,
     save,
 )
-from autotune.store import RolloutSink, check_run, failures_path, input_identity, save_run
-from autotune.target import Target
+from autotune.rl.batch import BatchRunner
+from autotune.rl.groups import GroupTracker
+from autotune.rollout.engine import Engine, EngineObserver
+from autotune.rollout.pipeline import open_pipeline
+from autotune.rollout.replicas import ReplicaSet, replica_stats, several
+from autotune.rollout.store import RolloutSink, check_run, failures_path, input_identity, save_run
+from autotune.rollout.target import Target
+from autotune.rollout.workload import Workload, rollout_key, work_items
 from autotune.telemetry import Sample, summarise
 from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
 from autotune.telemetry.summary import COUNTER_SUFFIXES
-from autotune.workload import Workload, rollout_key, work_items
 
 log = logging.getLogger("autotune")
 

@@ -58,10 +58,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from types import TracebackType
 
+from autotune.engine_model.perf_model import DEFAULT_COEFFICIENTS, step_time_s
 from autotune.hardware.measured import MeasuredSurface
 from autotune.hardware.memory import kv_capacity_tokens
 from autotune.hardware.profiles import GpuProfile, ModelProfile, StepCoefficients
-from autotune.servers.sim.perf_model import DEFAULT_COEFFICIENTS, step_time_s
 
 _WAITING, _PREFILL, _DECODE, _DONE, _ABORTED = range(5)
 

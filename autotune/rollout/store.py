@@ -19,7 +19,7 @@ import orjson
 
 from autotune.errors import UsageError
 from autotune.files import write_whole
-from autotune.workload import rollout_key
+from autotune.rollout.workload import rollout_key
 
 
 def failures_path(output: Path) -> Path:

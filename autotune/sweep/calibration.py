@@ -2,7 +2,7 @@
 and the error it then makes, measured on its own engine.
 
 One configuration of the table (a model on a GPU type, engine image and lengths, every
-TP it was measured at) is fitted at once (servers/sim/calibrate.py), the profile written,
+TP it was measured at) is fitted at once (engine_model/step_fit.py), the profile written,
 and then every measured point is run again on the simulated engine with that profile,
 in virtual time (probe/virtual.py: closed-loop clients at the point's concurrency with its
 exact lengths, as the table's benchmark client sends them): the profile's error table is
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.config import KNOBS
+from autotune.engine_model.step_fit import Engine, RunPoint, fit, steady_state
 from autotune.errors import UsageError
 from autotune.hardware.calibrated import CalibratedProfile, PointError
 from autotune.hardware.measured import MeasuredBlock, SurfaceError, load_block
@@ -30,7 +31,6 @@ from autotune.hardware.profiles import (
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.probe.window import ProbeSettings
 from autotune.results import ProbeResult
-from autotune.servers.sim.calibrate import Engine, RunPoint, fit, steady_state
 
 FLAGS = ("TABLE", "--where")
 WINDOW_LATENCIES = 24.0  # a point's probe runs at most this many request latencies

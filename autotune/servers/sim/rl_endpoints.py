@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from autotune.engine_model.scheduler import SimEngine
 from autotune.hardware.deployment import SimConfig
-from autotune.servers.sim.scheduler import SimEngine
 
 PAUSE_MODES = ("abort", "wait", "keep")
 GB = 1e9

@@ -24,10 +24,10 @@ from autotune.backends.nemo_gym_agent import (
 from autotune.backends.openai import OpenAIBackend
 from autotune.config import CollectConfig, TargetConfig
 from autotune.errors import ServerUnreachable
-from autotune.target import Target, api_key, connect, open_session, synthetic_defaults
+from autotune.rollout.target import Target, api_key, connect, open_session, synthetic_defaults
+from autotune.rollout.tools import load_tools
+from autotune.rollout.turns import MultiTurnBackend
 from autotune.telemetry.prometheus import parse_prometheus
-from autotune.tools import load_tools
-from autotune.turns import MultiTurnBackend
 from autotune.verifiers import Verifier, VerifierOptions, load_verifier
 
 log = logging.getLogger("autotune")

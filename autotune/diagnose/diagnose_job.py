@@ -22,14 +22,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from autotune.batch import run_steps
 from autotune.classify import classify, speedup_interval, tail_bound
 from autotune.config import HIGH_PARALLELISM, LOW_PARALLELISM, PROBE_DEFAULTS, CollectConfig
 from autotune.errors import CollectionError, UsageError
-from autotune.pipeline import Pipeline, open_pipeline
 from autotune.probe import ProbeSettings
-from autotune.probe.command import rollouts_per_run, run_command_probe
-from autotune.probe.engine import ProbeRun, cycle_work
+from autotune.probe.collector import rollouts_per_run, run_command_probe
+from autotune.probe.realtime import ProbeRun, cycle_work
 from autotune.probe.status import ProbeStatus
 from autotune.probe.timescale import in_simulated_time
 from autotune.results import (
@@ -43,9 +41,11 @@ from autotune.results import (
     machine_identity,
     save,
 )
+from autotune.rl.batch import run_steps
+from autotune.rollout.pipeline import Pipeline, open_pipeline
+from autotune.rollout.workload import Task, Workload
 from autotune.stats import RatioInterval
 from autotune.telemetry.prometheus import metrics_url
-from autotune.workload import Task, Workload
 
 # The embedded default runs 20× faster than real time, so a diagnosis takes seconds;
 # its figures are converted to simulated time (probe.timescale).

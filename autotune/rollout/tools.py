@@ -1,4 +1,4 @@
-"""Tools a multi-turn rollout calls between its model turns (autotune.turns runs the loop).
+"""Tools a multi-turn rollout calls between its model turns (autotune.rollout.turns runs the loop).
 
     ResourcesServerTools  a NeMo Gym resources server, called as NeMo Gym's simple agent
                           calls it: `POST /seed_session` with the task once per rollout,

@@ -14,7 +14,7 @@ through a prefill too. So, with a step's time from perf_model.step_time_s:
 The coefficients minimise the squared log error of TPOT and of throughput over every
 point (least squares in log space within wide bounds, from the best of seeded random
 starts: a step is a max() of two terms, so one start can settle in a corner). The
-error the simulator then makes is measured on its engine (autotune/calibration.py), not
+error the simulator then makes is measured on its engine (autotune/sweep/calibration.py), not
 on this closed form.
 """
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import least_squares
 
+from autotune.engine_model.perf_model import step_time_s
 from autotune.hardware.profiles import GpuProfile, ModelProfile, StepCoefficients
-from autotune.servers.sim.perf_model import step_time_s
 
 # Log-uniform ranges of the random start: wide enough for any GPU, engine and model.
 RANGES = {

@@ -1,6 +1,6 @@
 """Multi-turn rollouts: NeMo Gym's simple-agent loop, in autotune's own engine.
 
-The model may answer with tool calls; each call goes to the tools (autotune.tools), its
+The model may answer with tool calls; each call goes to the tools (autotune.rollout.tools), its
 output goes back into the conversation as a `tool` message, and the model is called
 again. The loop ends on an answer with no tool call, when the model stops for its output
 limit, or after `max_turns` model calls (that turn's tools still run, as NeMo Gym's
@@ -26,9 +26,9 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.backends import Generation, ModelBackend, ModelCallError
-from autotune.responses import output_items
-from autotune.tools import ToolCallError, ToolOutput, Tools
-from autotune.workload import Task
+from autotune.rollout.responses import output_items
+from autotune.rollout.tools import ToolCallError, ToolOutput, Tools
+from autotune.rollout.workload import Task
 
 
 class MultiTurnBackend:
