@@ -36,15 +36,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from autotune.results import (
-    BatchSummary,
-    Evidence,
-    ProbeBlock,
-    ProbeResult,
-    ReplicaStats,
-    Thresholds,
-    Verdict,
-)
+from autotune.results.diagnosis import Evidence, Thresholds, Verdict
+from autotune.results.probes import ProbeBlock, ProbeResult
+from autotune.results.runs import BatchSummary
+from autotune.results.stages import ReplicaStats
 from autotune.stats import (
     Rate,
     RatioInterval,

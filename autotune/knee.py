@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.results import CurveSummary
+from autotune.results.trials import CurveSummary
 from autotune.stats import t95
 
 HEADROOM = 0.8  # the NeMo Gym guide: "use 80% of peak to leave headroom for stability"

@@ -560,7 +560,7 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
     """Print the figures; PASS when each verdict is as expected, on a GPU the GPU-bound
     case cites GPU utilisation over its threshold, and with replicas every replica
     served calls in every probe and (on a GPU) had its own GPU's readings."""
-    from autotune.results import Evidence
+    from autotune.results.diagnosis import Evidence
 
     ok = True
     on_gpu = results["device"] == "cuda"

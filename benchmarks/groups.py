@@ -25,8 +25,9 @@ from typing import Any
 
 import orjson
 
-from autotune.config import BatchSpec, CollectConfig, SyntheticWorkload, TargetConfig
-from autotune.results import percentile
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.rl_specs import BatchSpec
+from autotune.results.stages import percentile
 from autotune.rollout.collect_job import collect
 from autotune.servers.launcher import ServerSpec
 

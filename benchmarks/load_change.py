@@ -27,9 +27,10 @@ from typing import Any
 from _common import machine, print_result
 
 from autotune.classify import classify, pair_speedups
-from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
-from autotune.results import DiagnoseResult, ProbeResult
+from autotune.results.diagnosis import DiagnoseResult
+from autotune.results.probes import ProbeResult
 from autotune.rollout.collect_job import run_async
 
 TRUE_VERDICT = "parallelism-bound"

@@ -24,7 +24,8 @@ import asyncio
 import statistics
 from typing import Any
 
-from autotune.config import CollectConfig, LoopSpec, SyntheticWorkload, TargetConfig
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.rl_specs import LoopSpec
 from autotune.rl.loop_job import loop
 from autotune.servers.launcher import ServerSpec
 

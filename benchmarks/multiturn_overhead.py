@@ -26,7 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from autotune.config import CollectConfig, TargetConfig
+from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.rollout.collect_job import run_collect
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.multiturn_overhead`

@@ -69,7 +69,7 @@ class RssSampler:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One long run; the figures as a dict."""
-    from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+    from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
     from autotune.rollout.collect_job import run_collect
 
     client_core, server_core = _common.core_plan()

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.rollout.collect_job import collect, run_async
 from autotune.servers.launcher import ServerSpec, free_port
 

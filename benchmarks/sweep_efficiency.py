@@ -57,13 +57,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.config import Study
+from autotune.config.study import Study
 from autotune.engine_model.scheduler import SimEngine
 from autotune.errors import ServerStartupError
 from autotune.hardware.deployment import SimConfigError
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
-from autotune.results import TrialOutcome
+from autotune.results.trials import TrialOutcome
 from autotune.servers.sim.server import load_config
 from autotune.sweep.feasibility import knobs_of, parameters
 from autotune.sweep.search import grid_values, open_study, optimise

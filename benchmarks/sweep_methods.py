@@ -81,7 +81,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config import KNOBS, PriorSpec, Study
+from autotune.config.knobs import KNOBS
+from autotune.config.study import PriorSpec, Study
 from autotune.engine_model.step_fit import Engine, RunPoint
 from autotune.hardware.calibrated import CalibratedProfile
 from autotune.hardware.measured import (
@@ -94,7 +95,9 @@ from autotune.hardware.measured import (
 )
 from autotune.hardware.profiles import GPUS, StepCoefficients, find_model
 from autotune.probe import ProbeSettings
-from autotune.results import ProbeResult, StageLatency, SweepResult, no_latencies
+from autotune.results.probes import ProbeResult
+from autotune.results.stages import StageLatency, no_latencies
+from autotune.results.trials import SweepResult
 from autotune.sweep.calibration import fit_profile, run_point, tpot_s
 from autotune.sweep.prior import Prior
 from autotune.sweep.recommend import recommendation

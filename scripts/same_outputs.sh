@@ -49,8 +49,12 @@ import sys
 from pathlib import Path
 
 from autotune.report import terminal
-from autotune.results import load_result
 from autotune.sweep.recommend import recommendation
+
+try:  # the results' reader, before and after the house by concept
+    from autotune.results.saved import load_result
+except ImportError:
+    from autotune.results import load_result
 
 out = Path(sys.argv[1])
 print(terminal.diagnose_text(load_result(out / "diagnose")))

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from autotune.config import CollectConfig, TargetConfig
+from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.rollout.collect_job import collect
 from tests.helpers import ServeApp, read_rows
 

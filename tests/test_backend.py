@@ -15,7 +15,7 @@ from aiohttp import web
 
 from autotune.backends import ModelCallError
 from autotune.backends.openai import OpenAIBackend, _Stream, retry_after_s
-from autotune.config import TargetConfig
+from autotune.config.collection import TargetConfig
 from autotune.errors import ServerUnreachable
 from autotune.rollout.target import resolve_target
 from autotune.rollout.workload import task_from_row

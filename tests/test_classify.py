@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from autotune.classify import CHECKS, VERDICTS, Check, Pair, classify, speedup_interval
-from autotune.results import STAGES, ProbeBlock, ProbeResult, StageLatency, Thresholds
+from autotune.results.diagnosis import Thresholds
+from autotune.results.probes import ProbeBlock, ProbeResult
+from autotune.results.stages import STAGES, StageLatency
 
 
 def probe(

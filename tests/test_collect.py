@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import TargetConfig
+from autotune.config.collection import TargetConfig
 from autotune.errors import ServerUnreachable
 from autotune.rollout.target import PREFLIGHT_TIMEOUT_S, open_session, resolve_target
 from autotune.servers.launcher import ServerSpec

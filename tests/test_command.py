@@ -10,7 +10,8 @@ import pytest
 
 from autotune.errors import CollectionError, UsageError
 from autotune.probe.collector import ROLLOUTS_PER_SLOT, CommandProbe, run_command_probe
-from autotune.results import DiagnoseResult, load_result
+from autotune.results.diagnosis import DiagnoseResult
+from autotune.results.saved import load_result
 from autotune.servers.command import command_argv
 from tests.helpers import COLLECTOR_TEMPLATE, autotune, read_rows
 

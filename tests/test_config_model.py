@@ -11,22 +11,17 @@ import pytest
 
 from autotune.bench.suite import ProbeCaseSpec, load_suite
 from autotune.cli import build_parser
-from autotune.config import (
-    KNOBS,
-    SERVER_KNOBS,
+from autotune.config.collection import (
     ProbeSpec,
     RequestFields,
-    SearchSpace,
     ServerFields,
-    SpecModel,
-    Study,
     SyntheticSpec,
     VerifierFields,
     WorkloadSpec,
-    load_study,
-    option,
-    unwrap,
 )
+from autotune.config.fields import SpecModel, option, unwrap
+from autotune.config.knobs import KNOBS, SERVER_KNOBS, SearchSpace
+from autotune.config.study import Study, load_study
 from autotune.errors import UsageError
 from autotune.hardware.deployment import build_parser as build_sim_parser
 

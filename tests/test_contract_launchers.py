@@ -15,11 +15,11 @@ from typing import Any
 import psutil
 import pytest
 
-from autotune.config import Study
+from autotune.config.study import Study
 from autotune.errors import ServerStartupError
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
-from autotune.results import ProbeResult
+from autotune.results.probes import ProbeResult
 from autotune.sweep.curve import Launcher
 from autotune.sweep.launchers import CommandLauncher, http_launcher
 from autotune.verifiers import load_verifier

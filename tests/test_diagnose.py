@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from autotune.classify import VERDICTS, classify
-from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
-from autotune.results import DiagnoseResult, Evidence, ProbeResult, Thresholds, load_result
+from autotune.results.diagnosis import DiagnoseResult, Evidence, Thresholds
+from autotune.results.probes import ProbeResult
+from autotune.results.saved import load_result
 from autotune.rollout.collect_job import run_async, run_collect
 from tests.browser import drawn, render
 from tests.helpers import autotune, one_sentence_error

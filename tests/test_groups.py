@@ -16,18 +16,18 @@ import aiohttp
 import orjson
 import pytest
 
-from autotune.config import (
+from autotune.config.collection import (
     PROBE_DEFAULTS,
-    BatchSpec,
     CollectConfig,
     LiveConfig,
     SyntheticWorkload,
     TargetConfig,
 )
+from autotune.config.rl_specs import BatchSpec
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfigError
-from autotune.results import percentile
+from autotune.results.stages import percentile
 from autotune.rl.batch import Occupancy, grouped
 from autotune.rl.groups import (
     ClosedGroup,

@@ -26,7 +26,7 @@ from prometheus_client.registry import CollectorRegistry
 from autotune.backends import CallCounters
 from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
-from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
+from autotune.config.collection import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
 from autotune.errors import UsageError
 from autotune.knee import summarise_curve
 from autotune.live.drift import DriftWatch, WindowFigures, auto_window_s, window_rate
@@ -35,21 +35,18 @@ from autotune.live.figures import RunState, Sources, StageHistograms, Totals
 from autotune.live.metrics import RunCollector
 from autotune.live.samples import Sampler
 from autotune.report import collect_report
-from autotune.results import (
+from autotune.results.codec import save, to_json
+from autotune.results.probes import CurvePoint
+from autotune.results.runs import (
     CollectResult,
     CollectSummary,
-    CurvePoint,
     DriftWarning,
     Expectation,
     LiveSample,
-    StageLatency,
-    StageSamples,
-    SweepResult,
-    TrialRecord,
-    load_result,
-    save,
-    to_json,
 )
+from autotune.results.saved import load_result
+from autotune.results.stages import StageLatency, StageSamples
+from autotune.results.trials import SweepResult, TrialRecord
 from autotune.rl.groups import GroupTracker
 from autotune.rollout.collect_job import _summarise
 from autotune.rollout.concurrency import AdaptiveConcurrency

@@ -23,14 +23,9 @@ import aiohttp
 import orjson
 import pytest
 
-from autotune.config import (
-    CollectConfig,
-    LiveConfig,
-    LoopSpec,
-    SyntheticWorkload,
-    TargetConfig,
-)
-from autotune.results import LoopSummary
+from autotune.config.collection import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
+from autotune.config.rl_specs import LoopSpec
+from autotune.results.runs import LoopSummary
 from autotune.rl.loop_job import loop
 from autotune.rl.trainer import LEDGER_FILE
 from tests.helpers import SimProcess, autotune, free_port, one_sentence_error

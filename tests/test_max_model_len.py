@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from autotune.bench.suite import load_suite
-from autotune.config import KNOBS, Study
+from autotune.config.knobs import KNOBS
+from autotune.config.study import Study
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import batch_fit

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from autotune.backends import CallCounters, Generation
-from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.rollout.collect_job import collect
 from autotune.rollout.concurrency import MIN_ROUND_TRIP_S, AdaptiveConcurrency
 from autotune.rollout.engine import Engine

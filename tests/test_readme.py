@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from autotune.config import SERVER_KNOBS, Study
+from autotune.config.knobs import SERVER_KNOBS
+from autotune.config.study import Study
 from autotune.servers.launcher import ServerSpec
 from tests.helpers import REPO, SIM_FAST, server_process
 

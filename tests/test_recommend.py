@@ -12,18 +12,18 @@ import pytest
 
 from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
-from autotune.config import ObjectiveSpec
+from autotune.config.study import ObjectiveSpec
 from autotune.knee import summarise_curve
 from autotune.report.sweep_report import interval_bands, interval_text
-from autotune.results import (
+from autotune.results.probes import CurvePoint
+from autotune.results.runs import WorkloadRecord
+from autotune.results.stages import LATENCY_SLOS
+from autotune.results.trials import (
     CEILING_RULE,
-    LATENCY_SLOS,
-    CurvePoint,
     CurveSummary,
     SweepResult,
     TrialOutcome,
     TrialRecord,
-    WorkloadRecord,
 )
 from autotune.rollout.workload import workload_record
 from autotune.servers.flags import server_flags

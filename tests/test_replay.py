@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.measured import SurfaceError, load_surface, parse_key
 from autotune.rollout.collect_job import collect

@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 
 from autotune.classify import _replica_notes
-from autotune.results import ProbeResult, ReplicaStats
+from autotune.results.probes import ProbeResult
+from autotune.results.stages import ReplicaStats
 from autotune.rollout.replicas import ReplicaSet, calls_heard, replica_stats, several
 from autotune.servers.launcher import ServerSpec
 from autotune.telemetry.prometheus import PrometheusSampler

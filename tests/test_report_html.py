@@ -22,20 +22,17 @@ from autotune.report import html as h
 from autotune.report.diagnose_report import PROBE_COLUMNS
 from autotune.report.plots import bar_chart_stacked, horizontal_bars, time_series
 from autotune.report.terminal import diagnose_text
-from autotune.results import (
-    STAGES,
-    CurvePoint,
+from autotune.results.diagnosis import (
     DiagnoseResult,
     DiagnoseSettings,
     DiagnoseTarget,
     DiagnoseWorkload,
     Evidence,
-    ProbeResult,
-    StageLatency,
-    SweepResult,
-    TrialRecord,
     Verdict,
 )
+from autotune.results.probes import CurvePoint, ProbeResult
+from autotune.results.stages import STAGES, StageLatency
+from autotune.results.trials import SweepResult, TrialRecord
 from autotune.sweep.recommend import recommendation
 from tests.browser import VIEWPORT, RenderResult, drawn, render
 

@@ -20,7 +20,8 @@ import orjson
 import pytest
 import yaml
 
-from autotune.results import SCHEMA_VERSION, DiagnoseResult, to_json
+from autotune.results.codec import SCHEMA_VERSION, to_json
+from autotune.results.diagnosis import DiagnoseResult
 from tests.helpers import autotune, one_sentence_error, sweep
 
 DIAGNOSE = ("--synthetic", "40", "--low", "2", "--high", "4", "--min-s", "0.2", "--max-s", "1")

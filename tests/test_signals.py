@@ -23,7 +23,8 @@ import psutil
 import pytest
 import yaml
 
-from autotune.results import SweepResult, load_result
+from autotune.results.saved import load_result
+from autotune.results.trials import SweepResult
 from tests.helpers import REPO, as_in_a_terminal, read_rows
 
 pytestmark = pytest.mark.slow

@@ -18,10 +18,13 @@ import psutil
 import pytest
 import yaml
 
-from autotune.config import Study, load_study
+from autotune.config.study import Study, load_study
 from autotune.errors import UsageError
 from autotune.report.terminal import trial_line
-from autotune.results import CurvePoint, SweepResult, load_result, machine_identity
+from autotune.results.codec import machine_identity
+from autotune.results.probes import CurvePoint
+from autotune.results.saved import load_result
+from autotune.results.trials import SweepResult
 from autotune.rollout.collect_job import run_async
 from autotune.sweep.launchers import http_launcher
 from autotune.sweep.search import open_study, storage_url

@@ -15,7 +15,7 @@ import orjson
 import psutil
 import pytest
 
-from autotune.config import Study, load_study
+from autotune.config.study import Study, load_study
 from autotune.errors import UsageError
 from autotune.hardware.profiles import GPUS, MODELS
 from autotune.hardware.roofline import roofline
@@ -23,7 +23,8 @@ from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.report.sweep_report import split_rows
 from autotune.report.terminal import sweep_text
-from autotune.results import CurvePoint, SweepResult, TrialRecord
+from autotune.results.probes import CurvePoint
+from autotune.results.trials import SweepResult, TrialRecord
 from autotune.sweep.feasibility import (
     knobs_of,
     parameters,

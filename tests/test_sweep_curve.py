@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from autotune.config import Study
+from autotune.config.study import Study
 from autotune.errors import ServerStartupError
 from autotune.probe import ProbeSettings
-from autotune.results import CurvePoint, ProbeResult, StageLatency, no_latencies
+from autotune.results.probes import CurvePoint, ProbeResult
+from autotune.results.stages import StageLatency, no_latencies
 from autotune.sweep.curve import (
     PEAK_LATENCIES,
     QUEUE_GAIN,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.results import LoopRecommendation, SweepResult
+from autotune.results.trials import LoopRecommendation, SweepResult
 from autotune.sweep.sweep_job import recommend
 from tests.helpers import autotune, one_sentence_error
 from tests.test_sweep_steps import run_enqueued

@@ -352,7 +352,7 @@ OPEN_WHEN_TOLD = """
 import sys, time
 from pathlib import Path
 from autotune.sweep.search import open_study
-from autotune.config import load_study
+from autotune.config.study import load_study
 study = load_study(Path(sys.argv[1]))
 Path(sys.argv[3]).touch()
 while not Path(sys.argv[4]).exists():

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.config import PriorSpec, Study, load_study
+from autotune.config.study import PriorSpec, Study, load_study
 from autotune.errors import UsageError
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualProbe, VirtualSimLauncher

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config import Study
+from autotune.config.study import Study
 from autotune.hardware.memory import kv_capacity_tokens
 from autotune.hardware.profiles import GPUS, MODELS, GiB
 from autotune.sweep.feasibility import prelaunch

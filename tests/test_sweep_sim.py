@@ -14,16 +14,11 @@ from typing import Any
 
 import pytest
 
-from autotune.config import Study
+from autotune.config.study import Study
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualProbe, VirtualSimLauncher
-from autotune.results import (
-    CEILING_RULE,
-    HEADROOM_RULE,
-    ProbeResult,
-    Recommendation,
-    SweepResult,
-)
+from autotune.results.probes import ProbeResult
+from autotune.results.trials import CEILING_RULE, HEADROOM_RULE, Recommendation, SweepResult
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.sweep_job import run_sweep, write_outputs
 

@@ -15,8 +15,11 @@ import orjson
 import pytest
 import yaml
 
-from autotune.config import load_study
-from autotune.results import BatchSummary, StageLatency, SweepResult, load_result
+from autotune.config.study import load_study
+from autotune.results.runs import BatchSummary
+from autotune.results.saved import load_result
+from autotune.results.stages import StageLatency
+from autotune.results.trials import SweepResult
 from autotune.sweep.feasibility import prelaunch, seed_configuration
 from autotune.sweep.search import open_study, storage_url
 from autotune.sweep.steps import batch_spec, step_snippets

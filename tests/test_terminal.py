@@ -18,7 +18,7 @@ import pytest
 
 from autotune.report.sweep_report import REPORT_VALIDATION, validated_text
 from autotune.report.terminal import TERMINAL_VALIDATION, Progress, _Status
-from autotune.results import Validation
+from autotune.results.trials import Validation
 from autotune.sweep.recommend import recommendation
 from tests.helpers import REPO
 from tests.test_recommend import KNOBS, sweep, trial, usl_curve

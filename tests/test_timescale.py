@@ -6,7 +6,8 @@ import aiohttp
 import pytest
 
 from autotune.probe.timescale import in_simulated_time
-from autotune.results import ProbeResult, StageLatency, no_latencies
+from autotune.results.probes import ProbeResult
+from autotune.results.stages import StageLatency, no_latencies
 from autotune.rollout.target import resolve_target
 from autotune.servers.sim.server import serve_in_process
 

@@ -15,9 +15,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from autotune.config import CollectConfig, TargetConfig
+from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
-from autotune.results import CollectSummary
+from autotune.results.runs import CollectSummary
 from autotune.rollout.collect_job import collect
 from tests.helpers import ServeApp, SimProcess, autotune, read_rows
 

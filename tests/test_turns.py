@@ -14,9 +14,9 @@ from aiohttp import web
 
 from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.bench.overhead import NullServer
-from autotune.config import CollectConfig, TargetConfig
+from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
-from autotune.results import stage_durations
+from autotune.results.stages import stage_durations
 from autotune.rollout.collect_job import run_collect
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink

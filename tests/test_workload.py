@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from autotune.config import Shard, SyntheticWorkload
+from autotune.config.collection import Shard, SyntheticWorkload
 from autotune.errors import UsageError
 from autotune.rollout.workload import (
     Workload,

@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 
 from autotune.backends import CallCounters, Generation, ModelCallError
-from autotune.config import TargetConfig
+from autotune.config.collection import TargetConfig
 from autotune.errors import ServerUnreachable, UsageError
 from autotune.rollout.workload import Task
 

@@ -36,7 +36,7 @@ import orjson
 from aiolimiter import AsyncLimiter
 
 from autotune.backends import CallCounters, Generation, ModelCallError
-from autotune.config import TargetConfig
+from autotune.config.collection import TargetConfig
 from autotune.rollout.replicas import Replica, ReplicaSet
 from autotune.rollout.workload import CHARS_PER_TOKEN, Task
 

@@ -184,7 +184,12 @@ def engine_run(
     second, and a drift watch with one-second windows. `group_size` above 1: the same
     requests as GRPO groups of that many samples a prompt, their figures kept unless
     `track_groups` is off."""
-    from autotune.config import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
+    from autotune.config.collection import (
+        CollectConfig,
+        LiveConfig,
+        SyntheticWorkload,
+        TargetConfig,
+    )
     from autotune.rollout.collect_job import run_collect
 
     output = out_dir / "overhead.jsonl"

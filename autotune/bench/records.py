@@ -19,7 +19,7 @@ import orjson
 from autotune.bench.fingerprint import Fingerprint
 from autotune.errors import UsageError
 from autotune.files import write_whole
-from autotune.results import to_json
+from autotune.results.codec import to_json
 
 SCHEMA_VERSION = 1
 

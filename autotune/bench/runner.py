@@ -41,10 +41,10 @@ from autotune.bench.overhead import (
 )
 from autotune.bench.records import BenchResults, CaseResult, Metric
 from autotune.bench.suite import Case, OverheadCase, ProbeCase, Suite
-from autotune.config import TargetConfig
+from autotune.config.collection import TargetConfig
 from autotune.errors import AutotuneError, CollectionError, UsageError
 from autotune.probe.realtime import run_probe
-from autotune.results import ProbeResult
+from autotune.results.probes import ProbeResult
 from autotune.rollout.collect_job import run_async
 from autotune.rollout.pipeline import open_pipeline
 from autotune.rollout.target import synthetic_defaults

@@ -36,29 +36,31 @@ import orjson
 import yaml
 from pydantic import Discriminator, Field, Strict, Tag, ValidationError, model_validator
 
-from autotune.config import (
+from autotune.config.collection import (
     SYNTHETIC,
     CollectConfig,
-    Count,
-    Count0,
     ProbeSpec,
     RequestFields,
-    ServerArgs,
     ServerFields,
-    Share,
-    SpecModel,
     SyntheticSpec,
-    Text,
-    Tokens,
     VerifierFields,
-    Words,
     WorkloadSpec,
     collect_config,
+    target_config,
+)
+from autotune.config.fields import (
+    Count,
+    Count0,
+    Share,
+    SpecModel,
+    Text,
+    Tokens,
+    Words,
     must_be,
     problem,
     spec_problem,
-    target_config,
 )
+from autotune.config.knobs import ServerArgs
 from autotune.errors import UsageError
 from autotune.probe import ProbeSettings
 from autotune.servers.flags import server_flags

@@ -25,7 +25,7 @@ from autotune.cli.common import (
     print_result,
 )
 from autotune.errors import AutotuneError, UsageError
-from autotune.results import to_json
+from autotune.results.codec import to_json
 
 
 def run_command(args: argparse.Namespace) -> int:

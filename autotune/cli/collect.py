@@ -37,7 +37,7 @@ from autotune.cli.run_args import (
     run_config,
 )
 from autotune.errors import AutotuneError, UsageError
-from autotune.results import to_json
+from autotune.results.codec import to_json
 
 
 def add_parser(commands: Any) -> None:

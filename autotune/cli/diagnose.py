@@ -29,12 +29,12 @@ from autotune.cli.run_args import (
     add_workload_arguments,
     run_config,
 )
-from autotune.config import HIGH_PARALLELISM, LOW_PARALLELISM, ProbeSpec
+from autotune.config.collection import HIGH_PARALLELISM, LOW_PARALLELISM, ProbeSpec
 from autotune.errors import AutotuneError, UsageError
-from autotune.results import to_json
+from autotune.results.codec import to_json
 
 if TYPE_CHECKING:
-    from autotune.results import DiagnoseResult
+    from autotune.results.diagnosis import DiagnoseResult
 
 
 def _verdicts(text: str) -> frozenset[str]:
@@ -113,7 +113,7 @@ def _rescue_json(result: DiagnoseResult) -> str:
 def run_command(args: argparse.Namespace) -> int:
     from autotune.diagnose.diagnose_job import BLOCKS, DiagnoseConfig, diagnose, write_outputs
     from autotune.report.terminal import diagnose_text, probe_progress
-    from autotune.results import save
+    from autotune.results.codec import save
     from autotune.rollout.collect_job import run_async
 
     config = DiagnoseConfig(

@@ -27,9 +27,10 @@ from autotune.cli.run_args import (
     add_workload_arguments,
     run_config,
 )
-from autotune.config import LoopSpec
+from autotune.config.rl_specs import LoopSpec
 from autotune.errors import AutotuneError, UsageError
-from autotune.results import LoopResult, machine_identity, to_json
+from autotune.results.codec import machine_identity, to_json
+from autotune.results.runs import LoopResult
 
 
 def add_parser(commands: Any) -> None:

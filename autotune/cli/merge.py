@@ -16,7 +16,7 @@ from autotune.cli.common import (
     print_result,
 )
 from autotune.errors import UsageError
-from autotune.results import to_json
+from autotune.results.codec import to_json
 
 
 def add_parser(commands: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from autotune.config import Option, SpecModel, option, spec_problem
+from autotune.config.fields import Option, SpecModel, option, spec_problem
 from autotune.errors import UsageError
 
 Spec = TypeVar("Spec", bound=SpecModel)

@@ -14,7 +14,7 @@ from autotune.cli.common import (
     old_spelling,
     print_result,
 )
-from autotune.results import to_json
+from autotune.results.codec import to_json
 
 
 def add_parser(commands: Any) -> None:
@@ -35,7 +35,9 @@ def add_parser(commands: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from autotune.diagnose.diagnose_job import write_outputs as diagnose_outputs
-    from autotune.results import CollectResult, DiagnoseResult, LoopResult, load_result
+    from autotune.results.diagnosis import DiagnoseResult
+    from autotune.results.runs import CollectResult, LoopResult
+    from autotune.results.saved import load_result
     from autotune.rl.loop_job import write_outputs as loop_outputs
     from autotune.rollout.collect_job import write_outputs as collect_outputs
     from autotune.sweep.sweep_job import write_outputs as sweep_outputs

@@ -16,9 +16,8 @@ import orjson
 
 from autotune.cli.common import non_negative, positive, positive_int
 from autotune.cli.options import add_options, spec_of, values_of
-from autotune.config import (
+from autotune.config.collection import (
     TOOL_ERROR_TREATMENTS,
-    BatchSpec,
     CollectConfig,
     LiveConfig,
     RequestFields,
@@ -30,6 +29,7 @@ from autotune.config import (
     collect_config,
     target_config,
 )
+from autotune.config.rl_specs import BatchSpec
 from autotune.errors import UsageError
 
 # One set of defaults: the configs' own (the flags only say them again in --help).

@@ -61,7 +61,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from autotune.config import KNOBS
+    from autotune.config.knobs import KNOBS
     from autotune.errors import UsageError
     from autotune.hardware.measured import SurfaceError, parse_key
     from autotune.sweep.calibration import calibrate

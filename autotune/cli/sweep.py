@@ -18,7 +18,7 @@ from autotune.cli.common import (
     print_result,
 )
 from autotune.errors import AutotuneError, UsageError
-from autotune.results import to_json
+from autotune.results.codec import to_json
 
 
 def add_parser(commands: Any) -> None:
@@ -78,9 +78,9 @@ def _with_repeats(study: Any, repeats: int | None) -> Any:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.config import Study, load_study
+    from autotune.config.study import Study, load_study
     from autotune.report.terminal import progress_bar, sweep_text, trial_line
-    from autotune.results import TrialOutcome
+    from autotune.results.trials import TrialOutcome
     from autotune.rollout.collect_job import run_async
     from autotune.sweep.sweep_job import check_storage, recommend, run_sweep, write_outputs
 

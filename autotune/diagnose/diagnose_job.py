@@ -23,24 +23,28 @@ from functools import partial
 from pathlib import Path
 
 from autotune.classify import classify, speedup_interval, tail_bound
-from autotune.config import HIGH_PARALLELISM, LOW_PARALLELISM, PROBE_DEFAULTS, CollectConfig
+from autotune.config.collection import (
+    HIGH_PARALLELISM,
+    LOW_PARALLELISM,
+    PROBE_DEFAULTS,
+    CollectConfig,
+)
 from autotune.errors import CollectionError, UsageError
 from autotune.probe import ProbeSettings
 from autotune.probe.collector import rollouts_per_run, run_command_probe
 from autotune.probe.realtime import ProbeRun, cycle_work
 from autotune.probe.status import ProbeStatus
 from autotune.probe.timescale import in_simulated_time
-from autotune.results import (
-    BatchSummary,
+from autotune.results.codec import machine_identity, save
+from autotune.results.diagnosis import (
     DiagnoseResult,
     DiagnoseSettings,
     DiagnoseTarget,
     DiagnoseWorkload,
-    ProbeResult,
     Thresholds,
-    machine_identity,
-    save,
 )
+from autotune.results.probes import ProbeResult
+from autotune.results.runs import BatchSummary
 from autotune.rl.batch import run_steps
 from autotune.rollout.pipeline import Pipeline, open_pipeline
 from autotune.rollout.workload import Task, Workload

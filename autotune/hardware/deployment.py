@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, Self
 
-from autotune.config import KNOBS, knob
+from autotune.config.knobs import KNOBS, knob
 from autotune.hardware.calibrated import CalibratedProfile, ProfileError, load_profile
 from autotune.hardware.measured import MeasuredSurface, SurfaceError, load_surface, parse_key
 from autotune.hardware.memory import InsufficientMemory, kv_capacity_tokens

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.probe.window import BATCH_LATENCIES, MIN_BATCHES, pooled_estimate
-from autotune.results import DriftWarning, Expectation
+from autotune.results.runs import DriftWarning, Expectation
 from autotune.stats import RateEstimate
 
 # The stages a slowdown can be blamed on (total is their sum; ttft is part of model).

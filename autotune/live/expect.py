@@ -17,15 +17,11 @@ from pathlib import Path
 
 import orjson
 
-from autotune.config import PROBE_DEFAULTS, CollectConfig, LiveConfig
+from autotune.config.collection import PROBE_DEFAULTS, CollectConfig, LiveConfig
 from autotune.errors import UsageError
-from autotune.results import (
-    Expectation,
-    Recommendation,
-    SweepResult,
-    WorkloadRecord,
-    load_result,
-)
+from autotune.results.runs import Expectation, WorkloadRecord
+from autotune.results.saved import load_result
+from autotune.results.trials import Recommendation, SweepResult
 from autotune.rollout.workload import workload_flags
 
 RECOMMENDATION_FILE = "recommendation.json"

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.backends import CallCounters
-from autotune.results import STAGES, Expectation, StageSamples
+from autotune.results.runs import Expectation
+from autotune.results.stages import STAGES, StageSamples
 from autotune.rl.groups import GroupTracker
 from autotune.rollout.concurrency import AdaptiveConcurrency
 from autotune.rollout.engine import Engine, RunStats

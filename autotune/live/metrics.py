@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from autotune.errors import UsageError
 from autotune.live.figures import RunState
-from autotune.results import STAGES
+from autotune.results.stages import STAGES
 
 
 class RunCollector(Collector):

@@ -23,11 +23,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from autotune.config import PROBE_DEFAULTS, CollectConfig
+from autotune.config.collection import PROBE_DEFAULTS, CollectConfig
 from autotune.live.expect import diagnose_command, workload_differences
 from autotune.live.figures import RunState, Sources, StageHistograms
 from autotune.live.samples import Sampler, StatsFile, stats_path
-from autotune.results import CollectSummary, DriftWarning, Expectation, LiveSample
+from autotune.results.runs import CollectSummary, DriftWarning, Expectation, LiveSample
 from autotune.rollout.engine import EngineObserver
 from autotune.rollout.pipeline import Pipeline
 from autotune.rollout.workload import workload_record

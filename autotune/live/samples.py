@@ -15,7 +15,8 @@ import orjson
 
 from autotune.errors import CollectionError
 from autotune.live.figures import Sources
-from autotune.results import STAGES, CollectSummary, DriftWarning, LiveSample, StageLatency
+from autotune.results.runs import CollectSummary, DriftWarning, LiveSample
+from autotune.results.stages import STAGES, StageLatency
 
 
 def stats_path(output: Path) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from autotune.probe.window import ProbeSettings, Window, steady_window
-from autotune.results import ProbeResult
+from autotune.results.probes import ProbeResult
 
 
 class Probe(Protocol):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from autotune.errors import CollectionError
 from autotune.probe.window import ProbeSettings, steady_window
-from autotune.results import ProbeResult
+from autotune.results.probes import ProbeResult
 from autotune.servers.command import POLL_S, command_argv, run_to_completion
 from autotune.servers.launcher import last_error_line
 from autotune.stats import batch_means_rate

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from autotune.backends import ModelBackend
-from autotune.config import BatchSpec, LoopSpec
+from autotune.config.rl_specs import BatchSpec, LoopSpec
 from autotune.probe.status import ProbeWatch, drain_status, probe_status
 from autotune.probe.window import (
     ProbeSettings,
@@ -35,16 +35,9 @@ from autotune.probe.window import (
     token_window,
     warm_until,
 )
-from autotune.results import (
-    STAGES,
-    BatchSummary,
-    LoopSummary,
-    ProbeBlock,
-    ProbeResult,
-    StageLatency,
-    percentile,
-    stage_durations,
-)
+from autotune.results.probes import ProbeBlock, ProbeResult
+from autotune.results.runs import BatchSummary, LoopSummary
+from autotune.results.stages import STAGES, StageLatency, percentile, stage_durations
 from autotune.rl.batch import run_steps
 from autotune.rl.groups import ClosedGroup, GroupTracker, summarise_closed
 from autotune.rl.trainer import run_on_server

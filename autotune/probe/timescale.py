@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.results import ProbeResult, StageLatency
+from autotune.results.probes import ProbeResult
+from autotune.results.stages import StageLatency
 
 
 def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeResult:

@@ -29,12 +29,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.config import ENGINES
+from autotune.config.knobs import ENGINES
 from autotune.engine_model.scheduler import SimEngine
 from autotune.errors import ServerStartupError
 from autotune.hardware.deployment import SimConfigError
 from autotune.probe.window import ProbeSettings, Window, steady_window
-from autotune.results import ProbeResult, StageLatency, no_latencies
+from autotune.results.probes import ProbeResult
+from autotune.results.stages import StageLatency, no_latencies
 from autotune.rollout.replicas import ReplicaSet
 from autotune.servers.flags import server_flags
 from autotune.servers.sim.server import load_config

@@ -32,8 +32,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.config import PROBE_DEFAULTS, ProbeSpec
-from autotune.results import ProbeBlock
+from autotune.config.collection import PROBE_DEFAULTS, ProbeSpec
+from autotune.results.probes import ProbeBlock
 from autotune.stats import RateEstimate, completion_batches_rate, counter_rate, t95
 
 MIN_EVENTS = 20  # completions a window at its precision target holds at least

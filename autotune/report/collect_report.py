@@ -11,7 +11,8 @@ from pathlib import Path
 
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, html_table
-from autotune.results import STAGES, CollectResult, CollectSummary, LiveSample, StageLatency
+from autotune.results.runs import CollectResult, CollectSummary, LiveSample
+from autotune.results.stages import STAGES, StageLatency
 
 SERIES_STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify")
 

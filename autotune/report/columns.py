@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from autotune.report import html
-from autotune.results import ReplicaStats
+from autotune.results.stages import ReplicaStats
 
 T = TypeVar("T")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from autotune.classify import block_pairs, pair_rates
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, Column, html_table
-from autotune.results import DiagnoseResult, Evidence, ProbeBlock, ProbeResult, quantity
+from autotune.results.diagnosis import DiagnoseResult, Evidence, quantity
+from autotune.results.probes import ProbeBlock, ProbeResult
 from autotune.stats import ratio_interval
 
 STAGE_ORDER = ("queue", "model", "verify_wait", "verify")

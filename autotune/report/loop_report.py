@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.report import html, plots
-from autotune.results import LoopResult, LoopStep, LoopSummary
+from autotune.results.runs import LoopResult, LoopStep, LoopSummary
 
 Spans = dict[str, list[tuple[float, float]]]
 

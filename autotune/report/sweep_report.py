@@ -15,7 +15,8 @@ from typing import Any
 from autotune.knee import UslFit
 from autotune.report import html, plots
 from autotune.report.columns import Column, html_table
-from autotune.results import (
+from autotune.results.diagnosis import quantity
+from autotune.results.trials import (
     CEILING_RULE,
     HEADROOM_RULE,
     AnyRecommendation,
@@ -26,7 +27,6 @@ from autotune.results import (
     SweepResult,
     TrialRecord,
     Validation,
-    quantity,
 )
 
 TOP_CURVES = 3

@@ -28,20 +28,19 @@ from autotune.report.sweep_report import (
     split_rows,
     validated_text,
 )
-from autotune.results import (
-    STAGES,
+from autotune.results.diagnosis import DiagnoseResult
+from autotune.results.runs import CollectSummary, LoopSummary
+from autotune.results.stages import STAGES
+from autotune.results.trials import (
     AnyRecommendation,
-    CollectSummary,
-    DiagnoseResult,
     LoopRecommendation,
-    LoopSummary,
     StepsRecommendation,
     SweepResult,
 )
 
 if TYPE_CHECKING:
     from autotune.probe.status import ProbeStatus
-    from autotune.results import TrialOutcome
+    from autotune.results.trials import TrialOutcome
 
 
 BAR_EVERY_S = 0.2  # a terminal's bar is redrawn at most this often

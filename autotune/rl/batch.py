@@ -32,8 +32,9 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from autotune.backends import ModelBackend
-from autotune.config import BatchSpec
-from autotune.results import BatchStep, BatchSummary, StageLatency
+from autotune.config.rl_specs import BatchSpec
+from autotune.results.runs import BatchStep, BatchSummary
+from autotune.results.stages import StageLatency
 from autotune.rl.groups import ClosedGroup, GroupTracker, tail_share
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink

@@ -16,7 +16,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune.results import GroupSummary, StageLatency
+from autotune.results.runs import GroupSummary
+from autotune.results.stages import StageLatency
 
 TAIL_QUANTILE = 0.9  # a step's tail begins when this share of its samples has ended
 

@@ -7,8 +7,10 @@ import contextlib
 import logging
 from pathlib import Path
 
-from autotune.config import CollectConfig, LoopSpec
-from autotune.results import LoopResult, LoopSummary, save
+from autotune.config.collection import CollectConfig
+from autotune.config.rl_specs import LoopSpec
+from autotune.results.codec import save
+from autotune.results.runs import LoopResult, LoopSummary
 from autotune.rl.trainer import LEDGER_FILE, GroupLedger, LoopRunner, ServerControl
 from autotune.rollout.collect_job import SIM_DEFAULT_ARGS, run_async, run_record
 from autotune.rollout.engine import Engine

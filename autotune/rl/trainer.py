@@ -42,9 +42,10 @@ import aiohttp
 import orjson
 
 from autotune.backends import ModelBackend
-from autotune.config import LoopSpec
+from autotune.config.rl_specs import LoopSpec
 from autotune.errors import CollectionError, UsageError
-from autotune.results import LoopStep, LoopSummary, StageLatency, percentile
+from autotune.results.runs import LoopStep, LoopSummary
+from autotune.results.stages import StageLatency, percentile
 from autotune.rollout.engine import Engine, Outcome
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.workload import Task, WorkItem

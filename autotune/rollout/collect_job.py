@@ -20,19 +20,14 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from autotune.config import CollectConfig
+from autotune.config.collection import CollectConfig
 from autotune.errors import CollectionError
 from autotune.live import load_expectation, open_monitor
 from autotune.live.figures import Sources
 from autotune.live.monitor import REPORT_EVERY_S, LiveMonitor
-from autotune.results import (
-    CollectResult,
-    CollectSummary,
-    Expectation,
-    ReplicaStats,
-    machine_identity,
-    save,
-)
+from autotune.results.codec import machine_identity, save
+from autotune.results.runs import CollectResult, CollectSummary, Expectation
+from autotune.results.stages import ReplicaStats
 from autotune.rl.batch import BatchRunner
 from autotune.rl.groups import GroupTracker
 from autotune.rollout.engine import Engine, EngineObserver

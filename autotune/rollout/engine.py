@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import orjson
 
 from autotune.backends import Generation, ModelBackend, ModelCallError
-from autotune.results import StageSamples, stage_durations
+from autotune.results.stages import StageSamples, stage_durations
 from autotune.rl.groups import GroupTracker
 from autotune.rollout.concurrency import AdaptiveConcurrency
 from autotune.rollout.responses import build_response

@@ -22,7 +22,7 @@ from autotune.backends.nemo_gym_agent import (
     check_agent,
 )
 from autotune.backends.openai import OpenAIBackend
-from autotune.config import CollectConfig, TargetConfig
+from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.errors import ServerUnreachable
 from autotune.rollout.target import Target, api_key, connect, open_session, synthetic_defaults
 from autotune.rollout.tools import load_tools

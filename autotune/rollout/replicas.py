@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from autotune.results import ReplicaStats
+from autotune.results.stages import ReplicaStats
 from autotune.telemetry.prometheus import replica_key
 
 DOWN_AFTER = 3

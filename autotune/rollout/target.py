@@ -18,7 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from autotune.config import TargetConfig, base_url_problem
+from autotune.config.collection import TargetConfig
+from autotune.config.fields import base_url_problem
 from autotune.errors import ServerUnreachable, UsageError
 
 log = logging.getLogger("autotune")

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from autotune.config import CollectConfig, Shard, SyntheticWorkload
+from autotune.config.collection import CollectConfig, Shard, SyntheticWorkload
 from autotune.errors import UsageError
-from autotune.results import WorkloadRecord
+from autotune.results.runs import WorkloadRecord
 
 CHARS_PER_TOKEN = 4  # the rule of thumb the simulator also uses to count tokens
 

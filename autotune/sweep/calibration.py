@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from autotune.config import KNOBS
+from autotune.config.knobs import KNOBS
 from autotune.engine_model.step_fit import Engine, RunPoint, fit, steady_state
 from autotune.errors import UsageError
 from autotune.hardware.calibrated import CalibratedProfile, PointError
@@ -30,7 +30,7 @@ from autotune.hardware.profiles import (
 )
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.probe.window import ProbeSettings
-from autotune.results import ProbeResult
+from autotune.results.probes import ProbeResult
 
 FLAGS = ("TABLE", "--where")
 WINDOW_LATENCIES = 24.0  # a point's probe runs at most this many request latencies

@@ -29,11 +29,13 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from autotune.config import Study
+from autotune.config.study import Study
 from autotune.errors import ServerStartupError
 from autotune.knee import TRUSTED_BATCHES, UNKNOWN_SPREAD, summarise_curve
 from autotune.probe import Probe, ProbeSettings
-from autotune.results import LATENCY_SLOS, CurvePoint, TrialOutcome
+from autotune.results.probes import CurvePoint
+from autotune.results.stages import LATENCY_SLOS
+from autotune.results.trials import TrialOutcome
 
 MIN_USABLE_POINTS = 2  # a curve needs two; a start above a configuration's peak may leave one
 SCREEN_LATENCIES = 2.5  # a screening rung's window: one batch (two rollout latencies) and room

@@ -38,16 +38,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.config import (
-    ENGINES,
-    SERVER_KNOBS,
-    SPLIT,
-    ChoiceSpace,
-    FloatSpace,
-    IntSpace,
-    Study,
-    server_part,
-)
+from autotune.config.knobs import ENGINES, SERVER_KNOBS, SPLIT, ChoiceSpace, FloatSpace, IntSpace
+from autotune.config.study import Study, server_part
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError, hardware_names
 from autotune.hardware.fit import (
@@ -64,7 +56,7 @@ from autotune.hardware.fit import (
 from autotune.hardware.memory import InsufficientMemory
 from autotune.hardware.profiles import GPUS, GpuProfile, ModelProfile, find_model
 from autotune.hardware.roofline import roofline
-from autotune.results import CurvePoint
+from autotune.results.probes import CurvePoint
 from autotune.servers.flags import server_flags
 
 Space = IntSpace | FloatSpace | ChoiceSpace

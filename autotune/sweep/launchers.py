@@ -16,7 +16,9 @@ from typing import Any
 
 from autotune.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, check_agent
 from autotune.backends.openai import OpenAIBackend
-from autotune.config import ENGINES, Study, SyntheticWorkload, TargetConfig, target_config
+from autotune.config.collection import SyntheticWorkload, TargetConfig, target_config
+from autotune.config.knobs import ENGINES
+from autotune.config.study import Study
 from autotune.probe import ProbeSettings
 from autotune.probe.collector import CommandProbe
 from autotune.probe.realtime import EngineProbe

@@ -18,13 +18,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from autotune.config import TRAINED, Study, loop_spec, server_part
+from autotune.config.study import TRAINED, Study, loop_spec, server_part
 from autotune.errors import ServerStartupError, UsageError
 from autotune.probe.realtime import EngineProbe
-from autotune.results import (
+from autotune.results.runs import LoopSummary
+from autotune.results.trials import (
     LoopRecommendation,
     LoopSnippets,
-    LoopSummary,
     SweepResult,
     TrialOutcome,
     TrialRecord,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config import PriorSpec, Study
+from autotune.config.study import PriorSpec, Study
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
 

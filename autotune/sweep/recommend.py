@@ -27,13 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config import ENGINES, SERVER_KNOBS, knob
+from autotune.config.knobs import ENGINES, SERVER_KNOBS, knob
 from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
-from autotune.results import (
+from autotune.results.probes import CurvePoint
+from autotune.results.stages import LATENCY_SLOS
+from autotune.results.trials import (
     CEILING_RULE,
     HEADROOM_RULE,
-    LATENCY_SLOS,
-    CurvePoint,
     Peak,
     PrefixCachingGain,
     Recommendation,

@@ -33,28 +33,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune.config import (
-    GOODPUT,
-    TRAINED,
-    ChoiceSpace,
-    FloatSpace,
-    IntSpace,
-    PriorSpec,
-    Study,
-)
+from autotune.config.knobs import ChoiceSpace, FloatSpace, IntSpace
+from autotune.config.study import GOODPUT, TRAINED, PriorSpec, Study
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import Batch
 from autotune.hardware.profiles import GPUS, MODELS, find_model
-from autotune.results import (
-    LATENCY_SLOS,
-    BatchSummary,
-    CurvePoint,
-    CurveSummary,
-    LoopSummary,
-    TrialOutcome,
-    TrialRecord,
-)
+from autotune.results.probes import CurvePoint
+from autotune.results.runs import BatchSummary, LoopSummary
+from autotune.results.stages import LATENCY_SLOS
+from autotune.results.trials import CurveSummary, TrialOutcome, TrialRecord
 from autotune.sweep.curve import (
     Incumbent,
     Launcher,

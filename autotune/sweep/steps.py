@@ -18,11 +18,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from autotune.config import BATCH_KNOBS, GOODPUT, BatchSpec, Study, server_part
+from autotune.config.rl_specs import BATCH_KNOBS, BatchSpec
+from autotune.config.study import GOODPUT, Study, server_part
 from autotune.errors import ServerStartupError, UsageError
 from autotune.probe.realtime import EngineProbe
-from autotune.results import (
-    BatchSummary,
+from autotune.results.runs import BatchSummary
+from autotune.results.trials import (
     StepSnippets,
     StepsRecommendation,
     SweepResult,

@@ -20,18 +20,12 @@ from typing import Any
 import orjson
 import yaml
 
-from autotune.config import GOODPUT, TRAINED, Study, collect_config
+from autotune.config.collection import collect_config
+from autotune.config.study import GOODPUT, TRAINED, Study
 from autotune.errors import UsageError
-from autotune.results import (
-    AnyRecommendation,
-    SweepResult,
-    TrialOutcome,
-    Validation,
-    WorkloadRecord,
-    machine_identity,
-    save,
-    to_json,
-)
+from autotune.results.codec import machine_identity, save, to_json
+from autotune.results.runs import WorkloadRecord
+from autotune.results.trials import AnyRecommendation, SweepResult, TrialOutcome, Validation
 from autotune.rollout.workload import workload_record
 from autotune.sweep.curve import Launcher
 from autotune.sweep.launchers import (

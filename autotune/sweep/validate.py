@@ -25,11 +25,13 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from autotune.config import Study
+from autotune.config.study import Study
 from autotune.errors import ServerStartupError
 from autotune.knee import HEADROOM, Interval
 from autotune.probe import Probe, ProbeSettings
-from autotune.results import LATENCY_SLOS, CurvePoint, SweepResult, TrialRecord, Validation
+from autotune.results.probes import CurvePoint
+from autotune.results.stages import LATENCY_SLOS
+from autotune.results.trials import SweepResult, TrialRecord, Validation
 from autotune.sweep.curve import Launcher
 from autotune.sweep.recommend import curve_bootstrap, predicted_at, recommendation, usable_points
 

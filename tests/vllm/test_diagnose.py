@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.results import DiagnoseResult, load_result
+from autotune.results.diagnosis import DiagnoseResult
+from autotune.results.saved import load_result
 from tests.helpers import autotune
 from tests.vllm.conftest import VllmInstall, running_vllm
 

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.config import load_study
-from autotune.results import SweepResult, load_result
+from autotune.config.study import load_study
+from autotune.results.saved import load_result
+from autotune.results.trials import SweepResult
 from autotune.servers.flags import server_flags
 from autotune.servers.vllm import API_SERVER_MODULE, shm_entries
 from autotune.sweep.recommend import recommendation
