@@ -26,8 +26,9 @@ from typing import Any
 
 from _common import machine, print_result
 
-from autotune.classify import classify, pair_speedups
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.diagnose.checks import pair_speedups
+from autotune.diagnose.classify import classify
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.results.diagnosis import DiagnoseResult
 from autotune.results.probes import ProbeResult

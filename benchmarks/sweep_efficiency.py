@@ -59,6 +59,7 @@ from typing import Any
 
 from autotune.config.study import Study
 from autotune.engine_model.scheduler import SimEngine
+from autotune.engine_model.state import engine_config
 from autotune.errors import ServerStartupError
 from autotune.hardware.deployment import SimConfigError
 from autotune.probe import ProbeSettings
@@ -223,7 +224,7 @@ async def auto_tune_style(scenario: Scenario, study: Study, tp: int) -> tuple[fl
         except SimConfigError:
             continue
         runs += 1
-        async with SimEngine(replace(config.engine_config(), time_scale=0.0)) as engine:
+        async with SimEngine(replace(engine_config(config), time_scale=0.0)) as engine:
             requests = [engine.submit(PROMPT[0], OUTPUT[0]) for _ in range(AUTO_TUNE_PROMPTS)]
             await asyncio.gather(*(r.finished for r in requests))
             makespan = engine.sim_time_s

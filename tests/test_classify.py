@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from autotune.classify import CHECKS, VERDICTS, Check, Pair, classify, speedup_interval
+from autotune.diagnose.checks import CHECKS, VERDICTS, Check, Pair, speedup_interval
+from autotune.diagnose.classify import classify
 from autotune.results.diagnosis import Thresholds
 from autotune.results.probes import ProbeBlock, ProbeResult
 from autotune.results.stages import STAGES, StageLatency

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.classify import VERDICTS, classify
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.diagnose.checks import VERDICTS
+from autotune.diagnose.classify import classify
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from autotune.classify import _replica_notes
+from autotune.diagnose.classify import _replica_notes
 from autotune.results.probes import ProbeResult
 from autotune.results.stages import ReplicaStats
 from autotune.rollout.replicas import ReplicaSet, calls_heard, replica_stats, several

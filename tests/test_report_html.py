@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.classify import classify
+from autotune.diagnose.classify import classify
 from autotune.knee import summarise_curve
 from autotune.report import diagnose_report, sweep_report
 from autotune.report import html as h

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from autotune.engine_model.perf_model import allreduce_time_s, step_time_s
-from autotune.engine_model.scheduler import EngineConfig, SimEngine
+from autotune.engine_model.scheduler import SimEngine
+from autotune.engine_model.state import EngineConfig
 from autotune.hardware.memory import (
     InsufficientMemory,
     kv_bytes_per_token_per_gpu,

@@ -8,6 +8,7 @@ import re
 import aiohttp
 import pytest
 
+from autotune.engine_model.state import engine_config
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfigError
 from autotune.hardware.memory import InsufficientMemory
@@ -206,10 +207,10 @@ def test_data_parallel_flags_reach_the_config() -> None:
     config = load_config(["--data-parallel-size", "4", "-tp", "2"])
     assert (config.data_parallel_size, config.tensor_parallel_size) == (4, 2)
     assert config.enable_prefix_caching
-    assert config.engine_config().tp == 2  # one engine's configuration
-    assert config.engine_config().enable_prefix_caching
+    assert engine_config(config).tp == 2  # one engine's configuration
+    assert engine_config(config).enable_prefix_caching
     off = load_config(["--no-enable-prefix-caching"])
-    assert not off.enable_prefix_caching and not off.engine_config().enable_prefix_caching
+    assert not off.enable_prefix_caching and not engine_config(off).enable_prefix_caching
     assert off.data_parallel_size == 1
 
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def _verdicts(text: str) -> frozenset[str]:
     """`--fail-on`: verdict names, comma-separated, each one classify.VERDICTS holds."""
-    from autotune.classify import VERDICTS
+    from autotune.diagnose.checks import VERDICTS
 
     names = frozenset(name.strip() for name in text.split(","))
     unknown = sorted(names - set(VERDICTS))

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from autotune.classify import classify, speedup_interval, tail_bound
 from autotune.config.collection import (
     HIGH_PARALLELISM,
     LOW_PARALLELISM,
     PROBE_DEFAULTS,
     CollectConfig,
 )
+from autotune.diagnose.checks import speedup_interval
+from autotune.diagnose.classify import classify, tail_bound
 from autotune.errors import CollectionError, UsageError
 from autotune.probe import ProbeSettings
 from autotune.probe.collector import rollouts_per_run, run_command_probe

@@ -1,237 +1,39 @@
-"""Continuous batching in scaled real time: the engine behind the simulated server.
-
-One asyncio task runs engine steps. Each step is planned like vLLM V1's scheduler:
-
-1. Running decodes go first: each needs one more KV slot. While the cache cannot hold them,
-   the most recently admitted running sequence is preempted (recompute mode: it frees its
-   KV, returns to the head of the waiting queue, and later prefills prompt + generated).
-2. The token budget left (`max_num_batched_tokens` − decodes) goes to sequences still
-   mid-prefill, then to waiting requests admitted FCFS while fewer than `max_num_seqs` run
-   and the cache has room for their prompt. Long prompts are chunked across steps.
-3. The step's duration comes from `perf_model.step_time_s`; the virtual clock advances by
-   it and the task sleeps `duration × time_scale` of real time (time owed accumulates and is
-   slept once ≥ 1 ms, measured against the wall clock so CPU time is not counted twice).
-4. A prefill that completes emits the sequence's next token at the end of its step; every
-   decoding sequence emits one token per step.
-
-Cost per step is O(log n + events), not O(n): a sequence that starts decoding at step k
-with r tokens to go finishes at step k + r − 1, so finishes sit in a heap; KV usage of
-decoding sequences is Σ(base_i) + n·step, kept as two numbers. KV is counted in tokens,
-plus half a block per running sequence (the average empty tail of its last block).
-
-Prefix caching (on by default, as in vLLM V1), kept to what a GRPO group needs: requests
-submitted with the same `prefix_key` have the same prompt (n rollouts of one task).
-
-- The shared part is the prompt's whole blocks short of its last token, T = ⌊(P − 1) ÷
-  block⌋ × block: vLLM recomputes at least the last prompt token to get logits
-  (`max_cache_hit_length = num_tokens − 1`), so that is all a same-prompt request can
-  reuse. A hit reuses all T tokens and computes the rest (8 rollouts of a 2,000-token
-  prompt, block 16: the first computes 2,000, the others 16 each, reusing 1,984).
-- The entry appears when the prefill that computes it has been scheduled in full, not
-  when that step ends: vLLM caches a request's blocks as it allocates them, so a request
-  scheduled later in the same step reads them (the forward pass writes each layer's KV
-  before attention reads it). A group that arrives at once therefore shares from its
-  first step; a request admitted while the prompt is still being chunked misses.
-- Shared tokens occupy KV once while any running request holds them; each request's own
-  KV is its prompt minus the hit plus its output. An entry nobody holds stays cached in
-  free space and counts as free in `kv_usage` (as vLLM's `kv_cache_usage_perc` counts
-  free cached blocks), and is evicted least recently released first when steps or
-  admissions need the room. A whole entry is evicted at once.
-- Preemption and abort release the request's hold; a preempted request may hit again
-  when readmitted. A request without a key never shares.
-- Attention still reads the shared prefix for every sequence: only prefill is saved.
-- `prefix_cache_queries_total` / `prefix_cache_hits_total` count tokens at a request's
-  first admission (vLLM counts re-lookups after preemption apart and does not export
-  them); with caching off nothing is looked up, so both stay 0.
-
-Histograms (TTFT, end-to-end latency, queue time) are in real seconds, measured on the
-event loop clock: that is what a client sees, whatever the time scale.
+"""Continuous batching planned like vLLM V1's scheduler: `SimEngine` runs engine steps in
+scaled real time behind the simulated server, or in virtual time when a probe steps it.
+How a step is planned and what it costs: docs/engine-model.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Hashable
-from dataclasses import dataclass
 from types import TracebackType
 
-from autotune.engine_model.perf_model import DEFAULT_COEFFICIENTS, step_time_s
-from autotune.hardware.measured import MeasuredSurface
+from autotune.engine_model.perf_model import step_time_s
+from autotune.engine_model.state import (
+    ABORTED,
+    DECODE,
+    DONE,
+    LATENCY_BUCKETS,
+    PREFILL,
+    TTFT_BUCKETS,
+    WAITING,
+    CachedPrefix,
+    EngineConfig,
+    EngineStats,
+    Histogram,
+    Request,
+)
 from autotune.hardware.memory import kv_capacity_tokens
-from autotune.hardware.profiles import GpuProfile, ModelProfile, StepCoefficients
-
-_WAITING, _PREFILL, _DECODE, _DONE, _ABORTED = range(5)
 
 MIN_SLEEP_S = 0.001
 """Real time owed before the engine sleeps; shorter sleeps cost more than they are worth."""
 
+
 MAX_CATCH_UP_S = 0.05
 """How far the engine may run ahead without sleeping after the event loop made it late."""
-
-TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
-"""vLLM's buckets for `vllm:time_to_first_token_seconds`."""
-
-LATENCY_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-)  # fmt: skip
-"""vLLM's buckets for end-to-end latency and queue time."""
-
-
-class Histogram:
-    """A Prometheus-style histogram: per-bucket counts, sum and count."""
-
-    __slots__ = ("buckets", "count", "counts", "sum")
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # last: above every bound (+Inf only)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.buckets, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, observations ≤ bound) pairs, ending with (inf, count)."""
-        out: list[tuple[float, int]] = []
-        total = 0
-        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            total += n
-            out.append((bound, total))
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """What the engine simulates. `kv_capacity_tokens` overrides the memory model's figure."""
-
-    gpu: GpuProfile
-    model: ModelProfile
-    tp: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    time_scale: float = 1.0  # real seconds per simulated second; 0: as fast as possible
-    kv_capacity_tokens: int | None = None
-    enable_prefix_caching: bool = True  # vLLM V1's default (CacheConfig.enable_prefix_caching)
-    # A replica that slows mid-run (throttling, a noisy neighbour), planted for drift tests:
-    # this many real seconds after the first step, every step takes `slow_down_factor` x.
-    slow_down_after_s: float | None = None
-    slow_down_factor: float = 1.0
-    # --replay-table: step times from a measured surface instead of the performance model
-    measured: MeasuredSurface | None = None
-    coefficients: StepCoefficients = DEFAULT_COEFFICIENTS  # --profile: a calibrated model's
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot of the engine's gauges and counters."""
-
-    running: int
-    waiting: int
-    kv_usage: float  # 0..1
-    preemptions_total: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    requests_finished_total: int
-    steps: int
-    sim_time_s: float
-    prefix_cache_queries_total: int  # prompt tokens looked up, at first admission
-    prefix_cache_hits_total: int  # of those, tokens reused from the cache
-    prefill_tokens_computed_total: int  # prompt tokens actually run, recomputation included
-
-
-class _Prefix:
-    """A cached shared prompt prefix: `tokens` of KV, held by `refs` running requests."""
-
-    __slots__ = ("key", "refs", "tokens")
-
-    def __init__(self, key: Hashable, tokens: int) -> None:
-        self.key = key
-        self.tokens = tokens
-        self.refs = 0
-
-
-class Request:
-    """One request inside the engine; the HTTP layer awaits its futures and polls tokens."""
-
-    __slots__ = (
-        "_engine",
-        "admitted_at",
-        "arrival",
-        "base",
-        "decode_start",
-        "epoch",
-        "finished",
-        "first_token",
-        "output_tokens",
-        "prefill_done",
-        "prefill_len",
-        "prefix",
-        "prefix_key",
-        "prompt_tokens",
-        "rid",
-        "server_aborted",
-        "shared",
-        "state",
-        "tokens_before",
-    )
-
-    def __init__(
-        self,
-        engine: SimEngine,
-        rid: int,
-        prompt_tokens: int,
-        output_tokens: int,
-        prefix_key: Hashable | None = None,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        self._engine = engine
-        self.rid = rid
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.prefix_key = prefix_key
-        self.prefix: _Prefix | None = None  # the cached prefix this admission holds
-        self.shared = 0  # its tokens: this much of the request's KV is shared
-        self.first_token: asyncio.Future[None] = loop.create_future()
-        self.finished: asyncio.Future[None] = loop.create_future()
-        self.arrival = loop.time()
-        self.admitted_at: float | None = None
-        self.state = _WAITING
-        self.epoch = 0
-        self.tokens_before = 0  # tokens emitted before the current admission
-        self.prefill_len = 0
-        self.prefill_done = 0
-        self.decode_start = 0  # step whose end emitted the first token of this admission
-        self.base = 0  # own KV tokens after step s while decoding = base + s
-        self.server_aborted = False  # ended by a pause or sleep, not by its client
-
-    def tokens_done(self) -> int:
-        """Output tokens generated so far (what a stream may have sent)."""
-        if self.state == _DECODE:
-            done = self.tokens_before + self._engine.steps - self.decode_start + 1
-            return min(done, self.output_tokens)
-        if self.state == _DONE:
-            return self.output_tokens
-        return self.tokens_before
-
-    @property
-    def done(self) -> bool:
-        return self.state >= _DONE
-
-    def abort(self) -> None:
-        """Drop the request (client went away); frees its KV at once."""
-        self._engine.abort(self)
 
 
 class SimEngine:
@@ -253,8 +55,8 @@ class SimEngine:
         self._decode_shared = 0  # Σ shared prefix tokens over decoding sequences
         self._n_decode = 0
         self._caching = config.enable_prefix_caching
-        self._prefixes: dict[Hashable, _Prefix] = {}
-        self._released: OrderedDict[Hashable, _Prefix] = OrderedDict()  # held by nobody, LRU
+        self._prefixes: dict[Hashable, CachedPrefix] = {}
+        self._released: OrderedDict[Hashable, CachedPrefix] = OrderedDict()  # held by nobody, LRU
         self._shared_used = 0  # Σ tokens of held prefixes (counted once)
         self._cached_free = 0  # Σ tokens of prefixes held by nobody (free, evictable)
         self._next_rid = 0
@@ -343,12 +145,12 @@ class SimEngine:
         """Drop `req`: its client went away (its futures are cancelled), or `by_server` a
         pause in abort mode ended it (they resolve: the answer ends `finish_reason:
         abort`, with the tokens made so far)."""
-        if req.state == _WAITING:
+        if req.state == WAITING:
             self._n_waiting -= 1
-        elif req.state == _PREFILL:
+        elif req.state == PREFILL:
             del self._running[req.rid]
             self._kv_prefill -= req.prefill_len + 1 - req.shared
-        elif req.state == _DECODE:
+        elif req.state == DECODE:
             req.tokens_before = req.tokens_done()
             del self._running[req.rid]
             self._n_decode -= 1
@@ -357,7 +159,7 @@ class SimEngine:
         else:
             return
         self._release(req)
-        req.state = _ABORTED
+        req.state = ABORTED
         req.epoch += 1
         if by_server:
             req.server_aborted = True
@@ -380,7 +182,7 @@ class SimEngine:
         the running ones finish and returns when they have, `keep` freezes them where
         they are (no step runs, so no token comes) until `resume`."""
         if mode == "abort":
-            inside = [r for e, r in self._waiting if r.epoch == e and r.state == _WAITING]
+            inside = [r for e, r in self._waiting if r.epoch == e and r.state == WAITING]
             for req in (*inside, *self._running.values()):
                 self.abort(req, by_server=True)
         self._paused = "all" if mode == "keep" else "new"
@@ -464,7 +266,7 @@ class SimEngine:
 
     # -- prefix cache ----------------------------------------------------------------------
 
-    def _hold(self, req: Request, prefix: _Prefix) -> None:
+    def _hold(self, req: Request, prefix: CachedPrefix) -> None:
         """`req` now reads `prefix`; a prefix nobody held moves from free to used KV."""
         if not prefix.refs:
             del self._released[prefix.key]
@@ -493,7 +295,7 @@ class SimEngine:
         bs = self.config.block_size
         tokens = (req.prompt_tokens - 1) // bs * bs
         if tokens:
-            prefix = self._prefixes[key] = _Prefix(key, tokens)
+            prefix = self._prefixes[key] = CachedPrefix(key, tokens)
             prefix.refs = 1
             req.prefix, req.shared = prefix, tokens
             self._kv_prefill -= tokens
@@ -572,7 +374,7 @@ class SimEngine:
     def _preempt_last(self) -> None:
         """Recompute-mode preemption of the most recently admitted running sequence."""
         _, req = self._running.popitem()
-        if req.state == _DECODE:
+        if req.state == DECODE:
             req.tokens_before = req.tokens_done()
             self._n_decode -= 1
             self._decode_base -= req.base
@@ -580,7 +382,7 @@ class SimEngine:
         else:
             self._kv_prefill -= req.prefill_len + 1 - req.shared
         self._release(req)
-        req.state = _WAITING
+        req.state = WAITING
         req.epoch += 1
         self._waiting.appendleft((req.epoch, req))
         self._n_waiting += 1
@@ -603,7 +405,7 @@ class SimEngine:
         pf = self._prefilling
         while pf and budget > 0:
             epoch, req = pf[0]
-            if req.epoch != epoch or req.state != _PREFILL:
+            if req.epoch != epoch or req.state != PREFILL:
                 pf.popleft()
                 continue
             chunk = min(req.prefill_len - req.prefill_done, budget)
@@ -625,7 +427,7 @@ class SimEngine:
             admitting and self._n_waiting and budget > 0 and len(self._running) < cfg.max_num_seqs
         ):
             epoch, req = waiting[0]
-            if req.epoch != epoch or req.state != _WAITING:
+            if req.epoch != epoch or req.state != WAITING:
                 waiting.popleft()
                 continue
             length = req.prompt_tokens + req.tokens_before
@@ -643,7 +445,7 @@ class SimEngine:
                 break
             waiting.popleft()
             self._n_waiting -= 1
-            req.state = _PREFILL
+            req.state = PREFILL
             req.prefill_len = length
             self._kv_prefill += own
             if prefix is not None:
@@ -694,9 +496,9 @@ class SimEngine:
         emitted = decodes
         heap = self._finish_heap
         for epoch, req in completing:
-            if req.epoch != epoch or req.state != _PREFILL:
+            if req.epoch != epoch or req.state != PREFILL:
                 continue  # aborted while the step ran
-            req.state = _DECODE
+            req.state = DECODE
             req.decode_start = step
             req.base = req.prefill_len + 1 - step - req.shared
             self._kv_prefill -= req.prefill_len + 1 - req.shared
@@ -714,9 +516,9 @@ class SimEngine:
         self.generation_tokens_total += emitted
         while heap and heap[0][0] <= step:
             _, _, epoch, req = heapq.heappop(heap)
-            if req.epoch != epoch or req.state != _DECODE:
+            if req.epoch != epoch or req.state != DECODE:
                 continue
-            req.state = _DONE
+            req.state = DONE
             del self._running[req.rid]
             self._n_decode -= 1
             self._decode_base -= req.base

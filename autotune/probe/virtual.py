@@ -31,14 +31,14 @@ from typing import Any
 
 from autotune.config.knobs import ENGINES
 from autotune.engine_model.scheduler import SimEngine
+from autotune.engine_model.state import engine_config
 from autotune.errors import ServerStartupError
-from autotune.hardware.deployment import SimConfigError
+from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.probe.window import ProbeSettings, Window, steady_window
 from autotune.results.probes import ProbeResult
 from autotune.results.stages import StageLatency, no_latencies
 from autotune.rollout.replicas import ReplicaSet
 from autotune.servers.flags import server_flags
-from autotune.servers.sim.server import load_config
 from autotune.stats import batch_means_rate
 
 CHECK_EVERY = 32  # completions between convergence checks
@@ -225,14 +225,14 @@ class VirtualSimLauncher:
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[VirtualProbe]:
         flags = {name: value for name, value in knobs.items() if name != ENGINES}
         try:
-            config = load_config([*self.fixed_args, *server_flags(flags)])
+            config = SimConfig.from_args([*self.fixed_args, *server_flags(flags)])
         except SimConfigError as error:
             raise ServerStartupError(
                 f"the simulated server refused this configuration: {error}", reason=str(error)
             ) from None
-        engine_config = replace(config.engine_config(), time_scale=0.0)
+        one_engine = replace(engine_config(config), time_scale=0.0)
         # Never started: the probe's clock steps them (see _Clock).
-        engines = [SimEngine(engine_config) for _ in range(int(knobs.get(ENGINES, 1)))]
+        engines = [SimEngine(one_engine) for _ in range(int(knobs.get(ENGINES, 1)))]
         try:
             yield VirtualProbe(
                 engines,

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.classify import block_pairs, pair_rates
+from autotune.diagnose.checks import block_pairs, pair_rates
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, Column, html_table
 from autotune.results.diagnosis import DiagnoseResult, Evidence, quantity
