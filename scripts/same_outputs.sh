@@ -4,8 +4,8 @@
 #
 #   bash scripts/same_outputs.sh REF
 #
-# With REF's code: a diagnose, a collect with its report and a two-trial sweep on the
-# simulator, each into its own folder. Then both REF's code and this checkout's rebuild
+# With REF's code: a diagnose, a collect with its report, an RL loop with fixed lengths, a
+# two-trial sweep and a two-trial goodput sweep on the simulator, each into its own folder. Then both REF's code and this checkout's rebuild
 # every output from those saved results (`autotune report`, and the terminal summaries),
 # and print every command's --help; any byte that differs is shown and the exit is 1.
 # Measured figures move from run to run, so each job runs once; what is compared is what
@@ -33,13 +33,26 @@ probe: {min_s: 0.5, max_s: 2}
 budget: {trials: 2}
 YAML
     "${run[@]}" sweep "$work/study.yaml" --studies-dir "$work/studies" --output-dir "$work/saved/sweep" -q >/dev/null
+    "${run[@]}" loop --synthetic 64 --num-repeats 4 --batch-groups 4 --steps 3 --mode async \
+        --max-ahead 8 --output-tokens 64,0 --train-s 0.2 --sim-arg=--time-scale=0.05 -q \
+        --output-dir "$work/saved/loop" >/dev/null
+    cat >"$work/goodput.yaml" <<'YAML'
+name: goodput
+target: {kind: sim, args: [--time-scale, "0.05"]}
+workload: {synthetic: {num_tasks: 64, output_tokens: [64, 16]}, num_repeats: 4, batch: {batch_groups: 4}}
+search_space: {max_num_seqs: {choices: [8, 32]}}
+objective: {metric: informative_groups_per_s}
+probe: {steps: 2}
+budget: {trials: 2, validate_rollouts: 0}
+YAML
+    "${run[@]}" sweep "$work/goodput.yaml" --studies-dir "$work/studies" --output-dir "$work/saved/goodput" -q >/dev/null
 }
 
 outputs() {  # every output rebuilt by the code at $1, into $2 (paths made relative)
     local src=$1 out=$2
     mkdir -p "$out"
     cd "$src"
-    for kind in diagnose collect sweep; do
+    for kind in diagnose collect sweep loop goodput; do
         cp -r "$work/saved/$kind" "$out/$kind"
         rm -f "$out/$kind"/index.html "$out/$kind"/trials.csv "$out/$kind"/recommendation.*
         PYTHONPATH="$src" "$python" -m autotune report "$out/$kind" | sed "s#$out/##" >"$out/$kind.printed"
@@ -49,7 +62,6 @@ import sys
 from pathlib import Path
 
 from autotune.report import terminal
-from autotune.sweep.recommend import recommendation
 
 try:  # the results' reader, before and after the house by concept
     from autotune.results.saved import load_result
@@ -59,8 +71,19 @@ except ImportError:
 out = Path(sys.argv[1])
 print(terminal.diagnose_text(load_result(out / "diagnose")))
 print(terminal.collect_summary_text(load_result(out / "collect").summary))
-sweep = load_result(out / "sweep")
-print(terminal.sweep_text(sweep, recommendation(sweep), Path("reports/same")))
+for name in ("sweep", "goodput"):
+    sweep = load_result(out / name)
+    try:  # the objective words the summary, after the house by concept
+        from autotune.sweep.objectives import objective_for
+    except ImportError:
+        from autotune.sweep.sweep_job import recommend
+
+        print(terminal.sweep_text(sweep, recommend(sweep), Path("reports/same")))
+    else:
+        objective = objective_for(sweep.metric)
+        rec = objective.recommend(sweep)
+        print(terminal.sweep_text(sweep, rec, Path("reports/same"), objective))
+print(terminal.loop_summary_text(load_result(out / "loop").summary))
 PY
     local command
     for command in "" collect diagnose sweep report merge "bench run" "bench compare" \

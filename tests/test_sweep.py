@@ -27,6 +27,7 @@ from autotune.results.saved import load_result
 from autotune.results.trials import SweepResult
 from autotune.rollout.collect_job import run_async
 from autotune.sweep.launchers import http_launcher
+from autotune.sweep.objectives import objective_for
 from autotune.sweep.search import open_study, storage_url
 from autotune.sweep.sweep_job import run_sweep, write_outputs, write_trials_csv
 from autotune.verifiers import NoneVerifier
@@ -375,7 +376,7 @@ async def test_a_configuration_proposed_again_is_copied_marked_and_counted_as_re
         spec(3),
         storage=url,
         launcher=launcher,
-        on_trial=lambda n, o: lines.append(trial_line(n, o)),
+        on_trial=lambda n, o: lines.append(trial_line(n, o, objective_for("rollouts_per_s"))),
     )
     assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8]
     assert [t.state for t in first.trials] == ["COMPLETE", "PRUNED", "COMPLETE"]

@@ -34,6 +34,7 @@ from autotune.sweep.feasibility import (
     splits,
 )
 from autotune.sweep.launchers import http_launcher
+from autotune.sweep.objectives import objective_for
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import check_space, suggest_knobs
 from autotune.sweep.sweep_job import run_sweep, write_outputs
@@ -286,7 +287,7 @@ async def test_grpo_groups_on_the_simulator_recommend_prefix_caching_on_the_meas
     with (tmp_path / "report" / "trials.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert all(row["roofline_pct"] for row in rows if row["state"] == "COMPLETE")
-    text = sweep_text(result, rec, tmp_path / "report")
+    text = sweep_text(result, rec, tmp_path / "report", objective_for(result.metric))
     assert f"{rec.roofline_share:.0%} of the hardware's roofline" in text
     assert f"prefix caching       on (measured at {gain.split}" in text
     assert "--vllm.enable_prefix_caching" in text and "--data-parallel-size" in text

@@ -21,8 +21,8 @@ from autotune.results.saved import load_result
 from autotune.results.stages import StageLatency
 from autotune.results.trials import SweepResult
 from autotune.sweep.feasibility import prelaunch, seed_configuration
+from autotune.sweep.objectives.goodput import batch_spec, step_snippets
 from autotune.sweep.search import open_study, storage_url
-from autotune.sweep.steps import batch_spec, step_snippets
 from tests.helpers import autotune, one_sentence_error
 
 LONG_TAIL = [

@@ -82,6 +82,7 @@ def run_command(args: argparse.Namespace) -> int:
     from autotune.report.terminal import progress_bar, sweep_text, trial_line
     from autotune.results.trials import TrialOutcome
     from autotune.rollout.collect_job import run_async
+    from autotune.sweep.objectives import objective_for
     from autotune.sweep.sweep_job import check_storage, recommend, run_sweep, write_outputs
 
     if args.schema:
@@ -90,6 +91,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.study is None:
         raise UsageError("autotune sweep needs a study file; pass e.g. studies/demo.yaml.")
     study = _with_repeats(load_study(args.study), args.num_repeats)
+    objective = objective_for(study.objective.metric)
     directory, flag = args.output_dir, f"--output-dir {args.output_dir}"
     if args.reports_dir is not None:
         if directory is not None:
@@ -108,7 +110,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         def on_trial(number: int, outcome: TrialOutcome) -> None:
             if not args.quiet:
-                bar.write(trial_line(number, outcome))
+                bar.write(trial_line(number, outcome, objective))
             bar.rollout_done({}, 0)  # after its line, so that a log reads in order
 
         result = run_async(
@@ -125,5 +127,5 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json:
         print_result(to_json(recommended).decode() if recommended else "null")
     else:
-        print_result(sweep_text(result, recommended, directory))
+        print_result(sweep_text(result, recommended, directory, objective))
     return 0

@@ -110,11 +110,9 @@ def loop_spec(fixed: LoopSpec | None, knobs: Mapping[str, Any]) -> LoopSpec:
 
 
 class ObjectiveSpec(SpecModel):
-    # informative_groups_per_s: each trial runs training steps of GRPO groups (as
-    # `collect --batch-groups`) instead of a parallelism curve; see Study._steps.
-    metric: Literal[
-        "rollouts_per_s", "output_tokens_per_s", "informative_groups_per_s", "trained_samples_per_s"
-    ] = "rollouts_per_s"
+    # The objective (sweep/objectives: rollouts_per_s, output_tokens_per_s,
+    # informative_groups_per_s, trained_samples_per_s), which says how a trial is measured.
+    metric: Text = "rollouts_per_s"
     max_error_rate: float = Field(default=0.05, ge=0, le=1)
     # Latency budgets: a trial's value is its best throughput at a parallelism that meets
     # them, and the recommendation stays at or under them (sweep/recommend.py).

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.knee import UslFit
 from autotune.report import html, plots
@@ -19,11 +19,8 @@ from autotune.results.diagnosis import quantity
 from autotune.results.trials import (
     CEILING_RULE,
     HEADROOM_RULE,
-    AnyRecommendation,
-    LoopRecommendation,
     Recommendation,
     Recommended,
-    StepsRecommendation,
     SweepResult,
     TrialRecord,
     Validation,
@@ -177,7 +174,7 @@ def gpu_rows(recommended: Recommendation) -> list[tuple[str, str]]:
 
 FAILURE_COLUMNS: tuple[Column[TrialRecord], ...] = (
     Column("trial", lambda t: t.number),
-    Column("server knobs", lambda t: _knobs(t.knobs)),
+    Column("server knobs", lambda t: knobs_text(t.knobs)),
     Column("reason", lambda t: t.infeasible_reason),
 )
 
@@ -196,7 +193,7 @@ def knee_curves(
     curves = {}
     seen: set[str] = set()
     for trial in top_trials(result, len(result.trials)):
-        configuration = _knobs(trial.knobs)
+        configuration = knobs_text(trial.knobs)
         if configuration in seen:
             continue
         seen.add(configuration)
@@ -317,17 +314,13 @@ def history(result: SweepResult) -> dict[str, tuple[list[float], list[float]]]:
     return {"trial": (numbers, values), "best so far": (numbers, best)}
 
 
-def render(result: SweepResult, recommended: AnyRecommendation | None) -> str:
+def curve_sections(result: SweepResult, recommended: Recommendation | None) -> list[str]:
+    """A curve study's recommendation, and its knee plot over the best curves."""
     metric = result.metric.replace("_per_s", "/s").replace("_", " ")
     simulated = result.simulated
-    if isinstance(recommended, StepsRecommendation):
-        sections = [_steps_section(recommended)]
-    elif isinstance(recommended, LoopRecommendation):
-        sections = [_loop_section(recommended)]
-    else:
-        sections = [_recommendation_section(recommended)]
+    sections = [_recommendation_section(recommended)]
     curves = knee_curves(result)
-    if curves and isinstance(recommended, Recommendation):
+    if curves and recommended is not None:
         marks, level = knee_marks(recommended)
         sections.append(
             html.section(
@@ -356,6 +349,21 @@ def render(result: SweepResult, recommended: AnyRecommendation | None) -> str:
                 html.paragraph(recommended.note),
             )
         )
+    return sections
+
+
+class Presenter(Protocol):
+    """How a study's objective shows its recommendation (sweep/objectives)."""
+
+    def report_sections(self, result: SweepResult, recommended: Any) -> list[str]: ...
+
+    def validation_note(self, verdict: str) -> str: ...
+
+
+def render(result: SweepResult, recommended: Any, presenter: Presenter) -> str:
+    metric = result.metric.replace("_per_s", "/s").replace("_", " ")
+    simulated = result.simulated
+    sections = presenter.report_sections(result, recommended)
     splits = split_rows(result)
     if splits:
         sections.append(
@@ -371,7 +379,7 @@ def render(result: SweepResult, recommended: AnyRecommendation | None) -> str:
                 html_table(SPLIT_COLUMNS, splits),
             )
         )
-    sections += _latency_sections(result, recommended, metric)
+    sections += _latency_sections(result, recommended, metric, presenter)
     if result.completed:
         sections.append(
             html.section(
@@ -451,92 +459,23 @@ def render(result: SweepResult, recommended: AnyRecommendation | None) -> str:
     )
 
 
-def _knobs(knobs: dict[str, Any]) -> str:
+def knobs_text(knobs: dict[str, Any]) -> str:
+    """A configuration's knobs as `name=value` pairs."""
     return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "(client only)"
 
 
-def _steps_section(rec: StepsRecommendation) -> str:
-    """A goodput study's recommendation: the best configuration and batch settings as
-    measured, and the lines each RL framework takes."""
-    unit = "informative groups/s"
-    carry = "on" if rec.carry_over else "off"
-    slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
-    text = (
-        f"Recommended: {rec.batch_groups} groups of {rec.group_size} a step, over-sampling "
-        f"{rec.over_sample:g}, carry-over {carry}, with {_knobs(rec.server)} — measured "
-        f"{quantity(rec.informative_groups_per_s)} {unit}."
-    )
-    validated = {None: "not validated", True: "passed", False: "failed"}[rec.validated]
-    return html.section(
-        "Recommendation",
-        html.callout(text, "verdict"),
-        html.definition_list(
-            [
-                ("p95 step time", f"{_maybe(rec.step_p95_s)} s{slo}"),
-                ("server busy share", _share_text(rec.busy_share)),
-                ("tail share of a step", _share_text(rec.tail_share)),
-                ("tokens generated for cancelled samples", str(rec.cancelled_tokens)),
-                ("staleness (steps, mean)", _maybe(rec.staleness_mean)),
-                ("validated", validated),
-                ("OpenRLHF", rec.snippets.openrlhf),
-                ("verl", rec.snippets.verl),
-                ("slime", rec.snippets.slime),
-                ("vLLM", rec.snippets.vllm),
-                ("autotune", rec.snippets.autotune),
-            ]
-        ),
-    )
-
-
-def _loop_section(rec: LoopRecommendation) -> str:
-    """A loop study's recommendation: the mode and its bounds as measured, its gain over
-    the best trial of each other mode, and the lines each RL framework takes."""
-    bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
-    if rec.max_staleness is not None:
-        bound += f", groups older than {rec.max_staleness} versions dropped"
-    text = (
-        f"Recommended: the {rec.mode} loop, {rec.batch_groups} groups of {rec.group_size} a "
-        f"step{bound}, pause {rec.pause_mode}, with {_knobs(rec.server)} — measured "
-        f"{quantity(rec.trained_samples_per_s)} trained samples/s."
-    )
-    validated = {None: "not validated", True: "passed", False: "failed"}[rec.validated]
-    gains = [
-        (f"× the best {mode} trial", f"{gain:.2f}")
-        for mode, gain in sorted(rec.gain_over_modes.items())
-    ]
-    return html.section(
-        "Recommendation",
-        html.callout(text, "verdict"),
-        html.definition_list(
-            [
-                *gains,
-                ("staleness p95 / max (versions)", f"{_maybe(rec.staleness_p95)} / "
-                 f"{rec.staleness_max}"),
-                ("staleness limit", str(rec.staleness_limit)),
-                ("trainer idle", _share_text(rec.trainer_idle_share)),
-                ("generator idle", _share_text(rec.generator_idle_share)),
-                ("paused for syncs", _share_text(rec.sync_share)),
-                ("validated", validated),
-                ("OpenRLHF", rec.snippets.openrlhf),
-                ("verl", rec.snippets.verl),
-                ("NeMo RL", rec.snippets.nemo_rl),
-                ("vLLM", rec.snippets.vllm),
-                ("autotune", rec.snippets.autotune),
-            ]
-        ),
-    )  # fmt: skip
-
-
-def _maybe(value: float | None) -> str:
+def figure_text(value: float | None) -> str:
+    """A figure as the report shows quantities, "-" for none."""
     return "-" if value is None else quantity(value)
 
 
-def _share_text(share: float | None) -> str:
+def percent_text(share: float | None) -> str:
+    """A share as a whole percentage, "-" for none."""
     return "-" if share is None else f"{share:.0%}"
 
 
 def _latency_sections(
-    result: SweepResult, recommended: AnyRecommendation | None, metric: str
+    result: SweepResult, recommended: Any, metric: str, presenter: Presenter
 ) -> list[str]:
     """The Pareto plot of throughput against p95 latency, and the validation runs."""
     sections = []
@@ -565,39 +504,32 @@ def _latency_sections(
         sections.append(
             html.section(
                 "Validation",
-                html.paragraph(
-                    f"The recommended configuration's training steps ran again on a fresh "
-                    f"server before it was recommended; the run {verdict}. It must keep 80% "
-                    "of the trial's informative groups/s, and meet the step-time SLO."
-                    if isinstance(recommended, StepsRecommendation)
-                    else f"The recommended loop ran again on a fresh server before it was "
-                    f"recommended; the run {verdict}. It must keep 80% of the trial's trained "
-                    "samples/s, within the failure and staleness limits."
-                    if isinstance(recommended, LoopRecommendation)
-                    else f"The recommended configuration was held at load before it was "
-                    f"recommended (budget.validate_rollouts); the last run {verdict}. A "
-                    "failed run steps down to 80% of its parallelism and validates again."
-                ),
+                html.paragraph(presenter.validation_note(verdict)),
                 html_table(VALIDATION_COLUMNS, recommended.validations),
             )
         )
     return sections
 
 
+def no_recommendation_section() -> str:
+    """The report's first section when no configuration was feasible."""
+    return html.section(
+        "Recommendation",
+        html.callout(
+            "No configuration was feasible: see the failed configurations below.", "warning"
+        ),
+    )
+
+
 def _recommendation_section(recommended: Recommendation | None) -> str:
     if recommended is None:
-        return html.section(
-            "Recommendation",
-            html.callout(
-                "No configuration was feasible: see the failed configurations below.", "warning"
-            ),
-        )
+        return no_recommendation_section()
     rec, peak, snippets = recommended.recommended, recommended.peak, recommended.snippets
     unit = recommended.metric.replace("_per_s", "/s").replace("_", " ")
     roofline = roofline_text(recommended.roofline_share)
     text = (
         f"Recommended: parallelism {rec.parallelism} ({_bound(rec)}) with "
-        f"{_knobs(recommended.server)} — predicted {quantity(rec.predicted_throughput)} {unit} "
+        f"{knobs_text(recommended.server)} — predicted {quantity(rec.predicted_throughput)} {unit} "
         f"(peak {quantity(peak.throughput)} {unit} at parallelism {peak.parallelism:.0f}"
         f"{f'; {roofline}' if roofline else ''})."
     )
@@ -689,5 +621,5 @@ def validated_text(recommended: Recommendation, wording: ValidationWording) -> s
     return line.format(figures=figures, problems="; ".join(last.problems))
 
 
-def write(result: SweepResult, recommended: AnyRecommendation | None, directory: Path) -> Path:
-    return html.write_report(directory, render(result, recommended))
+def write(result: SweepResult, recommended: Any, directory: Path, presenter: Presenter) -> Path:
+    return html.write_report(directory, render(result, recommended, presenter))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from autotune.report.collect_report import tool_calls_line
 from autotune.report.columns import REPLICA_COLUMNS, terminal_table
@@ -31,12 +31,7 @@ from autotune.report.sweep_report import (
 from autotune.results.diagnosis import DiagnoseResult
 from autotune.results.runs import CollectSummary, LoopSummary
 from autotune.results.stages import STAGES
-from autotune.results.trials import (
-    AnyRecommendation,
-    LoopRecommendation,
-    StepsRecommendation,
-    SweepResult,
-)
+from autotune.results.trials import Recommendation, SweepResult
 
 if TYPE_CHECKING:
     from autotune.probe.status import ProbeStatus
@@ -352,8 +347,8 @@ def group_lines(summary: CollectSummary) -> list[str]:
             + (f", {groups.incomplete:,} incomplete" if groups.incomplete else ""),
             f"RL goodput    {groups.informative_groups_per_s:,.2f} informative groups/s, "
             f"{groups.informative_tokens_per_s:,.1f} of their output tokens/s",
-            f"stragglers    group completion p50 {_seconds(groups.completion_s.p50)}, "
-            f"p95 {_seconds(groups.completion_s.p95)}; slowest/median sample p50 "
+            f"stragglers    group completion p50 {seconds_text(groups.completion_s.p50)}, "
+            f"p95 {seconds_text(groups.completion_s.p95)}; slowest/median sample p50 "
             f"{_ratio(groups.straggler_ratio.p50)}, p95 {_ratio(groups.straggler_ratio.p95)}",
         ]
     batch = summary.batch
@@ -364,9 +359,9 @@ def group_lines(summary: CollectSummary) -> list[str]:
         lines += [
             f"batch steps   {len(batch.steps):,} steps of {batch.batch_groups} groups"
             + (f" ({', '.join(remedies)})" if remedies else "")
-            + f": step p50 {_seconds(batch.step_s.p50)}, p95 {_seconds(batch.step_s.p95)}",
-            f"              tail {_share(batch.tail_share)} of a step, server busy "
-            f"{_share(batch.busy_share)} of {batch.capacity} ({batch.busy_source}'s count)",
+            + f": step p50 {seconds_text(batch.step_s.p50)}, p95 {seconds_text(batch.step_s.p95)}",
+            f"              tail {share_text(batch.tail_share)} of a step, server busy "
+            f"{share_text(batch.busy_share)} of {batch.capacity} ({batch.busy_source}'s count)",
             f"              {batch.cancelled_samples:,} samples cancelled ({wasted} tokens); "
             f"staleness mean {_ratio(batch.staleness_mean)} steps, max "
             f"{'-' if batch.staleness_max is None else batch.staleness_max}",
@@ -374,7 +369,8 @@ def group_lines(summary: CollectSummary) -> list[str]:
     return lines
 
 
-def _seconds(value: float | None) -> str:
+def seconds_text(value: float | None) -> str:
+    """Seconds as the terminal shows them, "-" for none."""
     return "-" if value is None else f"{value:,.2f} s"
 
 
@@ -382,7 +378,8 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _share(value: float | None) -> str:
+def share_text(value: float | None) -> str:
+    """A share as a whole percentage, "-" for none."""
     return "-" if value is None else f"{value:.0%}"
 
 
@@ -416,6 +413,18 @@ def diagnose_text(result: DiagnoseResult) -> str:
     return "\n".join(lines)
 
 
+class TrialPresenter(Protocol):
+    """How a study's objective words what a trial found (sweep/objectives)."""
+
+    def trial_text(self, outcome: TrialOutcome) -> str: ...
+
+
+class SummaryPresenter(Protocol):
+    """How a study's objective sums up its recommendation (sweep/objectives)."""
+
+    def summary_lines(self, result: SweepResult, recommended: Any) -> list[str]: ...
+
+
 TERMINAL_VALIDATION = ValidationWording(
     not_run="no validation run (budget.validate_rollouts: 0)",
     number=lambda value: f"{value:.3g}",
@@ -424,27 +433,13 @@ TERMINAL_VALIDATION = ValidationWording(
 )
 
 
-def trial_line(number: int, outcome: TrialOutcome) -> str:
+def trial_line(number: int, outcome: TrialOutcome, presenter: TrialPresenter) -> str:
     """One finished trial as the sweep prints it (its reason already free of secrets)."""
     knobs = ", ".join(f"{k}={v}" for k, v in outcome.knobs.items()) or "client only"
-    batch = outcome.batch
     if outcome.infeasible_reason:
         found = f"infeasible: {outcome.infeasible_reason}"
-    elif batch is not None:
-        found = (
-            f"{outcome.value:.3g} informative groups/s, p95 step {_seconds(batch.step_s.p95)}, "
-            f"busy {_share(batch.busy_share)}"
-        )
-    elif (loop := outcome.loop) is not None:
-        found = (
-            f"{outcome.value:.3g} trained samples/s ({loop.mode}), staleness max "
-            f"{loop.staleness_max}, trainer idle {_share(loop.trainer_idle_share)}"
-        )
     else:
-        found = (
-            f"{outcome.value:.3g} at parallelism "
-            f"{outcome.curve.best_measured_parallelism if outcome.curve else '-'}"
-        )
+        found = presenter.trial_text(outcome)
     if outcome.pruned_reason:
         found += f", pruned: {outcome.pruned_reason}"
     if outcome.copied_from is not None:
@@ -452,61 +447,39 @@ def trial_line(number: int, outcome: TrialOutcome) -> str:
     return f"trial {number}: {knobs} → {found} ({outcome.wall_s:.1f} s)"
 
 
-def steps_lines(rec: StepsRecommendation) -> list[str]:
-    """A goodput study's recommendation: its configuration, steps and framework lines."""
-    knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(server as it is)"
-    carry = ", carry-over" if rec.carry_over else ""
-    slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
-    validated = {None: "not validated", True: "passed"}.get(rec.validated, "FAILED")
-    if rec.validated is False and rec.validations:
-        validated += ": " + "; ".join(rec.validations[-1].problems)
-    return [
+def curve_lines(result: SweepResult, rec: Recommendation) -> list[str]:
+    """A curve study's recommendation: the configuration, its peak, the parallelism
+    recommended and validated, and the lines NeMo Gym, vLLM and OpenRLHF take."""
+    knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(client only)"
+    smallest = rec.smallest_parallelism_at_80pct_of_peak_throughput
+    lines = [
         f"best configuration   {knobs}",
-        f"training steps       {rec.batch_groups} groups of {rec.group_size}, over-sampling "
-        f"{rec.over_sample:g}{carry}",
-        f"goodput              {rec.informative_groups_per_s:.3g} informative groups/s, p95 "
-        f"step {_seconds(rec.step_p95_s)}{slo}, busy {_share(rec.busy_share)}, tail "
-        f"{_share(rec.tail_share)}",
-        f"validated            {validated}",
-        "",
-        f"OpenRLHF   {rec.snippets.openrlhf}",
-        f"verl       {rec.snippets.verl}",
-        f"slime      {rec.snippets.slime}",
-        f"vLLM       {rec.snippets.vllm}",
-        f"autotune   {rec.snippets.autotune}",
+        f"peak                 {rec.peak.throughput:.3g} {rec.metric} at parallelism "
+        f"{rec.peak.parallelism:.0f}",
+        f"recommended          parallelism {rec.recommended.parallelism} "
+        f"({rec.recommended.bound_by}) → {rec.recommended.predicted_throughput:.3g} "
+        "predicted",
+        *(f"{name:<21}{text}" for name, text in gpu_rows(rec)),
+        f"validated            {validated_text(rec, TERMINAL_VALIDATION)}",
+        f"knee                 parallelism {rec.knee_parallelism:.0f}; 80% of peak "
+        f"throughput from parallelism {smallest}",
+        f"note                 {rec.note}",
     ]
-
-
-def loop_lines(rec: LoopRecommendation) -> list[str]:
-    """A loop study's recommendation: its mode and bounds, its gain over the other modes,
-    and the lines each framework takes."""
-    knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(server as it is)"
-    bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
-    if rec.max_staleness is not None:
-        bound += f", older than {rec.max_staleness} versions dropped"
-    gains = ", ".join(f"×{g:.2f} {mode}" for mode, g in sorted(rec.gain_over_modes.items()))
-    validated = {None: "not validated", True: "passed"}.get(rec.validated, "FAILED")
-    if rec.validated is False and rec.validations:
-        validated += ": " + "; ".join(rec.validations[-1].problems)
-    return [
-        f"best configuration   {knobs}",
-        f"loop                 {rec.mode}: {rec.batch_groups} groups of {rec.group_size} a "
-        f"step{bound}; pause {rec.pause_mode}",
-        f"trained              {rec.trained_samples_per_s:.3g} samples/s"
-        + (f" ({gains} the best of each other mode)" if gains else ""),
-        f"staleness            p95 {rec.staleness_p95}, max {rec.staleness_max}"
-        + (f" (limit {rec.staleness_limit})" if rec.staleness_limit is not None else ""),
-        f"validated            {validated}",
+    splits = split_rows(result)
+    if splits:
+        lines += ["", *terminal_table(SPLIT_COLUMNS, splits)]
+    lines += [
         "",
-        f"OpenRLHF   {rec.snippets.openrlhf}",
-        f"verl       {rec.snippets.verl}",
-        f"NeMo RL    {rec.snippets.nemo_rl}",
+        f"NeMo Gym   {rec.snippets.nemo_gym}",
         f"vLLM       {rec.snippets.vllm}",
-        f"autotune   {rec.snippets.autotune}",
+        f"OpenRLHF   {rec.snippets.openrlhf}",
     ]
+    return lines
 
 
-def sweep_text(result: SweepResult, recommended: AnyRecommendation | None, directory: Path) -> str:
+def sweep_text(
+    result: SweepResult, recommended: Any, directory: Path, presenter: SummaryPresenter
+) -> str:
     """The closing summary of a sweep: the recommendation and where the files are."""
     lines = []
     if result.simulated:
@@ -520,35 +493,7 @@ def sweep_text(result: SweepResult, recommended: AnyRecommendation | None, direc
     )
     if recommended is None:
         lines.append("no feasible configuration: see the failed configurations in the report")
-    elif isinstance(recommended, StepsRecommendation):
-        lines += steps_lines(recommended)
-    elif isinstance(recommended, LoopRecommendation):
-        lines += loop_lines(recommended)
     else:
-        rec = recommended
-        knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(client only)"
-        smallest = rec.smallest_parallelism_at_80pct_of_peak_throughput
-        lines += [
-            f"best configuration   {knobs}",
-            f"peak                 {rec.peak.throughput:.3g} {rec.metric} at parallelism "
-            f"{rec.peak.parallelism:.0f}",
-            f"recommended          parallelism {rec.recommended.parallelism} "
-            f"({rec.recommended.bound_by}) → {rec.recommended.predicted_throughput:.3g} "
-            "predicted",
-            *(f"{name:<21}{text}" for name, text in gpu_rows(rec)),
-            f"validated            {validated_text(rec, TERMINAL_VALIDATION)}",
-            f"knee                 parallelism {rec.knee_parallelism:.0f}; 80% of peak "
-            f"throughput from parallelism {smallest}",
-            f"note                 {rec.note}",
-        ]
-        splits = split_rows(result)
-        if splits:
-            lines += ["", *terminal_table(SPLIT_COLUMNS, splits)]
-        lines += [
-            "",
-            f"NeMo Gym   {rec.snippets.nemo_gym}",
-            f"vLLM       {rec.snippets.vllm}",
-            f"OpenRLHF   {rec.snippets.openrlhf}",
-        ]
+        lines += presenter.summary_lines(result, recommended)
     lines.append(f"\nreport: {directory / 'index.html'}")
     return "\n".join(lines)

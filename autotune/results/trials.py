@@ -384,6 +384,3 @@ class LoopRecommendation(Record):
     snippets: LoopSnippets
     validated: bool | None = None  # None: not validated (budget.validate_rollouts: 0)
     validations: list[Validation] | None = None
-
-
-AnyRecommendation = Recommendation | StepsRecommendation | LoopRecommendation

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.config.knobs import ChoiceSpace, FloatSpace, IntSpace
-from autotune.config.study import GOODPUT, TRAINED, PriorSpec, Study
+from autotune.config.study import PriorSpec, Study
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import Batch
@@ -46,8 +46,6 @@ from autotune.results.trials import CurveSummary, TrialOutcome, TrialRecord
 from autotune.sweep.curve import (
     Incumbent,
     Launcher,
-    run_trial,
-    start_parallelism,
 )
 from autotune.sweep.feasibility import (
     effective_knobs,
@@ -58,9 +56,9 @@ from autotune.sweep.feasibility import (
     seed_configuration,
     splits,
 )
-from autotune.sweep.loop_study import run_loop_trial
+from autotune.sweep.objectives import objective_for
+from autotune.sweep.objectives.base import TrialContext
 from autotune.sweep.prior import Prior, params_key, prior_launcher
-from autotune.sweep.steps import run_step_trial, step_p95
 
 log = logging.getLogger("autotune")
 
@@ -149,12 +147,7 @@ def _record(trial: Any, outcome: TrialOutcome, study: Study) -> None:
             trial.set_user_attr(f"min_{latency.figure}", lowest)
             name = latency.figure.removesuffix("_s")
             trial.set_constraint(name, min(lowest if lowest is not None else math.inf, 1e9) - slo)
-    if objective.max_step_s is not None:
-        p95 = step_p95(outcome.batch)
-        trial.set_user_attr("step_p95_s", p95)
-        trial.set_constraint(
-            "step_time", min(p95 if p95 is not None else 1e9, 1e9) - objective.max_step_s
-        )
+    objective_for(study.objective.metric).record_trial(study, trial, outcome)
 
 
 def _values(outcome: TrialOutcome, study: Study) -> float | list[float]:
@@ -419,26 +412,8 @@ async def _measure(
     reach the best value so far."""
     if known.problem is not None:
         return _not_started(knobs, infeasible=f"{known.problem} (known before launch: not started)")
-    if study.objective.metric == GOODPUT:
-        return await run_step_trial(launcher, knobs, study)
-    if study.objective.metric == TRAINED:
-        return await run_loop_trial(launcher, knobs, study)
-    one_objective = study.objective.second_objective is None
-    start = start_parallelism(
-        study,
-        best.parallelism if best else None,
-        known.ceiling,
-        best_level=best is not None and best.level,
-    )
-    return await run_trial(
-        launcher,
-        knobs,
-        study,
-        start,
-        best=best if one_objective else None,
-        top=known.ceiling,
-        on_rung=(lambda step, value: trial.report(value, step)) if one_objective else None,
-    )
+    objective = objective_for(study.objective.metric)
+    return await objective.run_trial(study, launcher, knobs, TrialContext(trial, known, best))
 
 
 def _heartbeat(optuna_study: Any, trial: Any) -> Any:

@@ -21,11 +21,11 @@ import orjson
 import yaml
 
 from autotune.config.collection import collect_config
-from autotune.config.study import GOODPUT, TRAINED, Study
+from autotune.config.study import Study
 from autotune.errors import UsageError
-from autotune.results.codec import machine_identity, save, to_json
+from autotune.results.codec import Record, machine_identity, save, to_json
 from autotune.results.runs import WorkloadRecord
-from autotune.results.trials import AnyRecommendation, SweepResult, TrialOutcome, Validation
+from autotune.results.trials import SweepResult, TrialOutcome, Validation
 from autotune.rollout.workload import workload_record
 from autotune.sweep.curve import Launcher
 from autotune.sweep.launchers import (
@@ -34,8 +34,7 @@ from autotune.sweep.launchers import (
     http_launcher,
     study_target_config,
 )
-from autotune.sweep.loop_study import loop_recommendation, validate_loop
-from autotune.sweep.recommend import recommendation
+from autotune.sweep.objectives import objective_for
 from autotune.sweep.search import (
     check_space,
     finished_trials,
@@ -47,8 +46,6 @@ from autotune.sweep.search import (
     storage_url,
     trial_records,
 )
-from autotune.sweep.steps import steps_recommendation, validate_steps
-from autotune.sweep.validate import validate
 from autotune.verifiers import VerifierOptions, load_verifier
 
 log = logging.getLogger("autotune")
@@ -147,9 +144,7 @@ async def _search(
     if best is not None and str(best.number) in saved:
         runs = [Validation.from_dict(run) for run in saved[str(best.number)]]
     else:
-        metric = study.objective.metric
-        check = {GOODPUT: validate_steps, TRAINED: validate_loop}.get(metric, validate)
-        runs = await check(study, launcher, result)
+        runs = await objective_for(study.objective.metric).validate(study, launcher, result)
         if best is not None and runs:
             optuna_study.set_user_attr(VALIDATIONS, {str(best.number): [r.to_dict() for r in runs]})
     return redact_result(dataclasses.replace(result, validations=runs))
@@ -296,14 +291,9 @@ def write_trials_csv(result: SweepResult, path: Path) -> Path:
     return path
 
 
-def recommend(result: SweepResult) -> AnyRecommendation | None:
-    """The study's recommendation: a configuration and its parallelism, for a goodput
-    study a configuration and its batch settings, for a loop study its mode and bounds."""
-    if result.metric == GOODPUT:
-        return steps_recommendation(result)
-    if result.metric == TRAINED:
-        return loop_recommendation(result)
-    return recommendation(result)
+def recommend(result: SweepResult) -> Record | None:
+    """The study's recommendation, as its objective makes it."""
+    return objective_for(result.metric).recommend(result)
 
 
 def write_outputs(result: SweepResult, directory: Path) -> list[Path]:
@@ -322,5 +312,6 @@ def write_outputs(result: SweepResult, directory: Path) -> list[Path]:
         # The JSON's values, so both files say the same (an open interval's "Infinity").
         as_yaml.write_text(yaml.safe_dump(orjson.loads(as_json.read_bytes()), sort_keys=False))
         written += [as_json, as_yaml]
-    written.append(sweep_report.write(result, recommended, directory))
+    objective = objective_for(result.metric)
+    written.append(sweep_report.write(result, recommended, directory, objective))
     return written

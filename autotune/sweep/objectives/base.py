@@ -1,0 +1,181 @@
+"""The `Objective` protocol a sweep maximises, and `EngineObjective`, the shared shape of
+the objectives that run one measurement through autotune's engine per trial (training
+steps, the RL loop) instead of a parallelism curve."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from autotune.config.study import Study
+from autotune.errors import ServerStartupError, UsageError
+from autotune.hardware.fit import Batch
+from autotune.probe.realtime import EngineProbe
+from autotune.results.codec import Record
+from autotune.results.trials import SweepResult, TrialOutcome, TrialRecord, Validation
+from autotune.sweep.curve import Incumbent, Launcher
+
+VALIDATION_SHARE = 0.8  # a validation run keeps at least this share of the trial's value
+
+
+@dataclass(frozen=True, slots=True)
+class TrialContext:
+    """What the search knows when a trial starts: the Optuna trial (to report rungs to),
+    what is known of the configuration before launch, and the best trial so far (None:
+    nothing to prune against)."""
+
+    trial: Any
+    known: Batch
+    best: Incumbent | None
+
+
+class Objective(Protocol):
+    """What a study maximises (`objective.metric`): the knobs it searches besides the
+    server's, how one trial is measured and validated, the recommendation it makes, and
+    how the terminal and the report show them."""
+
+    @property
+    def metric(self) -> str:
+        """The `objective.metric` it answers to."""
+        ...
+
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """The knobs it searches besides the server's."""
+        ...
+
+    async def run_trial(
+        self, study: Study, launcher: Launcher, knobs: dict[str, Any], context: TrialContext
+    ) -> TrialOutcome: ...
+
+    def record_trial(self, study: Study, trial: Any, outcome: TrialOutcome) -> None:
+        """Its own figures and constraints on the Optuna trial, beside the common ones."""
+
+    async def validate(
+        self, study: Study, launcher: Launcher, result: SweepResult
+    ) -> list[Validation]: ...
+
+    def recommend(self, result: SweepResult) -> Record | None: ...
+
+    def trial_text(self, outcome: TrialOutcome) -> str:
+        """What a feasible trial found, as the sweep's progress line says it."""
+        ...
+
+    def summary_lines(self, result: SweepResult, recommended: Any) -> list[str]:
+        """The sweep's closing summary of the recommendation, in the terminal."""
+        ...
+
+    def report_sections(self, result: SweepResult, recommended: Any) -> list[str]:
+        """The report's sections on the recommendation (HTML), first in the page."""
+        ...
+
+    def validation_note(self, verdict: str) -> str:
+        """What the report says of the validation runs ('passed' or 'failed')."""
+        ...
+
+
+S = TypeVar("S", bound=Record)
+
+
+class EngineObjective(Generic[S]):
+    """An objective measured by one run through autotune's engine per trial (a summary
+    `S`): a subclass says how to run it on the probe, what it is worth, what makes it
+    unfit, and how a validation run compares with the trial."""
+
+    metric: ClassVar[str]
+    searched: ClassVar[tuple[str, ...]]
+    what: ClassVar[str]  # what the engine runs, for the one sentence: "training steps"
+
+    async def measure(self, probe: EngineProbe, study: Study, knobs: dict[str, Any]) -> S:
+        raise NotImplementedError
+
+    def value(self, summary: S) -> float:
+        raise NotImplementedError
+
+    def error_rate(self, summary: S) -> float:
+        raise NotImplementedError
+
+    def measured_s(self, summary: S | None) -> float:
+        raise NotImplementedError
+
+    def trial_problem(self, study: Study, summary: S) -> str | None:
+        """Why a measured trial is infeasible; None when it is not."""
+        raise NotImplementedError
+
+    def validation_problems(self, study: Study, summary: S) -> list[str]:
+        """Why a validation run fails besides keeping too little of the trial's value."""
+        problem = self.trial_problem(study, summary)
+        return [problem] if problem is not None else []
+
+    def outcome(
+        self, knobs: dict[str, Any], summary: S | None, reason: str | None, wall_s: float
+    ) -> TrialOutcome:
+        raise NotImplementedError
+
+    def shortfall(self, summary: S, expected: float) -> str:
+        """The validation's problem when it kept less than VALIDATION_SHARE of `expected`."""
+        raise NotImplementedError
+
+    def validation(
+        self, study: Study, best: TrialRecord, summary: S | None, problems: list[str]
+    ) -> Validation:
+        raise NotImplementedError
+
+    def trial_summary(self, best: TrialRecord) -> S | None:
+        """The best trial's measured summary, None when it ran none."""
+        raise NotImplementedError
+
+    def server_knobs(self, knobs: dict[str, Any]) -> dict[str, Any]:
+        """The drawn knobs the server takes: all but the trainer's own."""
+        from autotune.config.study import server_part
+
+        return server_part(knobs)
+
+    async def run(self, launcher: Launcher, study: Study, knobs: dict[str, Any]) -> S:
+        """The configuration's server started, the objective's run made on it."""
+        async with launcher.running(self.server_knobs(knobs)) as probe:
+            if not isinstance(probe, EngineProbe):  # the study's validation admits no other
+                raise UsageError(
+                    f"objective {self.metric} runs {self.what} through autotune's engine."
+                )
+            return await self.measure(probe, study, knobs)
+
+    async def run_trial(
+        self, study: Study, launcher: Launcher, knobs: dict[str, Any], context: TrialContext
+    ) -> TrialOutcome:
+        """Start the configuration, make its run, stop it; a refusal becomes an outcome."""
+        started = time.perf_counter()
+        try:
+            summary = await self.run(launcher, study, knobs)
+        except ServerStartupError as error:
+            return self.outcome(knobs, None, error.reason, time.perf_counter() - started)
+        reason = self.trial_problem(study, summary)
+        return self.outcome(knobs, summary, reason, time.perf_counter() - started)
+
+    def record_trial(self, study: Study, trial: Any, outcome: TrialOutcome) -> None:
+        return None
+
+    async def validate(
+        self, study: Study, launcher: Launcher, result: SweepResult
+    ) -> list[Validation]:
+        """The best trial's run made again on a fresh server: it passes when it keeps
+        VALIDATION_SHARE of the trial's value within the trial's limits. None when
+        validate_rollouts is 0."""
+        best = result.best()
+        if study.budget.rollouts_to_validate(study.target.kind) == 0 or not (
+            best and self.trial_summary(best)
+        ):
+            return []
+        try:
+            summary = await self.run(launcher, study, best.knobs)
+        except ServerStartupError as error:
+            return [
+                self.validation(study, best, None, [f"the server did not start: {error.reason}"])
+            ]
+        problems = []
+        expected = best.value or 0.0
+        if self.value(summary) < VALIDATION_SHARE * expected:
+            problems.append(self.shortfall(summary, expected))
+        problems += self.validation_problems(study, summary)
+        return [self.validation(study, best, summary, problems)]
