@@ -76,7 +76,7 @@ for name in ("sweep", "goodput"):
     try:  # the objective words the summary, after the house by concept
         from autotune.sweep.objectives import objective_for
     except ImportError:
-        from autotune.sweep.sweep_job import recommend
+        from autotune.sweep.job import recommend
 
         print(terminal.sweep_text(sweep, recommend(sweep), Path("reports/same")))
     else:

@@ -27,7 +27,7 @@ import bisect
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import aiohttp
 
@@ -36,6 +36,7 @@ from autotune.config.rl_specs import BatchSpec
 from autotune.results.runs import BatchStep, BatchSummary
 from autotune.results.stages import StageLatency
 from autotune.rl.groups import ClosedGroup, GroupTracker, tail_share
+from autotune.rl.in_flight import GroupInFlight, GroupsInFlight
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.workload import Task, WorkItem
@@ -126,12 +127,6 @@ class Occupancy:
         del self._times[:keep], self._areas[:keep], self._levels[:keep]
 
 
-@dataclass(slots=True)
-class _Group:
-    launched_step: int
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-
 class BatchRunner:
     """Runs an engine's rollouts in steps; see the module's docstring."""
 
@@ -152,13 +147,12 @@ class BatchRunner:
         self._filter = spec.over_sample > 0  # the step wants informative groups
         self._carry = spec.carry_over
         self._spec = spec
-        self._slots = asyncio.Semaphore(parallelism) if parallelism is not None else None
         launched = self._launch * group_size
         self.capacity = min(parallelism, launched) if parallelism is not None else launched
         self._groups: Iterator[list[WorkItem]] = iter(())
         self._sampler = sampler
         self._step = 0
-        self._running: dict[int, _Group] = {}  # task index → its group in flight
+        self._in_flight = GroupsInFlight(parallelism)
         self._usable = 0  # groups the current step can hand to the trainer
         self._ends: list[float] = []  # the current step's sample end times
         self._ages: list[int] = []
@@ -172,7 +166,7 @@ class BatchRunner:
 
     def annotate(self, item: WorkItem) -> dict[str, int]:
         """The `_autotune` fields of a row: the step it is counted to, and its age in steps."""
-        group = self._running.get(item.task.index)
+        group = self._in_flight.running.get(item.task.index)
         launched = group.launched_step if group is not None else self._step
         return {"step": self._step, "age_steps": self._step - launched}
 
@@ -188,13 +182,13 @@ class BatchRunner:
         try:
             while not self._engine.stats.stopped_early:  # else the server is gone
                 launched = self._top_up()
-                if not launched and not self._running:
+                if not launched and not self._in_flight:
                     break
                 await self._one_step()
         finally:
             if poller is not None:
                 poller.cancel()
-            await self._cancel(list(self._running))  # an error or interrupt: none left running
+            await self._in_flight.cancel()  # an error or interrupt: none left running
             self._tracker.on_close = None
             self._engine.annotate = None
         stats.finished = time.perf_counter()
@@ -205,29 +199,27 @@ class BatchRunner:
     def _top_up(self) -> int:
         """Launch groups until `launch` are in flight; how many were launched."""
         launched = 0
-        while len(self._running) < self._launch:
+        while len(self._in_flight) < self._launch:
             group = next(self._groups, None)
             if group is None:
                 break
-            running = self._running[group[0].task.index] = _Group(self._step)
-            running.tasks = [asyncio.create_task(self._sample(item)) for item in group]
+            size = len(group)
+            running = GroupInFlight(group[0].task.index, size, size, launched_step=self._step)
+            self._in_flight.launch(running, group, self._sample)
             launched += 1
         return launched
 
-    async def _sample(self, item: WorkItem) -> None:
-        if self._slots is not None:
-            await self._slots.acquire()
-        self._client.set(self._client.level + 1, time.perf_counter())
-        try:
-            await self._engine.one(item)
-        finally:
-            self._client.set(self._client.level - 1, time.perf_counter())
-            self._ends.append(time.perf_counter())
-            if self._slots is not None:
-                self._slots.release()
+    async def _sample(self, group: GroupInFlight, item: WorkItem) -> None:
+        async with self._in_flight.slot():
+            self._client.set(self._client.level + 1, time.perf_counter())
+            try:
+                await self._engine.one(item)
+            finally:
+                self._client.set(self._client.level - 1, time.perf_counter())
+                self._ends.append(time.perf_counter())
 
     def _closed(self, group: ClosedGroup) -> None:
-        running = self._running.pop(group.task_index, None)
+        running = self._in_flight.end(group.task_index)
         if running is not None and group.complete:  # not cancelled, no sample failed
             if group.informative or not self._filter:
                 self._usable += 1
@@ -247,14 +239,14 @@ class BatchRunner:
                 level.forget_before(start)
         self._usable = self._step_groups = self._step_informative = 0
         self._ends = []
-        while self._usable < self._batch and self._running:
+        while self._usable < self._batch and self._in_flight:
             self._wake.clear()
             await self._wake.wait()
         end = time.perf_counter()
         ends = [t for t in self._ends if t <= end]
         cancelled = 0
-        if not self._carry and self._running:
-            cancelled = await self._cancel(list(self._running))
+        if not self._carry and self._in_flight:
+            cancelled, _ = await self._in_flight.cancel()
         running = self._server if self._server is not None else self._client
         busy = running.mean(start, end)
         tail = tail_share(ends, start, end)
@@ -272,19 +264,6 @@ class BatchRunner:
             )
         )
         self._step += 1
-
-    async def _cancel(self, task_indices: list[int]) -> int:
-        """Cancel these groups' samples still running; how many were cancelled."""
-        tasks = [
-            task
-            for index in task_indices
-            for task in self._running[index].tasks
-            if not task.done() and task.cancel()
-        ]
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for index in task_indices:
-            self._running.pop(index, None)
-        return len(tasks)
 
     async def _poll(self) -> None:
         """The server's running gauge, held between reads (gives up with the sampler)."""

@@ -34,7 +34,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,6 +46,7 @@ from autotune.config.rl_specs import LoopSpec
 from autotune.errors import CollectionError, UsageError
 from autotune.results.runs import LoopStep, LoopSummary
 from autotune.results.stages import StageLatency, percentile
+from autotune.rl.in_flight import GroupInFlight, GroupsInFlight
 from autotune.rollout.engine import Engine, Outcome
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.workload import Task, WorkItem
@@ -88,23 +89,13 @@ async def run_command(command: str, env: dict[str, str], what: str) -> None:
         )
 
 
-@dataclass(slots=True)
-class _Group:
-    index: int
-    size: int
-    pending: int
-    version: int | None = None  # the oldest version any of its samples was sent under
-    failed: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-
 class GroupLedger:
     """groups.jsonl: one line per launched group, its fate and the step that took it."""
 
     def __init__(self, path: Path | None) -> None:
         self._handle: IO[bytes] | None = path.open("ab") if path is not None else None
 
-    def write(self, group: _Group, fate: str, **fields: Any) -> None:
+    def write(self, group: GroupInFlight, fate: str, **fields: Any) -> None:
         if self._handle is not None:
             line = {"group": group.index, "samples": group.size, "version": group.version}
             self._handle.write(orjson.dumps({**line, "fate": fate, **fields}) + b"\n")
@@ -180,7 +171,6 @@ class LoopRunner:
         self._control = control
         self._spec = spec
         self._size = group_size
-        self._slots = asyncio.Semaphore(parallelism) if parallelism is not None else None
         self._ledger = ledger
         self._rng = random.Random(seed)
         self._say = say  # a line a step, for the person watching
@@ -191,9 +181,9 @@ class LoopRunner:
         self._open.set()
         self._changed = asyncio.Event()  # a group ended or the gate moved
         self._outstanding = 0  # groups started and not yet trained on, dropped or failed
-        self._running: dict[int, _Group] = {}
+        self._groups = GroupsInFlight(parallelism)
         self._sent_under: dict[tuple[int, int], int] = {}  # a sample in flight → its version
-        self._ready: deque[_Group] = deque()
+        self._ready: deque[GroupInFlight] = deque()
         self._in_flight = 0
         self._idle_since: float | None = None
         self._idle_s = 0.0
@@ -252,27 +242,23 @@ class LoopRunner:
                 await self._changed.wait()
             if self._engine.stats.stopped_early:
                 return
-            group = self._running[index] = _Group(index, len(items), len(items))
             self._outstanding += 1
-            group.tasks = [asyncio.create_task(self._sample(group, item)) for item in items]
+            self._groups.launch(GroupInFlight(index, len(items), len(items)), items, self._sample)
 
-    async def _sample(self, group: _Group, item: WorkItem) -> None:
+    async def _sample(self, group: GroupInFlight, item: WorkItem) -> None:
         while True:
             await self._open.wait()  # paused: a sample waits (an aborted one is sent again)
-            if self._slots is not None:
-                await self._slots.acquire()
-            version = self.version
-            group.version = version if group.version is None else min(group.version, version)
-            key = (item.task.index, item.rollout_index)
-            self._sent_under[key] = version
-            self._in_flight_by(+1)
-            try:
-                outcome: Outcome = await self._engine.one(item)
-            finally:
-                self._in_flight_by(-1)
-                del self._sent_under[key]
-                if self._slots is not None:
-                    self._slots.release()
+            async with self._groups.slot():
+                version = self.version
+                group.version = version if group.version is None else min(group.version, version)
+                key = (item.task.index, item.rollout_index)
+                self._sent_under[key] = version
+                self._in_flight_by(+1)
+                try:
+                    outcome: Outcome = await self._engine.one(item)
+                finally:
+                    self._in_flight_by(-1)
+                    del self._sent_under[key]
             if outcome.failure_class != "aborted":
                 break
             self._aborted += 1
@@ -284,7 +270,7 @@ class LoopRunner:
             self._output_tokens += outcome.output_tokens
         if group.pending:
             return
-        del self._running[group.index]
+        self._groups.end(group.index)
         if group.failed:
             self._outstanding -= 1
             self._ledger.write(group, "failed")
@@ -335,12 +321,10 @@ class LoopRunner:
             self._generating.append((self._busy_since - self._started, now - self._started))
 
     async def _cancel_running(self) -> int:
-        tasks = [t for group in self._running.values() for t in group.tasks if t.cancel()]
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for group in self._running.values():
+        cancelled, groups = await self._groups.cancel()
+        for group in groups:
             self._ledger.write(group, "cancelled")
-        self._running.clear()
-        return len(tasks)
+        return cancelled
 
     # -- the trainer -----------------------------------------------------------------------
 
@@ -404,7 +388,7 @@ class LoopRunner:
                 self._say(step_line(steps[-1], spec.steps))
         return steps
 
-    async def _take(self, generator: asyncio.Task[None]) -> tuple[list[_Group], int]:
+    async def _take(self, generator: asyncio.Task[None]) -> tuple[list[GroupInFlight], int]:
         """The next B complete groups, oldest first, dropping those past --max-staleness."""
         spec, dropped = self._spec, 0
         while True:
@@ -428,7 +412,7 @@ class LoopRunner:
             self._changed.clear()
             await self._changed.wait()
 
-    def _behind(self, group: _Group) -> int:
+    def _behind(self, group: GroupInFlight) -> int:
         return self.version - (group.version or 0)
 
     async def _train_step(self, index: int, samples: int) -> None:
