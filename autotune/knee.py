@@ -1,24 +1,6 @@
-"""Throughput-versus-parallelism curves: the Universal Scalability Law and the 80% rule.
-
-Gunther's USL, X(N) = λN / (1 + σ(N−1) + κN(N−1)), fits measured points far more
-steadily than a knee detector on raw points (which moves with the sweep range and the
-noise). Its peak is at N* = √((1−σ)/κ). With κ ≈ 0 the curve has no peak: throughput
-still rises (or flattens) at the largest parallelism tried, and we say so rather than
-extrapolate a peak that was never measured.
-
-The fit uses the standard linearisation N/X = a + b(N−1) + cN(N−1) with a = 1/λ,
-b = σ/λ, c = κ/λ (ordinary least squares, σ and κ kept non-negative), which needs no
-optimiser and no starting guess. Pure functions; no I/O.
-
-The parallelism to run at is 80% of the peak's (the NeMo Gym guide's headroom), except
-on a curve whose best point is at the server's own ceiling: there it is the ceiling
-(`landmarks` says why).
-
-Intervals (`bootstrap_curve`): each measured point is drawn again from its own 95%
-interval (a parametric bootstrap of the probes' replicates; where the fit misses the
-points by more than their intervals say, the misses set the spread instead) and the
-whole summary is refitted per draw; the 2.5th and 97.5th percentiles of the peak, the
-knee and the recommended parallelism are their 95% intervals.
+"""Throughput-versus-parallelism curves: the Universal Scalability Law, its peak, the 80%
+rule for the parallelism to run at, and bootstrap intervals. Pure functions; no I/O.
+Why: docs/design/knee.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""A NeMo Gym agent server as the target: each rollout is one `POST {agent}/run`.
-
-The agent makes the whole rollout itself (its model calls, its tool calls, then its
-resources server's /verify), exactly as `ng_collect_rollouts` has it do, and answers with
-the finished row (`responses_create_params`, `response`, `reward` and the verifier's
-fields). So the engine times one call per rollout, and the model server's own queue,
-which autotune cannot see from here, comes from its /metrics (`--metrics-url`).
-
-Retries: a refused or dropped connection and HTTP 429/502/503/504 are retried with the
-target's backoff; any other failure is the agent's answer for that task (NeMo Gym's own
-collector does not retry a /run either) and the rollout fails with its class.
+"""A NeMo Gym agent server as the target: each rollout is one `POST {agent}/run`, the agent
+making and verifying the whole rollout itself; connection errors and 429/5xx are retried.
+Why: docs/design/backends.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""OpenAI-compatible chat completions and completions, streaming or not.
-
-Retries are bounded, with exponential backoff and full jitter; a 429/503 `Retry-After`
-is honoured up to the backoff ceiling. Optional request and token rate limits use
-aiolimiter's leaky bucket (weighted acquire, so tokens per minute works as well as
-requests per minute).
-
-Nothing a server sends can end the run: an answer of the wrong shape, a stream cut
-off before its end, or one that stalls is a failed attempt, retried like a dropped
-connection, and after the last retry the rollout's failure class (`bad_response`,
-`truncated`, `timeout`) goes to the failures file. A row is saved only from an answer
-that is whole: a stream counts as whole once it sent `data: [DONE]` or a
-`finish_reason` (some servers omit [DONE]; vLLM and OpenAI send both).
-
-What OpenAI-compatible servers do differently is read as they mean it, not failed:
-a streamed request answered with one JSON body (a server that does not stream) is read
-whole, with a warning; an answer without `usage` has its output tokens counted from its
-chunks or its text; text a reasoning parser split off (`reasoning_content`, or
-`reasoning` from vLLM 0.16 on) is kept beside the answer's content; and an answer cut
-at its token limit (`finish_reason: length`) is a completed rollout, marked incomplete.
+"""OpenAI-compatible chat completions and completions, streaming or not: bounded retries with
+backoff, optional rate limits, and an answer saved only when it is whole.
+Why: docs/design/backends.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""`autotune bench`: tuned settings turned into a regression test that CI runs.
-
-    autotune bench run SUITE --output-dir DIR               measure every case
-    autotune bench compare results.json --baseline B.json   judge, write the outputs
-    autotune bench update-baseline results.json --baseline B.json --reason "..."
-
-suite.py reads the YAML suite → runner.py measures it (probes, or the engine against a
-bare loop on the null server: overhead.py) → results.py saves raw samples with
-fingerprint.py's environment → compare.py judges them with stats.py (exact Mann-Whitney
-U and a bootstrap interval against a saved baseline; a paired t test on the pairs'
-ratios for `bench ab`) → outputs.py writes JUnit XML, Markdown and HTML.
-
-Exit codes: 0 no regression, 1 regression, 2 usage error, 3 baseline missing or not
-comparable, 4 the benchmark could not run.
+"""`autotune bench`: tuned settings turned into a regression test that CI runs (`bench run`,
+`compare`, `update-baseline`, `ab`). Exit codes: 0 no regression, 1 regression, 2 usage
+error, 3 baseline missing or not comparable, 4 the benchmark could not run.
+How a suite flows from YAML to a verdict: docs/design/bench.md.
 """
 
 from autotune.bench.compare import (

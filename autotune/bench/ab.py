@@ -1,26 +1,6 @@
-"""`autotune bench ab`: the baseline measured beside the candidate, in one run.
-
-A baseline saved on another machine on another day differs from today's run by more
-than the code: machine speed and drift move a ratio by 10% with nothing changed. Here
-both sides run on this machine, interleaved pair by pair (A B, then B A, ...), so drift
-and a busy neighbour hit both alike. Each side is one `autotune bench run` of the suite,
-one repetition a pair, in a process of its own:
-
-    a git ref      the baseline's code exported from this repository into a cached
-                   folder, run by a virtualenv of its own that reuses this environment's
-                   packages (and installs what the baseline needs that this one lacks)
-    a Python       a second install: its interpreter runs `-m autotune`
-    a command      this autotune against the server a command starts (`{port}`), so two
-                   server builds or flag sets can be A/B'd as well as two code versions
-
-The statistics use the pairing: each pair's candidate ÷ baseline ratio, judged by a paired
-t test on their logarithms (stats.paired_ratio), so the drift a pair shares cancels. After
-`min_pairs` pairs it stops as soon as every verdict is clear (a significant fall past the
-threshold, or an interval that rules one out), else at `max_pairs`. The verdicts,
-outputs and exit codes are `compare`'s; the test and the interval are both at alpha /
-looks for the `max_pairs - min_pairs + 1` points where it may stop: a version against
-itself must not be flagged, nor a fall ruled out, more often for being looked at more
-often.
+"""`autotune bench ab`: the baseline measured beside the candidate, in one run, interleaved
+pair by pair and judged by a paired test on the pairs' ratios, stopping once every verdict
+is clear. Why: docs/design/bench.md.
 """
 
 from __future__ import annotations

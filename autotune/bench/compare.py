@@ -1,17 +1,6 @@
-"""`autotune bench compare`: a verdict for each case and metric against a baseline.
-
-A metric regresses when its median falls by more than the case's threshold AND the fall
-is significant (exact two-sided Mann-Whitney U, p < alpha); an improvement is the mirror
-image; anything else is unchanged, however significant (a 2% change is not news). A
-`bench ab` comparison judges its pairs instead (stats.paired_ratio): the ratio is the
-pairs' geometric mean, the test a paired t test, both at alpha ÷ looks. A case
-whose fingerprint differs from the baseline's in a decisive field is not comparable and
-is not compared. No measuring here: saved files in, a Comparison out, every output drawn
-from it.
-
-The exit code, from the first that applies:
-1 a regression; 4 a case could not run; 3 the baseline lacks a case, or it is not
-comparable; 0 otherwise.
+"""`autotune bench compare`: a verdict for each case and metric against a baseline, from
+saved files only (a regression is a large enough fall that is also significant).
+Why, and the exit codes: docs/design/bench.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""What must match for two benchmark results to be compared, and what is only recorded.
-
-Two throughput figures are comparable when they measure the same thing (the method), the
-same requests (the workload hash), the same model on the same server software (vLLM's
-`GET /version`), on the same GPUs and driver. Those are the decisive fields. The rest of
-a case's settings (parallelism, server flags, verifier) is the configuration under test:
-a changed default or a slower verifier must show up as a regression, not excuse itself.
-
-Recorded only: the autotune version (a slower autotune is exactly what a gate must catch)
-and the host (CI runs on fresh machines, each with a new name). A simulated or null server
-uses no GPU, so its cases record "not used" there, and a suite on the simulator can be
-compared across machines of any kind.
+"""What must match for two benchmark results to be compared (method, workload, model,
+server software, GPUs and driver), and what is only recorded.
+Why: docs/design/bench.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""What `autotune bench compare` writes: JUnit XML, a Markdown table, an HTML report.
-
-Each is drawn from one Comparison, which is itself computed from saved results files
-only, so any output can be made again later without measuring anything. This module
-imports only result schemas (and the report toolkit).
+"""What `autotune bench compare` writes: JUnit XML, a Markdown table, an HTML report, each
+drawn from one Comparison of saved results. Why: docs/design/bench.md.
 """
 
 from __future__ import annotations

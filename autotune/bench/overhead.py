@@ -1,21 +1,6 @@
-"""The engine's own overhead: autotune's engine against a bare aiohttp loop on a null server.
-
-With a server that answers at once on its own core, a client pinned to the other core is
-bound by its own CPU, so requests per second measure what each request costs the client.
-The bare loop (one session, N coroutines posting a chat completion and reading the JSON)
-is aiohttp+uvloop's ceiling here; the engine adds tasks, retries, verification, timings
-and a JSONL writer. Their ratio is what a slower engine changes and what a faster or
-slower machine does not, so a CI gate can compare it with a baseline made elsewhere.
-
-`side_by_side` measures the two at the same time, each in a thread of one process on one
-core, taking turns on the interpreter every few milliseconds, each timed by its own
-thread's CPU clock. Measured one after the other (a second apart), the CPU time a request
-costs moved ±30% between runs on a shared 2-core VM (the host's other tenants change the
-core's speed within seconds), and the ratio of identical code spread ×0.58–×1.16 from pair
-to pair; side by side both see the same core at the same moments and it held within ±4%.
-
-Used by `autotune bench` (overhead cases) and by
-`benchmarks/overhead.py` and `benchmarks/peak_rss.py`.
+"""The engine's own overhead: autotune's engine against a bare aiohttp loop on a null
+server, measured side by side on one core so that their ratio holds across machines.
+Why: docs/design/bench.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Saved benchmark results: frozen, versioned, plain JSON; a baseline is one of them.
-
-Every output of `autotune bench compare` (JSON, JUnit XML, Markdown, HTML) is rebuilt
-from these files alone. A baseline is a results file that `update-baseline` stamped with
-why and when it was made a baseline; `bench run` refuses to write over one, so a
-baseline only ever changes on purpose.
+"""Saved benchmark results: frozen, versioned, plain JSON; a baseline is one of them, and
+changes only on purpose. Why: docs/design/bench.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""`autotune bench run`: every case of a suite, its warm-up first, then R measured repetitions.
-
-A probe case starts (or reaches) its server once, then measures each repetition as one
-steady-state probe (`run_probe`), so a repetition is a rate over a window, not a time for
-N rollouts. On a shared machine a busy neighbour only ever slows a probe down, and would
-pass for a regression; so the runner reads how long the client and the server it started
-sat runnable but waiting for a CPU (Linux schedstat), and a repetition that lost more
-than MAX_WAIT_SHARE of its time that way is discarded and run again after a pause, until
-the busy spell has cost PATIENCE_S; then the case could not run.
-
-An overhead case measures each repetition as one bare-loop run and one engine run against
-the null server in another process, in alternating order, and keeps the ratio of their
-client CPU time per request: the same as their throughput ratio when the client is bound
-by its own core, as it is here, but blind to the time a busy neighbour holds that core.
-
-A case that cannot run (server down, server died, machine too busy) is recorded with its
-error and the suite goes on, so the cases measured before and after it are kept.
+"""`autotune bench run`: every case of a suite, its warm-up first, then R measured
+repetitions, a repetition slowed by a busy neighbour run again.
+Why: docs/design/bench.md.
 """
 
 from __future__ import annotations

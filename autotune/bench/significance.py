@@ -1,17 +1,6 @@
-"""Pure statistics for the regression gate: no I/O, unit-tested on their own.
-
-A regression needs two things (as in asv): a large enough fall of the median and a fall
-that noise is unlikely to explain. Against a saved baseline the second is an exact
-Mann-Whitney U test: benchmarks run few repetitions (5 by default), where the normal
-approximation is poor and where the exact test's floor matters: with 5 against 5 the
-smallest two-sided p is 2/252 ≈ 0.0079, reached only when every new sample lies below
-every baseline sample.
-
-`bench ab` measures its two sides in pairs, seconds apart, so the machine's drift is
-shared within a pair and not between pairs: there the statistic is the pairs' own ratios
-(a paired t test on their logarithms, as a ratio of speeds is judged). The rank test would
-throw the pairing away, and its floor (7 against 7 before p < 0.00125) would keep an A/B
-that may stop at several looks from ever stopping early.
+"""Pure statistics for the regression gate: an exact Mann-Whitney U test, a bootstrap
+interval and a paired ratio test; no I/O, unit-tested on their own.
+Why: docs/design/bench.md.
 """
 
 from __future__ import annotations

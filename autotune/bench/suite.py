@@ -1,28 +1,6 @@
-"""A benchmark suite: named cases in a YAML file, validated once, before anything runs.
-
-    repetitions: 5        # measured repetitions of each case (1 to 20)
-    warmup: 1             # repetitions run first and thrown away
-    threshold: 0.05       # a larger (and significant) fall of the median is a regression
-    alpha: 0.01           # significance level of the exact Mann-Whitney U test
-    cases:
-      - name: sim-streaming            # a probe (the default kind): steady-state rollouts/s
-        target: {sim_args: ["--time-scale", "0.1"]}   # neither base_url nor launch: the
-        workload: {synthetic: 400, output_tokens: [128, 16]}     # embedded simulator
-        verifier: synthetic
-        parallelism: 16
-        probe: {min_s: 1.5, max_s: 6}
-      - name: tuned-vllm
-        target: {launch: [vllm, serve, /models/m, --port, "{port}"], startup_timeout_s: 600}
-        recommendation: reports/my-study/recommendation.json   # from `autotune sweep`
-      - name: engine-overhead          # engine rollouts/s ÷ bare aiohttp loop req/s
-        kind: overhead
-        concurrency: 64
-        requests: 10000
-
-Paths are relative to the suite file. Every error is one sentence naming the field.
-The file is read by the pydantic specs below, built from those a study file shares
-(autotune.config: `probe:` is a study's ProbeSpec with its defaults, a target's server
-fields are a study target's, and the field types spell their errors the same way).
+"""A benchmark suite: named cases in a YAML file, validated once, before anything runs, by
+pydantic specs built from those a study file shares.
+An example suite, and why: docs/design/bench.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Command line: parse, build one validated config, call one job, print.
-
-One module a command (asv's `commands/`), each declaring its flags (`add_parser`, the
-fields a study or a suite shares read from the one configuration model, autotune.config)
-and running its job (`run_command`); this module only gathers them. No measuring happens
-here. Every error a user can cause arrives as an AutotuneError (or is a flag argparse
-refuses) and leaves as one `autotune: error:` sentence on stderr with a non-zero exit
-code; the codes are in autotune.errors' docstring and each command's `--help`.
+"""Command line: parse, build one validated config, call one job, print. Every error a
+user can cause leaves as one `autotune: error:` sentence with a non-zero exit code.
+Why, and the codes: docs/design/cli.md and docs/design/errors.md.
 """
 
 from __future__ import annotations

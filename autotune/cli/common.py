@@ -1,8 +1,5 @@
-"""What every command shares: the parser, exit codes, the output convention, flag types.
-
-The output convention: a job's files go in `--output-dir`; `--json` prints its result on
-stdout; `--quiet`/`-q` leaves only the result. Old spellings still work for this release,
-each with a note on stderr (`deprecated`).
+"""What every command shares: the parser, exit codes, the output convention (`--output-dir`,
+`--json`, `--quiet`), flag types. Why: docs/design/cli.md.
 """
 
 from __future__ import annotations

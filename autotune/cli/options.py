@@ -1,10 +1,6 @@
-"""Flags read from the one configuration model (autotune.config).
-
-A spec field that declares an `Option` becomes a flag with the field's own default, and
-its text is checked by the field's own validation: `--synthetic 0` says "must be a whole
-number of at least 1, not 0", as `synthetic: {num_tasks: 0}` does in a study file.
-`spec_of` builds the spec back from the parsed flags, so the CLI, a study and a bench
-suite make the same objects.
+"""Flags read from the one configuration model (autotune.config): a spec field's `Option`
+becomes a flag with its default and validation, and `spec_of` builds the spec back.
+Why: docs/design/cli.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The flags of a run (collect, diagnose): its tasks and verifier, its model server, what it
 reports while it runs, and the one CollectConfig they make.
-
-Fields a study file or a bench suite also has are declared by the spec (autotune.config)
-and added through cli.options; the rest (replicas, rate limits, live metrics) are the
-command line's own, with the run configs' defaults.
+Why: docs/design/cli.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What one run is configured by: the workload, request, verifier, probe and server specs
 that flags and study files share, and the frozen configs a run reads (`TargetConfig`,
 `CollectConfig`), made from the specs by `target_config` and `collect_config` alone.
+Why: docs/design/config.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The field types that a flag, a study file and a bench suite share, each spelling its bad
 values one way ("must be a whole number of at least 1, not 0"), the sentence a validation
 error becomes (`spec_problem`), and `Option`, the flag a field declares.
+Why: docs/design/config.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Bottleneck verdicts from a low and a high parallelism probe: pure rules, no I/O.
 Throttling, failures and a saturated client are judged first; then scaling decides by the
 speedup's 95% interval, and the saturated stage is named. Why, rule by rule:
-docs/diagnose.md.
+docs/design/diagnose.md.
 """
 
 from __future__ import annotations

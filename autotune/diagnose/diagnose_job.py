@@ -1,14 +1,6 @@
-"""`autotune diagnose`: a low and a high parallelism probe of one workload → a verdict.
-
-Both probes run the same tasks with the same output limits against the same server,
-so they differ only in parallelism. They are measured in alternating blocks (low, high,
-low, high), so that a change of the machine's load during the diagnosis falls between
-or within pairs of blocks, where `classify` sees it, instead of passing for the server's
-scaling. The verdict comes from `classify`, from what was measured; where the speedup's
-interval straddles its threshold, another round of blocks is measured (up to --max-s per
-probe in all) before the verdict is called inconclusive. Against the simulator every
-figure is converted to simulated time. The result is saved as JSON and every report is
-rebuilt from that file.
+"""`autotune diagnose`: a low and a high parallelism probe of one workload, measured in
+alternating blocks, then a verdict from `classify`, saved as JSON.
+Why: docs/design/diagnose.md.
 """
 
 from __future__ import annotations

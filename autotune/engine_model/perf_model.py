@@ -1,26 +1,6 @@
 """How long one engine step takes: the simulator's roofline performance model, no I/O.
-Weights and KV/token below are hardware/memory.py's, which also says how much KV cache fits.
-
-Time of one step (one forward pass of the whole running batch):
-
-    t = step_overhead
-      + max(bytes ÷ (hbm_bandwidth × memory_efficiency), flops ÷ (peak × compute_efficiency))
-      + (tp > 1) 2 × layers × (allreduce_latency + act_bytes × 2(tp−1)/tp ÷ link_bandwidth)
-
-    bytes = weights read ÷ tp + KV/token × context_tokens
-    flops = 2 × active params ÷ tp × (decode_seqs + prefill_tokens)
-          + 4 × KV layers × heads × head_dim ÷ tp × context_tokens   (QKᵀ and A·V of decodes)
-    act_bytes = (decode_seqs + prefill_tokens) × hidden_size × bytes_per_param
-
-A dense model's step reads every weight; a mixture of experts' reads the dense part and
-the experts its tokens are routed to (ModelProfile.weight_bytes_read), and computes with
-its active parameters. The efficiencies and fixed costs (StepCoefficients) default to
-rules of thumb; a calibrated profile (`autotune sim calibrate`) fits them to real runs.
-
-Decode at small batch is bound by reading the weights (8B on one H100: 16 GB ÷ 2.7 TB/s ≈
-6 ms, ≈ 150 tokens/s per sequence); adding sequences costs almost nothing until the step's
-flops or its KV reads catch up, which is why throughput grows with batch and then flattens.
-Omitted: prefill attention's quadratic term (≤ ~15% at 8k-token prompts).
+Weights and KV/token are hardware/memory.py's, which also says how much KV cache fits.
+The model's formula, and why: docs/design/engine-model.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Continuous batching planned like vLLM V1's scheduler: `SimEngine` runs engine steps in
 scaled real time behind the simulated server, or in virtual time when a probe steps it.
-How a step is planned and what it costs: docs/engine-model.md.
+How a step is planned and what it costs: docs/design/engine-model.md.
 """
 
 from __future__ import annotations

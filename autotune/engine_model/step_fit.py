@@ -1,21 +1,5 @@
 """Fitting the step model's coefficients to measured runs, no I/O.
-
-A measured run is a closed loop at concurrency n of requests of `isl` prompt and `osl`
-output tokens: what InferenceX's benchmark client does. In the engine's steady state each
-request lives through its own prefill (`chunks` steps of at most the token budget less
-the running decodes) and osl − 1 decode steps, during which the n − 1 others each go
-through a prefill too. So, with a step's time from perf_model.step_time_s:
-
-    TTFT = chunks × t(prefill step)
-    TPOT = (k × t(prefill step) + (osl − 1 − k) × t(decode step)) ÷ (osl − 1),
-           k = min((n − 1) × chunks, osl − 1)
-    output tokens/s per GPU = n × osl ÷ (TTFT + (osl − 1) × TPOT) ÷ tp
-
-The coefficients minimise the squared log error of TPOT and of throughput over every
-point (least squares in log space within wide bounds, from the best of seeded random
-starts: a step is a max() of two terms, so one start can settle in a corner). The
-error the simulator then makes is measured on its engine (autotune/sweep/calibration.py), not
-on this closed form.
+The closed form of a measured run and how the fit is made: docs/design/engine-model.md.
 """
 
 from __future__ import annotations

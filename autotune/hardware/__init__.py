@@ -1,12 +1,7 @@
 """The GPUs and the models: what the simulator simulates on and what the sweep checks a
 configuration against before launching it, kept apart from both so neither imports the
 other. No I/O but NVML's memory reading and a local model's config.json.
-
-    profiles.py    GPU and model figures (datasheets, Hugging Face config.json)
-    memory.py      vLLM's memory budget: weights per GPU and the KV cache that fits
-    roofline.py    the output-tokens/s ceiling of a layout of GPUs at datasheet peaks
-    deployment.py  the simulated server's flags as a validated configuration
-    fit.py         whether a model can start on given GPUs, and a GPU budget's splits
+Why: docs/design/hardware.md.
 """
 
 from __future__ import annotations

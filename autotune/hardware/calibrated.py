@@ -1,16 +1,6 @@
 """A calibrated simulator profile: the step model's coefficients fitted to measured runs
-of one model on one GPU type and engine image (`autotune sim calibrate`), with the error
-the simulator then makes at each measured point. `autotune sim serve --profile FILE`
-steps its engines with these coefficients; the file names its GPU and model profiles.
-
-The file is JSON:
-
-    {"format": "autotune-sim-profile/1", "gpu": "h100-80gb", "model": "gpt-oss-120b",
-     "coefficients": {"memory_efficiency": ..., ...},
-     "calibrated_on": {"table": "inferencex_runs.csv", "key": {"hw": "h100", ...}},
-     "points": [{"tp": 1, "concurrency": 4, "measured_tokens_per_s_per_gpu": ...,
-                 "simulated_tokens_per_s_per_gpu": ..., "measured_tpot_s": ...,
-                 "simulated_tpot_s": ...}, ...]}
+(`autotune sim calibrate`), with the simulator's error at each measured point.
+The file's format: docs/design/hardware.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Whether a model can start on given GPUs, known before launching it: vLLM's start-up
-refusals that the model's shape and the GPU's memory predict (a tensor-parallel size must
-divide the attention heads and split the KV heads evenly, and the weights must leave room
-for a KV cache), a local model's shape from its config.json, the GPUs' memory from NVML,
-and the split of a GPU budget into engines × tensor-parallel size.
-
-Here rather than in the sweep because none of it is about a study: sweep/feasibility.py puts
-these checks to a study's configurations before launching them.
+"""Whether a model can start on given GPUs, known before launching it (vLLM's start-up
+refusals the model's shape and the GPU's memory predict), and a GPU budget's splits.
+Why: docs/design/hardware.md.
 """
 
 from __future__ import annotations

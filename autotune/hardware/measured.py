@@ -1,30 +1,6 @@
 """A measured response surface: one configuration's per-token latency against concurrency,
 read from a table of real serving benchmarks, for the replay target (`sim serve
---replay-table`).
-
-The table is InferenceX's (`../shared/data/perf/inferencex_runs.csv`: Data from
-InferenceX (SemiAnalysis), Apache-2.0) or any CSV with its columns: a row is one
-benchmark run of one configuration (hardware, model, framework, engine image, input and
-output lengths, TP, EP) at one client concurrency, with its median time per output token
-(`median_tpot`) and to the first token (`median_ttft`), in seconds. Repeats of a point
-are pooled by their median.
-
-What the replay makes of it. vLLM runs every sequence in flight in each step, so a
-request's time per output token is the step's, and the measured TPOT at concurrency n
-holds the decode of n sequences plus, on average, the prefills of the requests that
-arrive meanwhile: n requests of `osl` output tokens start one prefill of `isl` tokens
-every osl/n steps. So a step is split into its two parts:
-
-- a prompt token's prefill costs c = (TTFT − TPOT) ÷ isl at the lowest concurrency
-  (a request that arrives alone waits for its own prefill and one step);
-- a decode step of n sequences costs TPOT(n) − c · n · isl ÷ osl, TPOT interpolated
-  linearly between measured concurrencies (held at a tenth of TPOT at the least).
-
-A step then costs its decode plus c for each prompt token it computes: a workload of
-the table's lengths gets the measured TPOT back on average, and one of other lengths its
-own mix. Concurrencies above the highest measured one are refused at launch
-(`--max-num-seqs` must not exceed it); below the lowest, a step costs what it costs
-there, which the launch says.
+--replay-table`). How a step's cost is read from it: docs/design/hardware.md.
 """
 
 from __future__ import annotations

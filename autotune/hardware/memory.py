@@ -1,19 +1,5 @@
 """How much KV cache fits on a GPU beside a model's weights: vLLM's memory budget, no I/O.
-
-Here rather than in the simulator because the simulator's engine, the roofline and the
-sweep's fit checks all size the KV cache the same way.
-
-Memory (per GPU, as vLLM budgets it):
-
-    budget   = memory_bytes × gpu_memory_utilization
-    weights  = weight bytes as stored (ModelProfile.weight_bytes) ÷ tp
-    KV/token = 2 (K and V) × KV layers × kv_heads × head_dim × bytes_per_param ÷ tp
-    KV tokens = (budget − weights − RUNTIME_RESERVE_BYTES) ÷ KV/token, down to whole blocks
-
-When tp exceeds the number of KV heads, vLLM replicates heads, so a GPU holds at least one.
-RUNTIME_RESERVE_BYTES stands for what vLLM's profiling run finds besides weights: the peak
-activations of a `max_num_batched_tokens` forward pass, the sampler, CUDA graphs, NCCL and
-allocator overhead (about 1.5–3 GiB for 8B–70B models at the default 8,192-token budget).
+The formula, and why it lives here: docs/design/hardware.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Hardware and model figures the simulated server's performance model, the roofline and
-the sweep's fit checks run on (the simulator's --gpu/--model, a study's resources).
-
-GPU figures are the vendor datasheet numbers (dense, i.e. without 2:4 sparsity). Datasheet
-memory sizes ("80GB", "141GB") are taken as GiB: that is what the brief's vLLM-like messages
-quote, and it is within 1% of what `nvidia-smi` reports (81,559 MiB for an H100 80GB).
-Model figures come from each model's Hugging Face `config.json`; parameter counts are the
-exact totals from the safetensors index (embeddings and LM head included).
+"""Hardware and model figures the simulator's performance model, the roofline and the
+sweep's fit checks run on (the simulator's --gpu/--model, a study's resources).
+Where the figures come from: docs/design/hardware.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
-"""The output-token ceiling of replicas of one model at datasheet peaks: a bound, no I/O.
-
-What the simulator's step model (engine_model/perf_model.py) would give with every
-efficiency at 100%, no scheduler overhead and no tensor-parallel all-reduce: no real
-engine beats it, so it says how far a measured configuration is from what its GPUs
-allow, and which of two layouts of the same GPUs (say 4 engines × TP 2 against 1 × TP 8)
-has the higher roof. The sweep scores every trial against it (sweep/feasibility.py's
-roofline_share), whatever serves the trial.
-
-Per engine, `batch` sequences (given, or as many as the KV cache holds at full length,
-at most `max_num_seqs`) are prefilled together and then decoded together:
-
-    prefill  = 2 × active params ÷ tp × (1 − cached_prompt_share) × prompt × batch ÷ bf16_flops
-    bytes    = weights read ÷ tp + KV/token/GPU × batch × (prompt + output ÷ 2)
-    flops    = 2 × active params ÷ tp × batch
-             + 4 × KV layers × heads × head_dim ÷ tp × batch × (prompt + output ÷ 2)
-    step     = max(bytes ÷ hbm_bytes_per_s, flops ÷ bf16_flops)
-    ceiling  = engines × batch × output ÷ (prefill + output × step)   output tokens/s
-
-A decode step reads the weights once and every sequence's KV at its mean length over the
-decode (prompt + output/2); shared prompts save prefill only, since attention still reads
-them per sequence. KV heads are replicated past tp = kv_heads (memory.py's rule), and the
-KV-derived batch does not count a shared prefix once.
+"""The output-token ceiling of replicas of one model at datasheet peaks: a bound, no I/O,
+that every sweep trial is scored against.
+The formula, and why: docs/design/hardware.md.
 """
 
 from __future__ import annotations

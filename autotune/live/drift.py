@@ -1,16 +1,6 @@
 """The drift watch: does a collect still hold the throughput it was tuned for? Pure; no I/O.
-
-Windows follow one another from the end of warm-up (every slot has finished a rollout
-and the probes' warm-up has passed: probe.window.warm_until, the probes' own rule) until
-the last rollout is taken (the drain at the end is slower by design). Each window's rate
-is the probes' steady-state estimator (probe.window.pooled_estimate: batches of
-completions that each span two mean rollout latencies, so waves of completions are not
-taken for signal), with its 95% interval. A window needs several such batches for that
-interval to say anything, so by default it lasts MIN_BATCHES batches' worth of latency
-(at least a minute). A window is below the expectation when even the top of its interval
-is under the expectation's low end, so noise alone rarely counts; `windows` such windows
-in a row raise one DriftWarning, which names the stage whose mean latency grew most since
-the first window.
+Steady-state windows against an Expectation raise one DriftWarning.
+Why: docs/design/live.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""What the drift watch expects a collect to hold, and what to run when it does not.
-
-`--expect-rate R` gives the floor directly. `--expect reports/<study>/recommendation.json`
-gives the sweep's prediction at the recommended parallelism with its 95% interval (a
-bootstrap of the fitted curve), where the recommendation holds one. One saved without
-(an older file, or a curve of too few points to bootstrap) gets an interval derived
-here, and its `note` says how: the precision every sweep probe measured to (the study's
-`probe.target_halfwidth`, a 95% interval) plus the fitted curve's largest miss at a
-measured point of the recommended configuration, both read from the sweep.json beside
-it (without one: the probes' default precision alone).
+"""What the drift watch expects a collect to hold (`--expect-rate`, or a recommendation.json
+with its interval, derived here where it holds none), and what to run when it does not.
+Why: docs/design/live.md.
 """
 
 from __future__ import annotations

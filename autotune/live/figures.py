@@ -1,11 +1,6 @@
-"""The figures of a running collect, read when asked from the totals the engine keeps.
-
-The engine counts rollouts, tokens, rewards, failures and per-stage samples anyway
-(RunStats), the backend its retries and waits (CallCounters), the pool its connection
-waits (MeteredConnector): a scrape or a sample reads them, so no metering code runs per
-rollout. Everything runs on the collect's event loop, so a read never sees half an update.
-`Sources.totals` is the one reading of them that the closing summary, every stats line
-and every /metrics scrape report, so the three agree by construction.
+"""The figures of a running collect, read when asked from the totals the engine keeps:
+`Sources.totals`, which the summary, the stats lines and /metrics all report.
+Why: docs/design/live.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
 """`collect --metrics-port`: the run's figures as Prometheus metrics, read at scrape time.
-
-Imported only when the flag is given (prometheus_client takes ~50 ms to import).
-
-A prometheus_client custom collector builds every metric family from the figures the
-engine keeps (figures.py: Sources.totals, what the summary and the stats lines report)
-when a scrape comes: nothing is called per rollout. The endpoint is an aiohttp site on
-the collect's own event loop, so a scrape reads totals the loop is not halfway through
-changing, and needs no thread. Names follow Prometheus' conventions: `autotune_` prefix,
-counters end in `_total`, durations in `_seconds`.
+Imported only when the flag is given. Why: docs/design/live.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
 """One collect run's live metering: the metrics endpoint, the samples, the drift watch.
-
-    async with open_monitor(config, expectation, say) as monitor:  # binds --metrics-port
-        engine = Engine(..., observer=monitor.observer(progress))
-        sources = Sources.of(engine, pipeline, planned)
-        monitor.attach(sources, pipeline, slots)                   # the periodic tasks start
-        await engine.run(...)
-        await monitor.finish(summary)                              # the last sample, exactly
-        await monitor.linger()                                     # one more scrape, maybe
-
-The port is bound before anything else starts, so a port in use is refused before a
-server is launched or a rollout made.
+How a collect uses it: docs/design/live.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""`--stats-every` and `--report`: a LiveSample of the run every interval.
-
-A sample holds the run's totals (Sources.totals: the figures /metrics serves) and, for
-the time since the previous sample, its throughput and each stage's latency percentiles:
-sorting only that window's samples keeps a sample cheap however long the run.
-`--stats-every` appends each one as a JSON line to `<output>_stats.jsonl`; the last line
-of a run holds its closing summary, exactly as `collect --json` prints it.
+"""`--stats-every` and `--report`: a LiveSample of the run every interval, its totals and
+the interval's throughput and latency percentiles. Why: docs/design/live.md.
 """
 
 from __future__ import annotations

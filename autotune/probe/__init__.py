@@ -1,11 +1,7 @@
 """Probes: measure one setting (a parallelism, against one running configuration) →
-ProbeResult. Diagnose, sweep and bench are all made of probes.
-
-    EngineProbe    autotune's rollout engine against an OpenAI-compatible server
-    CommandProbe   a user's own collector command, its rows timed as they land
-    VirtualProbe   the simulated engine in simulated time (benchmarks of the search)
-
-All three measure in the one steady-state window of `probe.window`.
+ProbeResult, all in `probe.window`'s steady-state window: `EngineProbe`, `CommandProbe`,
+`VirtualProbe`. Diagnose, sweep and bench are all made of probes.
+Why: docs/design/probes.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""The command probe: a user's own collector (NeMo Gym's, say) run once per parallelism.
-
-autotune fills in the command's `{parallelism}`, `{output}` and `{limit}`, runs it
-(servers.command) and watches the rollout JSONL it writes. Each row's arrival is timed,
-so the rate is measured in the same steady-state window as any probe's, leaving the
-command's own start-up and wind-down out; a command that writes its rows only at the end
-is timed as a whole instead (`stop_reason` says which). That window lies between the
-first wave of completions and the drain, so a run of a few waves leaves it a handful of
-rows: unless the user fixes it, `{limit}` grows with parallelism (ROLLOUTS_PER_SLOT a
-slot), where a fixed limit that suits the low probe would starve the high one.
+"""The command probe: a user's own collector (NeMo Gym's, say) run once per parallelism,
+each row it writes timed as it lands. Why: docs/design/probes.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The engine probe: autotune's rollout engine at one parallelism against one server.
-
-The engine cycles through the probe's tasks for as long as `steady_window` needs, with
-the server's /metrics, NVML and the client's own CPU sampled alongside. A `ProbeRun`
-can be measured again: one more block (its own warm-up and window, stopped on its own
-estimate), every block's completions pooled into one result that lists the blocks
-(diagnose measures its two parallelisms in turn, block by block, and pairs them).
+"""The engine probe: autotune's rollout engine at one parallelism against one server,
+measured in one or more blocks pooled into one result.
+Why: docs/design/probes.md.
 """
 
 from __future__ import annotations

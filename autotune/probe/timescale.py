@@ -1,11 +1,5 @@
-"""A probe of an accelerated simulator, in the simulator's own time.
-
-The simulated server runs `time_scale` real seconds per simulated second (0.05: 20×
-faster than real time). A probe times it by the wall clock, so its rates come out
-1/scale too high and its durations too short. `in_simulated_time` turns a result into
-what the simulated server would show in real time: rates × scale, durations ÷ scale.
-The client and the verifier ran in real time beside it, so their stages come out 1/scale
-times longer than they would beside a real-time server; reports say so.
+"""A probe of an accelerated simulator, in the simulator's own time: `in_simulated_time`
+scales rates and durations by the server's time scale. Why: docs/design/probes.md.
 """
 
 from __future__ import annotations

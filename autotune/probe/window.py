@@ -1,28 +1,6 @@
-"""The steady-state window every probe measures in: after warm-up, before the drain.
-
-Pure: given when rollouts finished, it says when warm-up ended and whether the window so
-far is long and precise enough to stop. The engine probe and the virtual-time probe ask
-while they run; the command probe asks once its collector has finished. A closed loop
-of `parallelism` slots is warm once every slot has finished a rollout (and `warmup_s`
-has passed). The window is cut into batches of equal numbers of completions, each
-spanning about BATCH_LATENCIES mean rollout latencies (so neighbouring batches share few
-rollouts and a batch never counts a wave of completions twice), at least MIN_BATCHES of
-them: the window's length follows the measured latency. It stops once the rate's 95%
-interval is within ±`target_halfwidth` ("precision") over a window at least `min_s`
-long, or at `max_s` ("time cap"), or sooner at `window_latencies` rollout latencies as
-the probe has measured them (a sweep's rungs: a window of whole batches, not a guess of
-how long they take). A probe measured in several blocks asks for each block on its own;
-`pooled_estimate` then pools every block's batches. Completions after the stop (the
-drain, slots idling as the last rollouts finish) are never counted.
-
-Long rollouts (RL answers of thousands of tokens, tool turns: tens of seconds each)
-complete too rarely for MIN_BATCHES batches of BATCH_LATENCIES latencies within
-`max_s`. Where the probe asks for it (`in_tokens`: diagnose's blocks), the window is
-then timed in tokens: a cumulative count of output tokens (the
-client's streamed pieces, or the server's generation counter) is warm once the server
-has generated TOKENS_PER_SLOT tokens a slot, its rate is timed in batches like
-completions, and it is converted to rollouts/s by the tokens a finished rollout had.
-For one workload at two parallelisms the token rates' ratio is the rollouts' ratio.
+"""The steady-state window every probe measures in: after warm-up, before the drain. Pure:
+given when rollouts finished, it says when warm-up ended and whether the window so far is
+long and precise enough to stop. Why: docs/design/probes.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The collect report, built only from a saved collect (collect.json): throughput and
 per-stage latency over the run, errors over time, the drift warning marked where it came.
-
-Two steps, as for every plot here: compute the series (pure functions below), then draw
-them with report.plots.
+Why: docs/design/report.md.
 """
 
 from __future__ import annotations

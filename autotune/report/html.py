@@ -1,17 +1,6 @@
-"""A tiny page builder for self-contained HTML reports.
-
-A report is opened by a person, often from an archive, long after the run, on a machine that
-may have no network. So a page carries everything it shows: an embedded stylesheet, images
-inlined as ``data:`` URIs or plots as inline SVG, no scripts, no fonts, no links out. A
-Content-Security-Policy meta tag makes that a property the browser enforces, not a promise:
-any request the page tried to make anyway would be refused (and the browser tests check
-that none is attempted).
-
-Every function returns an HTML fragment as a ``str``. Plain-text arguments (titles, cells,
-captions, alt text) are always escaped, because they come from user data: task names, model
-names, error messages. Arguments named ``parts`` or ``sections`` are fragments made by these
-functions, and ``markup`` an SVG made by report.plots (matplotlib escapes its text); they
-are inserted as they are.
+"""A tiny page builder for self-contained HTML reports: every function returns a fragment,
+and plain-text arguments are always escaped.
+Why: docs/design/report.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
 """Drawing for the reports: computed numbers in, PNG bytes or inline SVG out.
-
-This is the thin second step of a plot (the numbers are computed and tested elsewhere).
-matplotlib is imported inside the functions, because importing it costs about a second and
-most commands never draw. Figures are built on the Agg canvas directly, not through pyplot,
-so no GUI backend is ever chosen and no global figure registry grows. Plots whose parts a
-reader must find (shaded phases, interval bands, labelled thresholds) are inline SVG: each
-such part is an element with an id under the plot's `key`, so a test finds it in the page.
-A figure drawn from the simulator carries a SIMULATED mark (`simulated=True`).
+Why: docs/design/report.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Saved results as plain, versioned JSON: `Record` dataclasses encoded by `to_json` and
-decoded by their own type hints, written whole by `save`.
+decoded by their own type hints, written whole by `save`. Why: docs/design/results.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""GRPO groups: the unit an RL trainer consumes, not the single rollout.
-
-Each prompt is sampled `--num-repeats` times (a group). A synchronous step waits for a
-group's slowest sample (the straggler), and a group whose rewards are all equal has no
-advantage to learn from (DAPO's dynamic sampling drops it), so what a trainer can use is
-informative groups per second: RL goodput. The engine tells a `GroupTracker` of every
-sample's end; the tracker closes a group when its last sample ends and keeps only the
-run's totals and two compact arrays, so a long run costs it no more than its open groups.
+"""GRPO groups: the unit an RL trainer consumes, not the single rollout. A `GroupTracker`
+closes each group and counts stragglers, informative groups and RL goodput.
+Why: docs/design/rl.md.
 """
 
 from __future__ import annotations

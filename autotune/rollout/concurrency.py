@@ -1,20 +1,6 @@
-"""Adaptive concurrency: an AIMD limit on the model calls in flight.
-
-A fixed parallelism against a rate limit that counts every attempt (refused ones too)
-collapses: each refused call retries after its Retry-After, all of them together, and
-the retries alone keep the limit tripped. So, as TCP's congestion window and Netflix's
-concurrency-limits do, the limit halves when the server refuses a call (429, or 503 with
-Retry-After) and grows by one per limit-many successes, up to the configured
-parallelism. Both steps happen at most once per round trip: every refusal of one burst
-answers calls sent before the cut, and growth needs a round trip to show its effect.
-The round trip is never taken as shorter than a second (TCP's least retransmission
-timeout, and the usual window of a rate limit), or a fast endpoint would see a whole
-burst of refusals halve the limit to one and then grow it again within a second.
-
-A call holds its slot through its retries and their backoff, so a retry counts against
-the limit; one about to re-send when the limit has fallen below the calls in flight
-gives its slot up and queues (`requeue`). The gate is a counter and a FIFO of futures
-on the event loop: no lock, and a call that finds a free slot does not suspend.
+"""Adaptive concurrency: an AIMD limit on the model calls in flight, halved when the server
+refuses a call and grown back on successes.
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

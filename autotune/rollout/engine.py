@@ -1,17 +1,6 @@
-"""The async rollout loop: model calls and verification, overlapped.
-
-`parallelism` workers each take the next rollout, call the model and then either
-verify inline (cheap verifiers) or hand the rollout to the verifier stage through a
-queue bounded by the verifier's capacity. So a slow verifier holds back new model
-requests only once its own queue is full, never before.
-
-With `adaptive_concurrency` (collect turns it on; probes measure at a fixed
-parallelism) every model call, retries included, also passes an AIMD limit that halves
-when the server refuses calls (429/503) and grows back on successes, so a rate-limited
-endpoint is not stormed by `parallelism` calls retrying together (autotune/rollout/concurrency.py).
-
-The loop is the hot path of every measurement autotune makes, so it does as little
-as it can per rollout: no task objects per rollout, no locks, one write per row.
+"""The async rollout loop: model calls and verification, overlapped, doing as little as it
+can per rollout (the hot path of every measurement).
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

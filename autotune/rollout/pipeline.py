@@ -1,8 +1,5 @@
 """The parts every rollout job wires together: a checked target, a backend, a verifier.
-
-Collect and diagnose (and bench) open the same pipeline; the embedded simulator and the
-verifier's worker pool live exactly as long as the `async with` block. With an agent URL
-the pipeline is a NeMo Gym agent server, which makes and verifies whole rollouts itself.
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

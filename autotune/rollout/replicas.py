@@ -1,20 +1,6 @@
-"""Several replicas of one model behind one run: which replica gets the next call.
-
-Pure policy and bookkeeping, no I/O, so the HTTP backend and the virtual-time probe
-route the same way. The rule is fewest outstanding calls (join-the-shortest-queue): in
-a closed loop a faster replica finishes sooner, so it frees its slots sooner and is
-handed more work, without knowing any replica's speed in advance. A call may carry an
-affinity key (the prompt: the rollouts of one task in a GRPO group share it); it then
-goes back to the replica that last served that key while that replica is not much
-busier than the least busy one (by `affinity_slack` calls, or by `affinity_share` of the
-least busy one's calls when that is more: at 500 calls in flight a replica, 2 more is
-no imbalance), so the group's prompt is prefilled once and read from that replica's
-prefix cache, as SGLang's cache-aware router (which also yields to balance past a
-threshold) and OpenRLHF's grouped dispatch do.
-
-A replica whose connection fails `down_after` times in a row is out of rotation: it
-gets no calls until `retry_after_s` has passed, then one call tries it again. Calls
-already in flight on it fail and are retried by the caller, which then picks another.
+"""Several replicas of one model behind one run: which replica gets the next call (fewest
+outstanding calls, with prompt affinity) and which is out of rotation. Pure; no I/O.
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

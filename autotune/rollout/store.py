@@ -1,11 +1,5 @@
 """Rollout files: append-and-flush writing, resume bookkeeping, shard merging.
-
-Each finished rollout is one JSONL line, written and flushed as it finishes, so a
-killed run (kill -9 included) loses at most the line being written; `--resume` cuts
-that truncated tail off and skips every (task, rollout) already on disk.
-
-Beside the rollouts, `<stem>_run.json` records what made them (tasks, verifier,
-repeats, model), so `--resume` refuses to mix in rollouts of a different run.
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

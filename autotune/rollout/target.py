@@ -1,8 +1,5 @@
 """The model server a job talks to: the configured one, or the embedded simulator.
-
-Shared by every job (collect, diagnose, sweep, bench): one place starts the
-simulated server when no base URL is given, checks that the server answers (within
-5 s), and picks the model it serves.
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Tools a multi-turn rollout calls between its model turns (autotune.rollout.turns runs the loop).
-
-    ResourcesServerTools  a NeMo Gym resources server, called as NeMo Gym's simple agent
-                          calls it: `POST /seed_session` with the task once per rollout,
-                          then `POST /{tool_name}` with each call's JSON arguments, the
-                          session's cookies carried from one call to the next; the raw
-                          body, whatever its status, is the tool's output, and an error
-                          status is marked so the loop can count it (or fail on it)
-    NullTools             answers every call at once, in-process: with the null model
-                          server it measures what the loop itself costs
-
-`load_tools` maps `--tools` to one of them. The loop owns the Protocol.
+"""Tools a multi-turn rollout calls between its model turns (autotune.rollout.turns runs
+the loop): a NeMo Gym resources server, or the null tools.
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,5 @@
 """Multi-turn rollouts: NeMo Gym's simple-agent loop, in autotune's own engine.
-
-The model may answer with tool calls; each call goes to the tools (autotune.rollout.tools), its
-output goes back into the conversation as a `tool` message, and the model is called
-again. The loop ends on an answer with no tool call, when the model stops for its output
-limit, or after `max_turns` model calls (that turn's tools still run, as NeMo Gym's
-`max_steps` has it). The engine drives the loop like any backend, one `generate` per
-rollout, and verifies once at the end; a single-turn run never enters this module.
-
-What the rollout's Generation carries: every turn's Responses output items in order
-(`function_call`, `function_call_output`, `message`), token counts summed over the
-turns, each turn's timings (`turns`: its model call, then its tool calls), and
-`tool_s`, the seconds spent in the environment (starting the session and every call),
-and `tool_errors`, the calls that answered an error status. Such an answer goes back to
-the model as NeMo Gym's agent sends it (`--tool-errors feed`, the default) or fails the
-rollout as a `tool_error` (`fail`); either way the backend's counters count it, and the
-calls in flight, so that a probe sees calls that hang.
-Its model_start is the loop's start, so that the engine's queue stage stays the wait
-for a slot and its model stage is the rollout's time outside the tools.
+What a multi-turn Generation carries, and why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

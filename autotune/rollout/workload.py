@@ -1,8 +1,5 @@
-"""Tasks in: NeMo Gym JSONL, chat JSONL, prompt JSONL, or a synthetic workload.
-
-Tasks are streamed, never held all at once, so a 200,000-task run stays small.
-A `WorkItem` is one rollout to make: a task and its repeat index (GRPO groups need
-several rollouts per task).
+"""Tasks in: NeMo Gym JSONL, chat JSONL, prompt JSONL, or a synthetic workload, streamed.
+Why: docs/design/rollout.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Imported first by the verifier pool's forkserver (see lifeline): it dies with
-autotune, and every process it forks (a pool worker) dies with it.
-
-It also ignores SIGINT: the forkserver gives each worker the handlers it found when it
-started, and a worker born with Python's default one turns a Ctrl-C that reaches the
-terminal's whole process group, while it is still importing, into a traceback. autotune
-stops its workers itself."""
+"""Imported first by the verifier pool's forkserver (see lifeline): it dies with autotune,
+every process it forks (a pool worker) dies with it, and it ignores SIGINT.
+Why: docs/design/servers.md.
+"""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """A user's own collector command, run as autotune runs a server: in its own process
 group, stopped with it on Ctrl-C, on cancellation and on errors.
-
-A NeMo Gym user tunes NeMo Gym itself (`kind: command`): the template carries
-`{parallelism}`, `{output}` and `{limit}`, e.g.
-
-    ng_collect_rollouts +input_jsonl_fpath=tasks.jsonl +output_jsonl_fpath={output}
-        +limit={limit} +num_samples_in_parallel={parallelism}
-
-(probe.command measures it.)
+Why: docs/design/servers.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
 """Every process autotune starts ends with it, even when autotune is killed with SIGKILL.
-
-On Linux a process can ask the kernel for a signal when its parent ends
-(PR_SET_PDEATHSIG; elsewhere `die_with_parent` does nothing). A launched server asks
-for SIGTERM before it execs (servers.launcher), so it still shuts down cleanly. The
-verifier pool's workers are not autotune's children but its forkserver's, and the
-forkserver lives as long as any worker while a worker waits forever on a call queue
-whose writer died: so the forkserver imports `autotune.servers._forkserver` first
-(`forkserver_context`), which makes it die with autotune and each worker die with it.
-Python's resource tracker then exits by itself, its last client gone.
+How: docs/design/servers.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""A null-latency OpenAI-compatible server: it answers every request at once.
-
-It exists to measure the client's own overhead (`benchmarks/overhead.py`): with the
-model taking no time, every microsecond a rollout costs is autotune's. So it must never
-be the bottleneck, which is why it is a raw `asyncio.Protocol` under uvloop with every
-answer pre-encoded, not a web framework: it parses only the request line and the
-headers it needs (Content-Length, Connection, Transfer-Encoding) and decides streaming
-by a byte search of the body.
-
-Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
-`POST /v1/completions` (non-streaming, or SSE when the body asks for `"stream": true`,
-with a usage chunk when it asks for `include_usage`). With `--tool-turns N` a chat
-request that offers `tools` is answered with a call to a tool named `null` until the
-conversation holds N − 1 tool results (counted by a byte search, like the flags), so a
-multi-turn rollout makes N model calls.
-
-    python -m autotune.servers.null --port 8000 [--host 127.0.0.1] [--reply TEXT]
-                                    [--tool-turns N]
-
-prints one ready line, `autotune-null ready http://HOST:PORT`, and stops on SIGTERM/SIGINT.
+"""A null-latency OpenAI-compatible server: it answers every request at once, to measure the
+client's own overhead. `python -m autotune.servers.null --port 8000` serves it.
+Why, its routes and flags: docs/design/servers.md.
 """
 
 from __future__ import annotations

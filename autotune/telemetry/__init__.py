@@ -1,12 +1,6 @@
 """What is sampled while a probe runs: the client's health, the server's /metrics, the GPUs.
-
-    async with TelemetryRecorder([ClientSampler(), PrometheusSampler(session, url),
-                                  GpuSampler()]) as recorder:
-        ...  # run the probe
-    stats = summarise(recorder.samples, start, end)  # {"server/vllm:...": {"mean", ...}}
-
-A source that cannot be read (no GPU, no /metrics) is skipped with a one-sentence reason
-in `recorder.unavailable`; telemetry never fails a probe.
+A source that cannot be read is skipped with a reason; telemetry never fails a probe.
+Why: docs/design/telemetry.md.
 """
 
 from autotune.telemetry.client import ClientSampler

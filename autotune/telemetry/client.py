@@ -1,15 +1,5 @@
-"""The harness's own health, so a diagnosis can say "the client is the bottleneck".
-
-A Python client saturates one core long before a model server saturates a GPU; when it
-does, its event loop falls behind and every latency it measures grows. These readings
-show that directly:
-
-- `cpu_fraction`: this process's user+system CPU seconds per wall second (1.0 = a core);
-- `children_cpu_fraction`: the same for its live child processes (process-pool verifiers);
-- `loop_lag_ms`: the worst lateness of a 50 ms heartbeat since the previous sample;
-- `rss_mb`: resident memory.
-
-Rates cover the time since the previous sample, so the first sample carries `rss_mb` only.
+"""The harness's own health (CPU share, loop lag, memory), so that a diagnosis can say
+"the client is the bottleneck". Why: docs/design/telemetry.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """GPU utilisation, memory and power from NVML, when there is a GPU.
-
-`pynvml` (package nvidia-ml-py) is imported only here and only when asked for, so the
-CLI starts fast; without a GPU or driver every function degrades to "no GPU telemetry".
-NVML calls block but take microseconds, so they run on the event loop. Total energy
-(~4 ms a call) is deliberately not read. NVML's "utilisation" is the share of time any
-kernel ran, not SM occupancy: a GPU at 100% may still have room.
+Why: docs/design/telemetry.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """The model server's own view of its load, scraped from a vLLM-style `/metrics`.
-
-Queue depth, KV-cache pressure and preemptions are what tell "the server is full" from
-"the client sends too little"; the client cannot see them. A server without metrics is
-common (hosted APIs, other engines), so the sampler gives up after the first failed
-scrape with a reason, never retries in a loop, never raises.
+Why: docs/design/telemetry.md.
 """
 
 from __future__ import annotations

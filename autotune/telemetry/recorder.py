@@ -1,9 +1,5 @@
-"""Sample every telemetry source at a fixed interval while a probe runs.
-
-The recorder owns the `Sampler` Protocol: a source is anything with a name, an
-`available` flag (with a one-sentence `reason` when false), `sample()` and `aclose()`.
-A source that is unavailable or fails is dropped and its reason kept in
-`recorder.unavailable`, so a probe never fails because of what watches it.
+"""Sample every telemetry source at a fixed interval while a probe runs; owns the `Sampler`
+Protocol. Why: docs/design/telemetry.md.
 """
 
 from __future__ import annotations

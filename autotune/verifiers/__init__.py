@@ -1,14 +1,6 @@
-"""Verifiers: a finished rollout row in, a reward (and verifier fields) out.
-
-The engine owns this Protocol; each implementation is its own module and names map
-to implementations through plain dicts in `load_verifier`.
-
-    builtin.py   none, exact, boxed, mcqa: cheap string checks, inline on the loop
-    pool.py      code, synthetic, user callables: a process pool, so CPU work uses cores
-    http.py      a NeMo Gym resources server's POST /verify
-
-aiohttp is imported only for type checking here (and by http.py, lazily): pool workers
-import this package, and a worker should start without loading an HTTP stack.
+"""Verifiers: a finished rollout row in, a reward (and verifier fields) out. The engine
+owns the Protocol; `load_verifier` maps names to builtin, pool and http verifiers.
+Why: docs/design/verifiers.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Inline verifiers: cheap string checks that run on the event loop (capacity None).
-
-They sit on the engine's hot path (thousands of rollouts a second on two cores), so
-each is a few precompiled regexes and string operations: no imports per call, no
-JSON, no copies of the row. `boxed` follows NeMo Gym's string_match extraction and
-`mcqa` its mcqa grading modes, so their rewards agree with NeMo Gym's own rollouts.
+Why: docs/design/verifiers.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """A NeMo Gym resources-server verifier: POST the row to `/verify`, read `reward` back.
-
-The row goes out as JSON and the answer's fields (bar the echoed
-`responses_create_params` and `response`, which would only overwrite the row's own
-copies) come back into the row. The session is the caller's, as for model backends,
-so tests run against an in-process server and the engine controls connection limits.
+Why: docs/design/verifiers.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Process-pool verifiers: code execution, the synthetic CPU burner, user callables.
-
-CPU-bound verification must not run on the event loop (it would stall every
-in-flight request) and not on threads (the GIL would serialise it), so these run in a
-`ProcessPoolExecutor` and report `capacity = workers`: the engine queues rollouts in
-front of the pool, which is what makes a slow verifier show up as the bottleneck.
-
-Workers start from a forkserver (or spawn) context: the parent runs an asyncio loop
-with threads, where plain fork is unsafe. `start()` warms every worker up front so
-process start-up lands neither inside a measurement nor on the first rollout. Workers
-ignore SIGINT: Ctrl-C is the parent's to handle (it stops the pool), not a traceback
-from every idle worker.
-
-A call that outlives its timeout leaves its worker stuck in user code, and one
-ProcessPoolExecutor worker cannot be stopped alone (killing it breaks the whole pool,
-failing every call in flight). So the pool is retired instead: later calls go to a
-fresh, warmed pool, and the retired one is killed once its other calls have ended,
-each within its own timeout, so no call but the stuck one is lost. A call's timeout
-starts once the fresh pool's workers are up: on a loaded machine their start-up can
-take longer than the verification itself, and it is not the verifier's time.
-
-Everything a worker runs is a module-level function here, so it pickles by name.
-As with any spawn/forkserver pool, a script that uses these verifiers must keep its
-top-level code under `if __name__ == "__main__":` (the CLI and pytest do).
+A script that uses them must keep its top-level code under `if __name__ == "__main__":`.
+Why: docs/design/verifiers.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
-"""The simulated model as an RL policy: samples of one prompt that differ.
-
-A GRPO group sends one prompt n times; a real model samples n different answers, some
-long, some right. With neither flag set the simulator keeps its plain behaviour (one
-length per prompt text, no answer). With them, each prompt gets a difficulty d in
-(0, 1), a draw keyed on its text and `--seed`, and each sample of it (the k-th time the
-server sees that text) its own draw:
-
-- `--output-length-sigma S`: the sample stops after a lognormal number of tokens, median
-  `--natural-output-tokens`, log-scale S, half of its log-variance from the prompt's
-  difficulty (harder prompts run longer) and half from the sample. Over all samples
-  p99/p50 = e^(2.33 S): S = 1 gives a tail ten times the median.
-- `--uninformative-share U`: the answer ends in `\\boxed{42}` (right: synthetic tasks
-  expect 42) or `\\boxed{0}`. The easiest U/2 of prompts are solved by every sample, the
-  hardest U/2 by none; the rest by alternate samples, so any two samples in a row differ
-  and exactly a share U of groups (of two samples or more) is uninformative.
-
-`--rollouts FILE` takes both from real rows instead (NeMo Gym's rollouts or autotune's
-own: a `reward`, and `response.usage.output_tokens` or else the response's message
-text at four characters a token). The file's rows are grouped by prompt; each simulated prompt is
-assigned one of the file's prompts by a draw on its text, and its k-th sample replays
-that prompt's k-th row (cycling), so a group's lengths and its pattern of rewards are
-a real group's. A file of one row per prompt has no groups: each sample then draws any
-row. A reward above 0 is a pass (`\\boxed{42}`), else a fail.
+"""The simulated model as an RL policy: samples of one prompt that differ in length and
+answer (`--output-length-sigma`, `--uninformative-share`, or real rows from `--rollouts`).
+Why: docs/design/simulator.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""The RL endpoints of vLLM's dev mode (`VLLM_SERVER_DEV_MODE=1`), on the simulated engines.
-
-vLLM 0.32 serves these beside the OpenAI API for trainers that sync weights between
-steps (vllm/entrypoints/rl/online and serve/dev): the simulator answers them alike and
-charges what each costs on a GPU, so every RL loop mode runs with no GPU.
-
-- `POST /pause?mode=abort|wait|keep&clear_cache=true`: new requests queue until
-  `/resume`. `abort` ends the requests inside (`finish_reason: abort`); `wait` answers
-  once the running ones have finished; `keep` freezes them (no step runs). Unless `keep`,
-  `clear_cache` (vLLM's default: true) drops the prefix cache.
-- `POST /resume`, `GET /is_paused`.
-- `POST /update_weights` (and `/init_weight_transfer_engine`, a no-op here): one GPU's
-  share of the weights arrives at `--weight-sync-gbps`; no step runs meanwhile.
-- `POST /sleep?level=1&mode=abort`: pause, and from level 1 discard the KV cache and
-  move the weights off the GPU (level 1 copies them to the host at `--host-gbps`, level 2
-  drops them); `POST /wake_up` brings them back at `--host-gbps` and resumes.
-  `GET /is_sleeping`.
-- `POST /reset_prefix_cache`: drops every cached prefix no running request holds.
-
-Costs are simulated seconds, slept at `--time-scale` like engine steps.
+"""The RL endpoints of vLLM's dev mode (pause, resume, update_weights, sleep, wake_up,
+reset_prefix_cache) on the simulated engines, each charged what it costs on a GPU.
+Why: docs/design/simulator.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The simulated server's HTTP face: vLLM's OpenAI-compatible API, /metrics and RL
 endpoints over one or more engines of the engine model, every response marked SIMULATED.
-What it counts and how it answers: docs/simulator.md.
+What it counts and how it answers: docs/design/simulator.md.
 """
 
 from __future__ import annotations
