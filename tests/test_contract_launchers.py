@@ -17,11 +17,10 @@ import pytest
 
 from autotune.config.study import Study
 from autotune.errors import ServerStartupError
-from autotune.probe import ProbeSettings
+from autotune.probe import Launcher, ProbeSettings
+from autotune.probe.launchers import CommandLauncher, http_launcher
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.results.probes import ProbeResult
-from autotune.sweep.curve import Launcher
-from autotune.sweep.launchers import CommandLauncher, http_launcher
 from autotune.verifiers import load_verifier
 from tests.helpers import COLLECTOR_TEMPLATE, SIM_FAST
 

@@ -23,7 +23,7 @@ PENDING = {
     "autotune/sweep/calibration.py",
     "autotune/sweep/curve.py",
     "autotune/sweep/feasibility.py",
-    "autotune/sweep/launchers.py",
+    "autotune/probe/launchers.py",
     "autotune/sweep/loop_study.py",
     "autotune/sweep/prior.py",
     "autotune/sweep/recommend.py",

@@ -12,6 +12,7 @@ import pytest
 
 from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
+from autotune.config.flags import server_flags
 from autotune.config.study import ObjectiveSpec
 from autotune.knee import summarise_curve
 from autotune.report.sweep_report import interval_bands, interval_text
@@ -26,7 +27,6 @@ from autotune.results.trials import (
     TrialRecord,
 )
 from autotune.rollout.workload import workload_record
-from autotune.servers.flags import server_flags
 from autotune.servers.vllm import vllm_command
 from autotune.sweep.recommend import (
     latency_margin,

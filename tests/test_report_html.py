@@ -33,6 +33,7 @@ from autotune.results.diagnosis import (
 from autotune.results.probes import CurvePoint, ProbeResult
 from autotune.results.stages import STAGES, StageLatency
 from autotune.results.trials import SweepResult, TrialRecord
+from autotune.sweep.objectives import objective_for
 from autotune.sweep.recommend import recommendation
 from tests.browser import VIEWPORT, RenderResult, drawn, render
 
@@ -464,7 +465,7 @@ def test_the_sweep_report_labels_its_80_percent_lines_and_shows_every_curve(
     recommended = recommendation(result)
     assert recommended is not None
     out = tmp_path_factory.mktemp("sweep-report")
-    page = sweep_report.write(result, recommended, out)
+    page = sweep_report.write(result, recommended, out, objective_for(result.metric))
     checks = {
         **PAGE_CHECKS,
         "curves": drawn('[id^="knee-curve-"]'),

@@ -20,13 +20,13 @@ import yaml
 
 from autotune.config.study import Study, load_study
 from autotune.errors import UsageError
+from autotune.probe.launchers import http_launcher, study_launcher
 from autotune.report.terminal import trial_line
 from autotune.results.codec import machine_identity
 from autotune.results.probes import CurvePoint
 from autotune.results.saved import load_result
 from autotune.results.trials import SweepResult
 from autotune.rollout.collect_job import run_async
-from autotune.sweep.launchers import http_launcher
 from autotune.sweep.objectives import objective_for
 from autotune.sweep.search import open_study, storage_url
 from autotune.sweep.sweep_job import run_sweep, write_outputs, write_trials_csv
@@ -161,7 +161,12 @@ def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_pat
     url = storage_url(study, None, tmp_path / "studies")
     open_study(study, url).enqueue_trial({"tensor_parallel_size": 1})
     open_study(study, url).enqueue_trial({"tensor_parallel_size": 4})
-    result = run_async(run_sweep(study, storage=url))
+
+    async def sweep() -> SweepResult:
+        async with study_launcher(study, tmp_path / "studies") as launcher:
+            return await run_sweep(study, launcher, storage=url)
+
+    result = run_async(sweep())
     assert len(result.completed) == 3  # the study went on after the refusal
     refused = [t for t in result.completed if t.knobs == {"tensor_parallel_size": 1}]
     assert refused and not refused[0].feasible

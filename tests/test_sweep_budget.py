@@ -20,6 +20,7 @@ from autotune.errors import UsageError
 from autotune.hardware.profiles import GPUS, MODELS
 from autotune.hardware.roofline import roofline
 from autotune.probe import ProbeSettings
+from autotune.probe.launchers import http_launcher
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.report.sweep_report import split_rows
 from autotune.report.terminal import sweep_text
@@ -33,7 +34,6 @@ from autotune.sweep.feasibility import (
     seed_configuration,
     splits,
 )
-from autotune.sweep.launchers import http_launcher
 from autotune.sweep.objectives import objective_for
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import check_space, suggest_knobs

@@ -584,7 +584,7 @@ def test_idle_workers_ignore_ctrl_c() -> None:
 WORKER_BIRTH_HANDLER = """
 import signal
 from concurrent.futures import ProcessPoolExecutor
-from autotune.servers.lifeline import forkserver_context
+from autotune.processes.lifeline import forkserver_context
 
 if __name__ == "__main__":
     with ProcessPoolExecutor(1, mp_context=forkserver_context()) as pool:

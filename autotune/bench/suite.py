@@ -38,10 +38,10 @@ from autotune.config.fields import (
     problem,
     spec_problem,
 )
+from autotune.config.flags import server_flags
 from autotune.config.knobs import ServerArgs
 from autotune.errors import UsageError
 from autotune.probe import ProbeSettings
-from autotune.servers.flags import server_flags
 
 MAX_REPETITIONS = 20  # the exact test takes at most 40 values in all (stats.MAX_EXACT_SAMPLES)
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"

@@ -12,6 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from autotune.config.fields import Option, SpecModel, option, spec_problem
+from autotune.config.flags import field_name
 from autotune.errors import UsageError
 
 Spec = TypeVar("Spec", bound=SpecModel)
@@ -20,7 +21,7 @@ Spec = TypeVar("Spec", bound=SpecModel)
 def _dest(flags: tuple[str, ...]) -> str:
     """The namespace key argparse itself would give the first long flag."""
     long = next(flag for flag in flags if flag.startswith("--"))
-    return long.removeprefix("--").replace("-", "_")
+    return field_name(long)
 
 
 def _declared(spec: type[SpecModel], name: str) -> tuple[FieldInfo, Option]:

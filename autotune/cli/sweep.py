@@ -79,8 +79,9 @@ def _with_repeats(study: Any, repeats: int | None) -> Any:
 
 def run_command(args: argparse.Namespace) -> int:
     from autotune.config.study import Study, load_study
+    from autotune.probe.launchers import study_launcher
     from autotune.report.terminal import progress_bar, sweep_text, trial_line
-    from autotune.results.trials import TrialOutcome
+    from autotune.results.trials import SweepResult, TrialOutcome
     from autotune.rollout.collect_job import run_async
     from autotune.sweep.objectives import objective_for
     from autotune.sweep.sweep_job import check_storage, recommend, run_sweep, write_outputs
@@ -113,9 +114,17 @@ def run_command(args: argparse.Namespace) -> int:
                 bar.write(trial_line(number, outcome, objective))
             bar.rollout_done({}, 0)  # after its line, so that a log reads in order
 
-        result = run_async(
-            run_sweep(study, storage=args.storage, studies_dir=args.studies_dir, on_trial=on_trial)
-        )
+        async def sweep() -> SweepResult:
+            async with study_launcher(study, args.studies_dir) as launcher:
+                return await run_sweep(
+                    study,
+                    launcher,
+                    storage=args.storage,
+                    studies_dir=args.studies_dir,
+                    on_trial=on_trial,
+                )
+
+        result = run_async(sweep())
     try:
         write_outputs(result, directory)
     except OSError as error:

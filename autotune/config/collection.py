@@ -6,6 +6,7 @@ Why: docs/design/config.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -435,3 +436,13 @@ class WorkloadSpec(VerifierFields, RequestFields):
     batch: BatchSpec | None = None
     # The RL loop (objective trained_samples_per_s): the trainer's settings not searched.
     loop: LoopSpec | None = None
+
+
+# The simulator's flags that make each sample's length its own (servers/sim/policy.py)
+SAMPLED_LENGTHS = ("--output-length-sigma", "--rollouts")
+
+
+def lengths_sampled(sim_args: Sequence[str]) -> bool:
+    """Whether the simulated policy draws each sample's length itself (sim/policy.py), so
+    that `ignore_eos` would flatten the tail it was asked for."""
+    return any(arg.startswith(SAMPLED_LENGTHS) for arg in sim_args)

@@ -7,13 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, get_args
 
-from pydantic import (
-    AfterValidator,
-    Field,
-    model_validator,
-)
+from pydantic import AfterValidator, Field, create_model, model_validator
 
 from autotune.config.fields import Count, Flag, Share, SpecModel, must_be, problem
+from autotune.config.flags import field_name
 from autotune.config.rl_specs import BATCH_KNOBS, LOOP_KNOBS, LoopMode, PauseMode
 
 
@@ -24,6 +21,7 @@ class Knob:
 
     help: str
     openrlhf: str | None = None
+    choices_only: bool = False  # a search space lists its values (no range)
 
 
 class ServerKnobs(SpecModel):
@@ -34,7 +32,8 @@ class ServerKnobs(SpecModel):
 
     what: ClassVar[str] = "server knobs"
     tensor_parallel_size: Annotated[
-        Count, Knob("GPUs the model is split over", "--vllm.tensor_parallel_size")
+        Count,
+        Knob("GPUs the model is split over", "--vllm.tensor_parallel_size", choices_only=True),
     ] = 1
     gpu_memory_utilization: Annotated[
         Share,
@@ -70,7 +69,7 @@ def knob(name: str) -> Knob:
 def _server_args(values: dict[str, Any]) -> dict[str, Any]:
     """A mapping of server flags: the knobs autotune knows checked as ServerKnobs checks
     them (any other flag of the server passes as given)."""
-    named = {name.lstrip("-").replace("-", "_"): value for name, value in values.items()}
+    named = {field_name(name): value for name, value in values.items()}
     known = {name: value for name, value in named.items() if name in ServerKnobs.model_fields}
     ServerKnobs.model_validate(known)
     return values
@@ -150,14 +149,9 @@ class ParallelismSpace(SpecModel):
         return self
 
 
-def flag_stem(flag: str) -> str:
-    """`--max-num-seqs=8`, `max_num_seqs` → `max-num-seqs`."""
-    return flag.partition("=")[0].lstrip("-").replace("_", "-")
-
-
 def launcher_flag_problem(flag: str) -> str | None:
     """Why `flag` (a server flag, any spelling) is the launcher's to set, else None."""
-    name = flag_stem(flag)
+    name = field_name(flag)
     if name == "port":
         return f"sets {flag}, which autotune picks itself (a free port per server); remove it"
     if name == "host":
@@ -167,15 +161,25 @@ def launcher_flag_problem(flag: str) -> str | None:
     return None
 
 
-class SearchSpace(SpecModel):
-    parallelism: ParallelismSpace = ParallelismSpace()
-    tensor_parallel_size: ChoiceSpace | None = None
-    gpu_memory_utilization: FloatOrChoices | None = None
-    max_num_seqs: IntOrChoices | None = None
-    max_num_batched_tokens: IntOrChoices | None = None
-    # {choices: [true, false]}: whether the prefix cache pays (GRPO groups share a prompt)
-    enable_prefix_caching: ChoiceSpace | None = None
-    max_model_len: IntOrChoices | None = None
+def _knob_space(name: str) -> Any:
+    """The space a study searches a knob in, from its declaration: listed values for a
+    flag or a choices-only knob, else a range or listed values of its type."""
+    field = ServerKnobs.model_fields[name]
+    if field.annotation is bool or knob(name).choices_only:
+        return ChoiceSpace
+    return FloatOrChoices if field.annotation is float else IntOrChoices
+
+
+# Client parallelism, then one optional space per server knob, in ServerKnobs' order
+# (enable_prefix_caching {choices: [true, false]}: whether the prefix cache pays).
+_SPACES: dict[str, Any] = {
+    "parallelism": (ParallelismSpace, ParallelismSpace()),
+    **{name: (_knob_space(name) | None, None) for name in SERVER_KNOBS},
+}
+KnobSpaces = create_model("KnobSpaces", __base__=SpecModel, **_SPACES)
+
+
+class SearchSpace(KnobSpaces):  # type: ignore[valid-type, misc]
     flags: dict[str, IntSpace | FloatSpace | ChoiceSpace] = {}
     # The trainer's side, for objective informative_groups_per_s: groups per training
     # step, over-sampling share, and whether unfinished samples carry over ([true, false]).
@@ -196,7 +200,7 @@ class SearchSpace(SpecModel):
             why = launcher_flag_problem(flag)
             if why is not None:
                 raise ValueError(f"flags {why}")
-            if flag_stem(flag) in ("data-parallel-size", ENGINES.replace("_", "-")):
+            if field_name(flag) in ("data_parallel_size", ENGINES):
                 raise ValueError(
                     f"flags sets {flag}, which resources.gpus decides (engines × "
                     "tensor_parallel_size); remove it"
@@ -238,5 +242,5 @@ class SearchSpace(SpecModel):
             if space is not None:
                 knobs[name] = space
         for flag, space in self.flags.items():
-            knobs[flag.lstrip("-").replace("-", "_")] = space
+            knobs[field_name(flag)] = space
         return knobs

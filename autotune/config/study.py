@@ -15,7 +15,14 @@ from pydantic import (
     model_validator,
 )
 
-from autotune.config.collection import ProbeSpec, ServerFields, WorkloadSpec
+from autotune.config.collection import (
+    ProbeSpec,
+    ServerFields,
+    TargetConfig,
+    WorkloadSpec,
+    lengths_sampled,
+    target_config,
+)
 from autotune.config.fields import (
     Count,
     Count0,
@@ -27,7 +34,8 @@ from autotune.config.fields import (
     base_url_problem,
     must_be,
 )
-from autotune.config.knobs import SearchSpace, flag_stem, launcher_flag_problem
+from autotune.config.flags import field_name
+from autotune.config.knobs import SearchSpace, launcher_flag_problem
 from autotune.config.rl_specs import BATCH_KNOBS, LOOP_KNOBS, LoopSpec
 from autotune.errors import UsageError
 
@@ -76,7 +84,7 @@ class TargetSpec(ServerFields):
         launched = [*self.args, *self.command] if self.kind == "vllm" else self.args
         for flag in launched:
             why = launcher_flag_problem(flag) if flag.startswith("-") else None
-            if why is not None and (self.kind == "vllm" or flag_stem(flag) != "model"):
+            if why is not None and (self.kind == "vllm" or field_name(flag) != "model"):
                 raise ValueError(f"{'args' if flag in self.args else 'command'} {why}")
         return self
 
@@ -351,3 +359,22 @@ def load_study(path: Path) -> Study:
             }
         )
     return study
+
+
+def study_target_config(study: Study) -> TargetConfig:
+    """What the study's probes call the server with (ignore_eos where automatic)."""
+    workload = study.workload
+    extra_body = workload.extra_body
+    if extra_body is None:
+        synthetic_on_sim = workload.input is None and study.target.kind == "sim"
+        if synthetic_on_sim and not lengths_sampled(study.target.args):
+            extra_body = {"ignore_eos": True}
+        else:
+            extra_body = {}
+    # vLLM is launched serving target.model: calls then name the model it lists.
+    server = (
+        study.target
+        if study.target.kind != "vllm"
+        else study.target.model_copy(update={"model": None})
+    )
+    return target_config(workload, server, extra_body=extra_body)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Self
+from types import SimpleNamespace
+from typing import Any, NoReturn, Self
 
-from autotune.config.knobs import KNOBS, knob
+from autotune.config.flags import flag_name, server_flags
+from autotune.config.knobs import KNOBS, SERVER_KNOBS, ServerKnobs, knob
 from autotune.hardware.calibrated import CalibratedProfile, ProfileError, load_profile
 from autotune.hardware.measured import MeasuredSurface, SurfaceError, load_surface, parse_key
 from autotune.hardware.memory import InsufficientMemory, kv_capacity_tokens
@@ -72,6 +74,23 @@ class _Parser(argparse.ArgumentParser):
         raise SimConfigError(message)
 
 
+SHORT_FLAGS = {"tensor_parallel_size": "-tp"}  # vLLM's short spellings
+
+
+def add_knob_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per server knob, as ServerKnobs declares it (type, default, meaning)."""
+    for name in SERVER_KNOBS:
+        spelled = [flag_name(name), *([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])]
+        default, help = getattr(KNOBS, name), knob(name).help
+        kind = ServerKnobs.model_fields[name].annotation
+        if kind is bool:
+            action = argparse.BooleanOptionalAction
+            parser.add_argument(*spelled, action=action, default=default, help=help)
+        else:
+            parse = float if kind is float else int
+            parser.add_argument(*spelled, type=parse, default=default, help=help)
+
+
 def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.ArgumentParser:
     """vLLM's flag names (those the simulator models) plus the simulator's own knobs."""
     p = _Parser(
@@ -98,13 +117,7 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         help="step with the coefficients `autotune sim calibrate` fitted to measured runs "
         "(its GPU and model unless --gpu and --model name the same)",
     )
-    p.add_argument(
-        "--tensor-parallel-size",
-        "-tp",
-        type=int,
-        default=KNOBS.tensor_parallel_size,
-        help=knob("tensor_parallel_size").help,
-    )
+    add_knob_flags(p)
     p.add_argument(
         "--data-parallel-size",
         "-dp",
@@ -113,34 +126,7 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         help="engines of --tensor-parallel-size GPUs each behind this one server "
         "(requests go to the least loaded)",
     )
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=KNOBS.enable_prefix_caching,
-        help=knob("enable_prefix_caching").help,
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=KNOBS.gpu_memory_utilization,
-        help=knob("gpu_memory_utilization").help,
-    )
-    p.add_argument(
-        "--max-num-seqs", type=int, default=KNOBS.max_num_seqs, help=knob("max_num_seqs").help
-    )
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=KNOBS.max_num_batched_tokens,
-        help=knob("max_num_batched_tokens").help,
-    )
     p.add_argument("--block-size", type=int, default=16, help="KV cache block, in tokens")
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=KNOBS.max_model_len,
-        help=knob("max_model_len").help,
-    )
     p.add_argument("--host", default="127.0.0.1", help="the interface to listen on")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument(
@@ -259,6 +245,36 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
 
 
 @dataclass(frozen=True, slots=True)
+class SimArgs:
+    """The simulator's settings by field name, and the flags it ignores (vLLM's that it
+    does not model): a command line read once, a configuration's knobs set over it typed."""
+
+    values: dict[str, Any]
+    ignored: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, argv: Sequence[str], prog: str | None = None) -> SimArgs:
+        parser = build_parser() if prog is None else build_parser(prog)
+        namespace, unknown = parser.parse_known_args(list(argv))
+        return cls(vars(namespace), tuple(unknown))
+
+    def with_knobs(self, knobs: Mapping[str, Any]) -> SimArgs:
+        """These settings with `knobs` over them (None leaves a setting as it is); a knob
+        the simulator does not model is ignored, as its flag would be."""
+        values, ignored = dict(self.values), list(self.ignored)
+        for name, value in knobs.items():
+            if value is None:
+                continue
+            if name not in values:
+                ignored += server_flags({name: value})
+            elif isinstance(value, float) and value.is_integer() and type(values[name]) is int:
+                values[name] = int(value)  # a whole float drawn for an integer knob
+            else:
+                values[name] = value
+        return SimArgs(values, tuple(ignored))
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     """The validated server configuration."""
 
@@ -307,8 +323,12 @@ class SimConfig:
     def from_args(cls, argv: Sequence[str], prog: str | None = None) -> Self:
         """Parse and validate flags the way vLLM does at start-up; raises SimConfigError.
         `prog`: the command `--help` names (`autotune sim serve` when autotune forwards)."""
-        parser = build_parser() if prog is None else build_parser(prog)
-        ns, unknown = parser.parse_known_args(list(argv))
+        return cls.of(SimArgs.parse(argv, prog))
+
+    @classmethod
+    def of(cls, args: SimArgs) -> Self:
+        """Validate the settings the way vLLM does at start-up; raises SimConfigError."""
+        ns, unknown = SimpleNamespace(**args.values), args.ignored
         profile = None
         if ns.profile is not None:
             try:

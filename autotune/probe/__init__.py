@@ -6,7 +6,9 @@ Why: docs/design/probes.md.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from autotune.probe.window import ProbeSettings, Window, steady_window
 from autotune.results.probes import ProbeResult
@@ -24,4 +26,14 @@ class Probe(Protocol):
     ) -> ProbeResult: ...
 
 
-__all__ = ["Probe", "ProbeResult", "ProbeSettings", "Window", "steady_window"]
+class Launcher(Protocol):
+    """Starts a server configuration and stops it when the block ends.
+
+    A configuration the server refuses raises ServerStartupError, whose `reason` is the
+    server's own error line.
+    """
+
+    def running(self, knobs: Mapping[str, Any]) -> AbstractAsyncContextManager[Probe]: ...
+
+
+__all__ = ["Launcher", "Probe", "ProbeResult", "ProbeSettings", "Window", "steady_window"]

@@ -33,12 +33,11 @@ from autotune.config.knobs import ENGINES
 from autotune.engine_model.scheduler import SimEngine
 from autotune.engine_model.state import engine_config
 from autotune.errors import ServerStartupError
-from autotune.hardware.deployment import SimConfig, SimConfigError
+from autotune.hardware.deployment import SimArgs, SimConfig, SimConfigError
 from autotune.probe.window import ProbeSettings, Window, steady_window
 from autotune.results.probes import ProbeResult
 from autotune.results.stages import StageLatency, no_latencies
 from autotune.rollout.replicas import ReplicaSet
-from autotune.servers.flags import server_flags
 from autotune.stats import batch_means_rate
 
 CHECK_EVERY = 32  # completions between convergence checks
@@ -225,7 +224,7 @@ class VirtualSimLauncher:
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[VirtualProbe]:
         flags = {name: value for name, value in knobs.items() if name != ENGINES}
         try:
-            config = SimConfig.from_args([*self.fixed_args, *server_flags(flags)])
+            config = SimConfig.of(SimArgs.parse(self.fixed_args).with_knobs(flags))
         except SimConfigError as error:
             raise ServerStartupError(
                 f"the simulated server refused this configuration: {error}", reason=str(error)

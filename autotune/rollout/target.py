@@ -15,15 +15,13 @@ from typing import Any
 
 import aiohttp
 
-from autotune.config.collection import TargetConfig
+from autotune.config.collection import TargetConfig, lengths_sampled
 from autotune.config.fields import base_url_problem
 from autotune.errors import ServerUnreachable, UsageError
 
 log = logging.getLogger("autotune")
 
 PREFLIGHT_TIMEOUT_S = 5.0
-# The simulator's flags that make each sample's length its own (servers/sim/policy.py)
-SAMPLED_LENGTHS = ("--output-length-sigma", "--rollouts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,12 +179,6 @@ def synthetic_defaults(target: TargetConfig, synthetic_workload: bool) -> Target
             return target
         return replace(target, extra_body={"ignore_eos": True})
     return target
-
-
-def lengths_sampled(sim_args: Sequence[str]) -> bool:
-    """Whether the simulated policy draws each sample's length itself (sim/policy.py), so
-    that `ignore_eos` would flatten the tail it was asked for."""
-    return any(arg.startswith(SAMPLED_LENGTHS) for arg in sim_args)
 
 
 @asynccontextmanager

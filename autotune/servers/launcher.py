@@ -45,7 +45,7 @@ from typing import IO, Self
 import aiohttp
 
 from autotune.errors import ServerStartupError
-from autotune.servers.lifeline import die_with_parent
+from autotune.processes.lifeline import die_with_parent
 
 HEALTH_POLL_S = 0.2
 STOP_GRACE_S = 10.0

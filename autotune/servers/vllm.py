@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psutil
 
+from autotune.config.flags import server_flags
 from autotune.errors import ServerStartupError
-from autotune.servers.flags import server_flags
 from autotune.servers.launcher import (
     LOCALHOST,
     ServerGroup,

@@ -24,15 +24,14 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from autotune.config.study import Study
 from autotune.errors import ServerStartupError
 from autotune.knee import TRUSTED_BATCHES, UNKNOWN_SPREAD, summarise_curve
-from autotune.probe import Probe, ProbeSettings
+from autotune.probe import Launcher, Probe, ProbeSettings
 from autotune.results.probes import CurvePoint
 from autotune.results.stages import LATENCY_SLOS
 from autotune.results.trials import TrialOutcome
@@ -46,16 +45,6 @@ SLOWER_GUESS = 2.0  # a new configuration's first rung is timed as if half as fa
 QUEUE_GAIN = 0.05  # past max_num_seqs, queued requests gain at most this (none seen: ~1%)
 OutOfReach = Callable[[Sequence[CurvePoint]], str | None]  # after each rung: why to stop
 Timing = Callable[[Sequence[CurvePoint], int], ProbeSettings | None]  # a rung's probe length
-
-
-class Launcher(Protocol):
-    """Starts a server configuration and stops it when the block ends.
-
-    A configuration the server refuses raises ServerStartupError, whose `reason` is the
-    server's own error line.
-    """
-
-    def running(self, knobs: Mapping[str, Any]) -> AbstractAsyncContextManager[Probe]: ...
 
 
 @dataclass(frozen=True, slots=True)

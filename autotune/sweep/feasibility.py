@@ -38,10 +38,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.config.flags import flag_values
 from autotune.config.knobs import ENGINES, SERVER_KNOBS, SPLIT, ChoiceSpace, FloatSpace, IntSpace
 from autotune.config.study import Study, server_part
 from autotune.errors import UsageError
-from autotune.hardware.deployment import SimConfig, SimConfigError, hardware_names
+from autotune.hardware.deployment import SimArgs, SimConfig, SimConfigError, hardware_names
 from autotune.hardware.fit import (
     Batch,
     GpuMemory,
@@ -57,7 +58,6 @@ from autotune.hardware.memory import InsufficientMemory
 from autotune.hardware.profiles import GPUS, GpuProfile, ModelProfile, find_model
 from autotune.hardware.roofline import roofline
 from autotune.results.probes import CurvePoint
-from autotune.servers.flags import server_flags
 
 Space = IntSpace | FloatSpace | ChoiceSpace
 
@@ -70,7 +70,7 @@ def hardware(study: Study) -> tuple[GpuProfile | None, ModelProfile | None]:
     gpu_name = resources.gpu if resources else None
     model_name = resources.model_profile if resources else None
     if target.kind == "sim":
-        values = _flag_values(target.args)
+        values = flag_values(target.args)
         gpu_name, model_name = hardware_names(
             values.get("gpu"), values.get("model"), values.get("profile")
         )
@@ -139,7 +139,7 @@ def _largest_utilisation(study: Study) -> float:
         return space.high
     if isinstance(space, ChoiceSpace):
         return max(float(choice) for choice in space.choices)
-    return float(_flag_values(study.target.args).get("gpu_memory_utilization", 0.9))
+    return float(flag_values(study.target.args).get("gpu_memory_utilization", 0.9))
 
 
 def parameters(study: Study, gpu_count: int = 0) -> dict[str, Space]:
@@ -195,10 +195,10 @@ def prelaunch(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | No
 
 
 def _one_engine(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None) -> Batch:
-    settings = {**_flag_values(study.target.args), **knobs}
+    settings = {**flag_values(study.target.args), **knobs}
     if study.target.kind == "sim":
         try:
-            config = SimConfig.from_args([*study.target.args, *server_flags(dict(knobs))])
+            config = SimConfig.of(SimArgs.parse(study.target.args).with_knobs(knobs))
         except SimConfigError as error:
             return Batch(str(error), None)
         # Every knob as the simulator resolved it, its defaults included.
@@ -253,20 +253,6 @@ def _known(study: Study, settings: Mapping[str, Any], kv_tokens: int | None) -> 
     return batch_fit(lengths, settings, kv_tokens)
 
 
-def _flag_values(args: list[str]) -> dict[str, str]:
-    """`--max-model-len 2048` and `--block-size=32` in fixed args, by knob name."""
-    values: dict[str, str] = {}
-    for index, arg in enumerate(args):
-        if not arg.startswith("--"):
-            continue
-        name, equals, value = arg[2:].partition("=")
-        if not equals and index + 1 < len(args) and not args[index + 1].startswith("--"):
-            value = args[index + 1]
-        if value:
-            values[name.replace("-", "_")] = value
-    return values
-
-
 def caching_on(study: Study, knobs: Mapping[str, Any]) -> bool:
     """Whether the configuration runs with prefix caching: the knob, else the fixed
     args, else on (vLLM V1's default, and the simulator's)."""
@@ -292,7 +278,7 @@ def roofline_share(
     if gpu is None or model is None or workload.input is not None or not points:
         return None, None
     best = max(points, key=lambda point: point.output_tokens_per_s)
-    settings = {**_flag_values(study.target.args), **knobs}
+    settings = {**flag_values(study.target.args), **knobs}
     prompt, output = workload.synthetic.prompt_tokens[0], workload.synthetic.output_tokens[0]
     block = int(settings.get("block_size", 16))
     cached = best.prefix_cache_hit_share
@@ -322,5 +308,5 @@ def roofline_share(
 def _time_scale(study: Study) -> float:
     """Real seconds per simulated second of an accelerated simulator (its probes are
     timed by the wall clock, so its ceiling is too); 1 for anything else."""
-    scale = float(_flag_values(study.target.args).get("time_scale", 1.0))
+    scale = float(flag_values(study.target.args).get("time_scale", 1.0))
     return scale if study.target.kind == "sim" and scale > 0 else 1.0

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config.flags import server_flags
 from autotune.config.knobs import ENGINES, SERVER_KNOBS, knob
 from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
 from autotune.results.probes import CurvePoint
@@ -43,7 +44,6 @@ from autotune.results.trials import (
     TrialRecord,
 )
 from autotune.rollout.workload import workload_flags
-from autotune.servers.flags import server_flags
 
 # OpenRLHF's dotted flags for the vLLM knobs it exposes (a switch: given when true).
 OPENRLHF_FLAGS = {

@@ -39,14 +39,12 @@ from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import Batch
 from autotune.hardware.profiles import GPUS, MODELS, find_model
+from autotune.probe import Launcher
 from autotune.results.probes import CurvePoint
 from autotune.results.runs import BatchSummary, LoopSummary
 from autotune.results.stages import LATENCY_SLOS
 from autotune.results.trials import CurveSummary, TrialOutcome, TrialRecord
-from autotune.sweep.curve import (
-    Incumbent,
-    Launcher,
-)
+from autotune.sweep.curve import Incumbent
 from autotune.sweep.feasibility import (
     effective_knobs,
     knobs_of,

@@ -21,19 +21,13 @@ import orjson
 import yaml
 
 from autotune.config.collection import collect_config
-from autotune.config.study import Study
+from autotune.config.study import Study, study_target_config
 from autotune.errors import UsageError
+from autotune.probe import Launcher
 from autotune.results.codec import Record, machine_identity, save, to_json
 from autotune.results.runs import WorkloadRecord
 from autotune.results.trials import SweepResult, TrialOutcome, Validation
 from autotune.rollout.workload import workload_record
-from autotune.sweep.curve import Launcher
-from autotune.sweep.launchers import (
-    agent_launcher,
-    command_launcher,
-    http_launcher,
-    study_target_config,
-)
 from autotune.sweep.objectives import objective_for
 from autotune.sweep.search import (
     check_space,
@@ -46,7 +40,6 @@ from autotune.sweep.search import (
     storage_url,
     trial_records,
 )
-from autotune.verifiers import VerifierOptions, load_verifier
 
 log = logging.getLogger("autotune")
 
@@ -55,14 +48,15 @@ RESULT_FILE = "sweep.json"
 
 async def run_sweep(
     study: Study,
+    launcher: Launcher,
     *,
     storage: str | None = None,
     studies_dir: Path = Path("studies"),
-    launcher: Launcher | None = None,
     on_trial: Callable[[int, TrialOutcome], None] | None = None,
 ) -> SweepResult:
-    """Runs or resumes the study to its budget and validates its recommendation (once per
-    best trial: a resumed study whose best did not change reuses the runs); returns what
+    """Runs or resumes the study to its budget with `launcher` starting each configuration
+    (probe.launchers.study_launcher), and validates its recommendation (once per best
+    trial: a resumed study whose best did not change reuses the runs); returns what
     sweep.json saves."""
     from autotune.telemetry import gpu_count
 
@@ -75,23 +69,7 @@ async def run_sweep(
     if already:
         log.info("resuming study %s: %d finished trials reused", study.name, already)
     started = time.time()
-    if launcher is None and study.target.kind == "command":
-        launcher = command_launcher(study, studies_dir)
-    if launcher is None and study.target.kind == "nemo-gym-agent":
-        launcher = agent_launcher(study)
-    if launcher is not None:
-        return await _search(study, optuna_study, launcher, gpus, on_trial, url, started, already)
-    verifier = await load_verifier(
-        study.workload.verifier_for(study.workload.input),
-        VerifierOptions(
-            workers=study.workload.verifier_workers, cost_ms=study.workload.verifier_cost_ms
-        ),
-    )
-    try:
-        launcher = http_launcher(study, verifier)
-        return await _search(study, optuna_study, launcher, gpus, on_trial, url, started, already)
-    finally:
-        await verifier.aclose()
+    return await _search(study, optuna_study, launcher, gpus, on_trial, url, started, already)
 
 
 async def _search(

@@ -28,11 +28,10 @@ from dataclasses import replace
 from autotune.config.study import Study
 from autotune.errors import ServerStartupError
 from autotune.knee import HEADROOM, Interval
-from autotune.probe import Probe, ProbeSettings
+from autotune.probe import Launcher, Probe, ProbeSettings
 from autotune.results.probes import CurvePoint
 from autotune.results.stages import LATENCY_SLOS
 from autotune.results.trials import SweepResult, TrialRecord, Validation
-from autotune.sweep.curve import Launcher
 from autotune.sweep.recommend import curve_bootstrap, predicted_at, recommendation, usable_points
 
 MAX_STEP_DOWNS = 3

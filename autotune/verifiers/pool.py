@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from autotune.errors import UsageError
+from autotune.processes.lifeline import forkserver_context
 from autotune.rollout.responses import response_text
-from autotune.servers.lifeline import forkserver_context
 
 if sys.platform != "win32":
     import resource

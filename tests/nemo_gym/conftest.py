@@ -37,8 +37,8 @@ import orjson
 import psutil
 import pytest
 
+from autotune.processes.lifeline import die_with_parent
 from autotune.servers.launcher import ServerProcess, ServerSpec
-from autotune.servers.lifeline import die_with_parent
 from tests.conftest import NEMO_GYM_DATA
 from tests.helpers import REPO, free_port
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config.study import Study
+from autotune.probe import Launcher
 from autotune.report import html
 from autotune.results.codec import Record
 from autotune.results.probes import CurvePoint
 from autotune.results.trials import SweepResult, TrialOutcome, Validation
-from autotune.sweep.curve import Launcher
 from autotune.sweep.objectives.base import TrialContext
 
 

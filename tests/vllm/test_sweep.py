@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
+from autotune.config.flags import server_flags
 from autotune.config.study import load_study
 from autotune.results.saved import load_result
 from autotune.results.trials import SweepResult
-from autotune.servers.flags import server_flags
 from autotune.servers.vllm import API_SERVER_MODULE, shm_entries
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import open_study, storage_url

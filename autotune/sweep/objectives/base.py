@@ -11,10 +11,11 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from autotune.config.study import Study
 from autotune.errors import ServerStartupError, UsageError
 from autotune.hardware.fit import Batch
+from autotune.probe import Launcher
 from autotune.probe.realtime import EngineProbe
 from autotune.results.codec import Record
 from autotune.results.trials import SweepResult, TrialOutcome, TrialRecord, Validation
-from autotune.sweep.curve import Incumbent, Launcher
+from autotune.sweep.curve import Incumbent
 
 VALIDATION_SHARE = 0.8  # a validation run keeps at least this share of the trial's value
 

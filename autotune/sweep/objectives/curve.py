@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config.study import Study
+from autotune.probe import Launcher
 from autotune.report.sweep_report import curve_sections
 from autotune.report.terminal import curve_lines
 from autotune.results.trials import Recommendation, SweepResult, TrialOutcome, Validation
-from autotune.sweep.curve import Launcher, run_trial, start_parallelism
+from autotune.sweep.curve import run_trial, start_parallelism
 from autotune.sweep.objectives.base import TrialContext
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.validate import validate

@@ -1,6 +1,6 @@
 """Imported first by the verifier pool's forkserver (see lifeline): it dies with autotune,
 every process it forks (a pool worker) dies with it, and it ignores SIGINT.
-Why: docs/design/servers.md.
+Why: docs/design/processes.md.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
-from autotune.servers.lifeline import die_with_parent
+from autotune.processes.lifeline import die_with_parent
 
 _forking = 0  # the pid of the process forking, noted before each fork
 

@@ -1,5 +1,5 @@
 """Every process autotune starts ends with it, even when autotune is killed with SIGKILL.
-How: docs/design/servers.md.
+How: docs/design/processes.md.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from multiprocessing.context import BaseContext
 
 _PR_SET_PDEATHSIG = 1
-FORKSERVER_PRELOAD = "autotune.servers._forkserver"
+FORKSERVER_PRELOAD = "autotune.processes._forkserver"
 
 
 def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:

@@ -16,17 +16,17 @@ from typing import Any
 
 from autotune.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, check_agent
 from autotune.backends.openai import OpenAIBackend
-from autotune.config.collection import SyntheticWorkload, TargetConfig, target_config
+from autotune.config.collection import SyntheticWorkload, TargetConfig
+from autotune.config.flags import server_flags
 from autotune.config.knobs import ENGINES
-from autotune.config.study import Study
-from autotune.probe import ProbeSettings
+from autotune.config.study import Study, study_target_config
+from autotune.probe import Launcher, ProbeSettings
 from autotune.probe.collector import CommandProbe
 from autotune.probe.realtime import EngineProbe
-from autotune.rollout.target import api_key, lengths_sampled, open_session, resolve_target
+from autotune.rollout.target import api_key, open_session, resolve_target
 from autotune.rollout.workload import Task, Workload
-from autotune.servers.flags import server_flags
 from autotune.servers.launcher import LOCALHOST, ServerGroup, ServerSpec, free_ports
-from autotune.verifiers import Verifier
+from autotune.verifiers import Verifier, VerifierOptions, load_verifier
 
 
 @dataclass(slots=True)
@@ -133,25 +133,6 @@ def http_launcher(study: Study, verifier: Verifier) -> HttpLauncher:
     return HttpLauncher(target, verifier, _tasks(study), settings, _server(study))
 
 
-def study_target_config(study: Study) -> TargetConfig:
-    """What the study's probes call the server with (ignore_eos where automatic)."""
-    workload = study.workload
-    extra_body = workload.extra_body
-    if extra_body is None:
-        synthetic_on_sim = workload.input is None and study.target.kind == "sim"
-        if synthetic_on_sim and not lengths_sampled(study.target.args):
-            extra_body = {"ignore_eos": True}
-        else:
-            extra_body = {}
-    # vLLM is launched serving target.model: calls then name the model it lists.
-    server = (
-        study.target
-        if study.target.kind != "vllm"
-        else study.target.model_copy(update={"model": None})
-    )
-    return target_config(workload, server, extra_body=extra_body)
-
-
 def _tasks(study: Study) -> list[Task]:
     """The probes' tasks in the order they are sent: with `num_repeats`, each task's
     rollouts one after another (a GRPO group sharing its prompt), as collect makes them."""
@@ -208,3 +189,25 @@ def _engines(knobs: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     """(the engines a configuration runs, its server flags)."""
     flags = {name: value for name, value in knobs.items() if name != ENGINES}
     return int(knobs.get(ENGINES, 1)), flags
+
+
+@asynccontextmanager
+async def study_launcher(study: Study, studies_dir: Path) -> AsyncIterator[Launcher]:
+    """What starts each configuration of `study`'s target (a verifier it needs is loaded
+    for the whole study and closed after it)."""
+    if study.target.kind == "command":
+        yield command_launcher(study, studies_dir)
+        return
+    if study.target.kind == "nemo-gym-agent":
+        yield agent_launcher(study)
+        return
+    verifier = await load_verifier(
+        study.workload.verifier_for(study.workload.input),
+        VerifierOptions(
+            workers=study.workload.verifier_workers, cost_ms=study.workload.verifier_cost_ms
+        ),
+    )
+    try:
+        yield http_launcher(study, verifier)
+    finally:
+        await verifier.aclose()
