@@ -1,6 +1,8 @@
-"""The README documents every field of a study file (its JSON Schema is the truth) and
-every flag, and each of its shell blocks runs as written (those that cannot run here say
-why, in a `<!-- no-run: ... -->` comment above them)."""
+"""The README and the pages under docs/ hold the docs to the code: together they document
+every field of a study file (its JSON Schema is the truth) and every flag; each of their
+shell blocks runs as written (those that cannot run here say why, in a
+`<!-- no-run: ... -->` comment above them); the README stays short; and every relative
+link, and every file of the checkout they name, exists."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,27 @@ from autotune.servers.launcher import ServerSpec
 from tests.helpers import REPO, SIM_FAST, server_process
 
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+README_MAX_LINES = 300
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(REPO).as_posix()
+
+
+def _all_text() -> str:
+    return "\n".join(page.read_text() for page in PAGES)
+
+
+def test_the_docs_are_the_readme_and_the_pages_under_docs() -> None:
+    assert len(PAGES) > 1, "no page under docs/"
+
+
+def test_the_readme_is_short() -> None:
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines, more than {README_MAX_LINES}: move detail to docs/"
+    )
 
 
 def _fields() -> list[str]:
@@ -47,12 +71,8 @@ def _fields() -> list[str]:
     return names
 
 
-def test_every_study_field_is_in_the_readme_table() -> None:
-    rows = [
-        line.split("|")[1]
-        for line in (REPO / "README.md").read_text().splitlines()
-        if line.startswith("| `")
-    ]
+def test_every_study_field_is_in_a_table_of_the_docs() -> None:
+    rows = [line.split("|")[1] for line in _all_text().splitlines() if line.startswith("| `")]
     missing = []
     for dotted in _fields():
         section, _, field = dotted.rpartition(".")
@@ -63,7 +83,7 @@ def test_every_study_field_is_in_the_readme_table() -> None:
             for row in rows
         ):
             missing.append(dotted)
-    assert missing == [], f"study fields the README's table does not document: {missing}"
+    assert missing == [], f"study fields no table of README.md or docs/ documents: {missing}"
 
 
 # -- every flag, and every shell block run as a newcomer would run it ---------------------
@@ -78,10 +98,19 @@ COMMAND_WORDS = ("autotune ", "make ", "pip ", "python ", "vllm ")
 
 @dataclass(frozen=True)
 class Block:
+    page: str
     lang: str
     mark: str
     body: str
     line: int
+
+    @property
+    def runs(self) -> bool:
+        return self.lang == "sh" and not self.mark.startswith(NO_RUN)
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
     @property
     def writes(self) -> list[str]:
@@ -94,10 +123,16 @@ class Block:
         ]
 
 
-def _blocks() -> list[Block]:
-    text = README.read_text()
+def _blocks(page: Path) -> list[Block]:
+    text = page.read_text()
     return [
-        Block(m["lang"], m["mark"] or "", m["body"], text.count("\n", 0, m.start("body")) + 1)
+        Block(
+            _name(page),
+            m["lang"],
+            m["mark"] or "",
+            m["body"],
+            text.count("\n", 0, m.start("body")) + 1,
+        )
         for m in BLOCK.finditer(text)
     ]
 
@@ -118,50 +153,62 @@ def _options() -> list[str]:
     return sorted({*walk(build_parser()), *walk(sim_parser())})
 
 
-def test_every_flag_is_in_the_readme() -> None:
-    text = README.read_text()
+def test_every_flag_is_in_the_docs() -> None:
+    text = _all_text()
     missing = [
         option
         for option in _options()
         if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text)
     ]
-    assert missing == [], f"flags the README does not mention: {missing}"
+    assert missing == [], f"flags neither README.md nor docs/ mentions: {missing}"
 
 
-def test_every_command_block_is_fenced_and_every_skipped_one_says_why() -> None:
-    blocks = _blocks()
-    shell = [b for b in blocks if b.lang == "sh"]
-    assert len(shell) >= 8
-    for block in shell:
-        if block.mark.startswith(NO_RUN):
-            assert len(block.mark.removeprefix(NO_RUN).strip()) > 10, block.line
+def test_the_docs_hold_enough_command_blocks() -> None:
+    blocks = [block for page in PAGES for block in _blocks(page)]
+    assert len([b for b in blocks if b.lang == "sh"]) >= 8
+    assert len([b for b in blocks if b.runs]) >= 5
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_command_block_is_fenced_and_every_skipped_one_says_why(page: Path) -> None:
+    blocks = _blocks(page)
     for block in blocks:
+        if block.lang == "sh" and block.mark.startswith(NO_RUN):
+            assert len(block.mark.removeprefix(NO_RUN).strip()) > 10, block.where
         if block.lang != "sh":
-            assert not block.body.startswith(COMMAND_WORDS), f"line {block.line}: fence it sh"
+            assert not block.body.startswith(COMMAND_WORDS), f"{block.where}: fence it sh"
     # A command outside a fence would escape the run below.
-    indented = re.findall(r"\n\n((?:    .*\n)+)", README.read_text())
+    indented = re.findall(r"\n\n((?:    .*\n)+)", page.read_text())
     commands = [b for b in indented if b.lstrip().startswith(COMMAND_WORDS)]
-    assert commands == [], f"indented command blocks: fence them ```sh: {commands}"
+    assert commands == [], f"{_name(page)}: indented command blocks, fence them ```sh: {commands}"
+
+
+def _runnable_pages() -> list[Path]:
+    return [page for page in PAGES if any(block.runs for block in _blocks(page))]
 
 
 @pytest.mark.slow
-def test_every_runnable_command_block_runs_and_writes_what_it_says(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", _runnable_pages(), ids=_name)
+def test_every_runnable_command_block_runs_and_writes_what_it_says(
+    page: Path, tmp_path: Path
+) -> None:
     """In a fresh folder (the checkout's studies, examples and benchmarks copied in), in
-    README order, against the simulator wherever a block names a server on port 8000; a
-    `<!-- file: NAME -->` block is saved first, as the text tells a reader to."""
+    the page's order, against the simulator wherever a block names a server on port 8000;
+    a `<!-- file: NAME -->` block is saved first, as the text tells a reader to."""
     for folder in ("examples", "studies", "benchmarks"):
         shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("*.db"))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("NO_COLOR", None)
+    blocks = _blocks(page)
     ran = 0
     with server_process(ServerSpec.sim(SIM_FAST)) as base_url:
         host = base_url.removeprefix("http://").removesuffix("/v1")
-        for block in _blocks():
+        for block in blocks:
             body = block.body.replace("localhost:8000", host)
             if block.mark.startswith("file:"):
                 (tmp_path / block.mark.removeprefix("file:").strip()).write_text(body)
                 continue
-            if block.lang != "sh" or block.mark.startswith(NO_RUN):
+            if not block.runs:
                 continue
             result = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", body],
@@ -171,9 +218,73 @@ def test_every_runnable_command_block_runs_and_writes_what_it_says(tmp_path: Pat
                 text=True,
                 timeout=300,
             )
-            assert result.returncode == 0, f"README line {block.line}:\n{result.stderr[-2000:]}"
-            assert "Traceback" not in result.stderr
+            assert result.returncode == 0, f"{block.where}:\n{result.stderr[-2000:]}"
+            assert "Traceback" not in result.stderr, block.where
             missing = [path for path in block.writes if not (tmp_path / path).exists()]
-            assert missing == [], f"README line {block.line} says it writes {missing}"
+            assert missing == [], f"{block.where} says it writes {missing}"
             ran += 1
-    assert ran >= 5
+    assert ran == len([block for block in blocks if block.runs])
+
+
+# -- links, and the files of the checkout the docs name -----------------------------------
+
+FENCE = re.compile(r"^```.*?^```$", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.M)
+
+
+def _prose(text: str) -> str:
+    """The text without its fenced blocks and code spans (a `[x](y)` there is code)."""
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped,
+    spaces as hyphens, `-1`, `-2`, ... after a repeat."""
+    seen: Counter[str] = Counter()
+    anchors = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text())):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+        seen[slug] += 1
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_relative_link_leads_to_a_file_and_its_heading(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(_prose(page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target} (no such heading)")
+    assert broken == [], f"{_name(page)}: broken links: {broken}"
+
+
+# A path of the checkout (`autotune/rollout/engine.py`), or a module's file named as its
+# package's docs name it (`rollout/engine.py`, `engine.py` under its package's heading).
+CHECKOUT_PATH = re.compile(
+    r"(?<![\w./-])((?:autotune|benchmarks|scripts|tests|studies|examples)/[\w./-]*?"
+    r"\.(?:py|sh|yaml|jsonl|json|md))(?![\w-])"
+)
+PY_FILE = re.compile(r"`([\w/]+\.py)`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_file_of_the_checkout_the_docs_name_exists(page: Path) -> None:
+    text = page.read_text()
+    package = REPO / "autotune"
+    modules = {path.relative_to(package).as_posix() for path in package.glob("**/*.py")}
+    missing = {path for path in CHECKOUT_PATH.findall(text) if not (REPO / path).exists()}
+    missing |= {
+        name
+        for name in PY_FILE.findall(text)
+        if not (REPO / name).exists()
+        and not any(module == name or module.endswith(f"/{name}") for module in modules)
+    }
+    assert sorted(missing) == [], f"{_name(page)} names files that do not exist: {missing}"
