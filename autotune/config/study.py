@@ -225,23 +225,12 @@ class Study(SpecModel):
                     f"act on the RL loop: set objective.metric: {TRAINED}"
                 )
             return self
-        if workload.num_repeats < 2:
-            raise ValueError(
-                f"objective {TRAINED} trains on GRPO groups: set workload.num_repeats to the "
-                "group size (2 or more)"
-            )
+        self._groups_on_engine(TRAINED, "trains on GRPO groups", "the loop")
         if self.search_space.over_sample or self.search_space.carry_over or workload.batch:
             raise ValueError(
                 f"objective {TRAINED} takes its batch from workload.loop.batch_groups or "
                 "search_space.batch_groups: remove over_sample, carry_over and workload.batch"
             )
-        if self.target.kind not in ("sim", "vllm", "server"):
-            raise ValueError(
-                f"objective {TRAINED} runs the loop through autotune's engine: use kind: sim, "
-                f"vllm or server, not {self.target.kind}"
-            )
-        if objective.second_objective is not None:
-            raise ValueError(f"objective {TRAINED} has no second objective; remove it")
         return self
 
     @model_validator(mode="after")
@@ -259,25 +248,30 @@ class Study(SpecModel):
                     f"steps: set objective.metric: {GOODPUT}"
                 )
             return self
-        if workload.num_repeats < 2:
-            raise ValueError(
-                f"objective {GOODPUT} counts groups whose rewards differ: set "
-                "workload.num_repeats to the group size (2 or more)"
-            )
+        self._groups_on_engine(GOODPUT, "counts groups whose rewards differ", "training steps")
         fixed = workload.batch.batch_groups if workload.batch else None
         if fixed is None and "batch_groups" not in searched:
             raise ValueError(
                 f"objective {GOODPUT} runs training steps: give workload.batch.batch_groups "
                 "or search search_space.batch_groups"
             )
+        return self
+
+    def _groups_on_engine(self, metric: str, why_groups: str, what: str) -> None:
+        """An objective that runs GRPO groups through autotune's engine needs groups, a
+        target the engine calls, and no second objective."""
+        if self.workload.num_repeats < 2:
+            raise ValueError(
+                f"objective {metric} {why_groups}: set workload.num_repeats to the group size "
+                "(2 or more)"
+            )
         if self.target.kind not in ("sim", "vllm", "server"):
             raise ValueError(
-                f"objective {GOODPUT} runs training steps through autotune's engine: use "
-                f"kind: sim, vllm or server, not {self.target.kind}"
+                f"objective {metric} runs {what} through autotune's engine: use kind: sim, "
+                f"vllm or server, not {self.target.kind}"
             )
-        if objective.second_objective is not None:
-            raise ValueError(f"objective {GOODPUT} has no second objective; remove it")
-        return self
+        if self.objective.second_objective is not None:
+            raise ValueError(f"objective {metric} has no second objective; remove it")
 
     @model_validator(mode="after")
     def _knobs_need_a_launcher(self) -> Study:

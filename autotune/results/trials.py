@@ -322,6 +322,16 @@ class StepSnippets(Record):
     vllm: str
     autotune: str
 
+    def rows(self) -> list[tuple[str, str]]:
+        """Each framework's name and its line, in the order they are shown."""
+        return [
+            ("OpenRLHF", self.openrlhf),
+            ("verl", self.verl),
+            ("slime", self.slime),
+            ("vLLM", self.vllm),
+            ("autotune", self.autotune),
+        ]
+
 
 @dataclass(frozen=True, slots=True)
 class StepsRecommendation(Record):
@@ -356,6 +366,16 @@ class LoopSnippets(Record):
     nemo_rl: str
     vllm: str
     autotune: str
+
+    def rows(self) -> list[tuple[str, str]]:
+        """Each framework's name and its line, in the order they are shown."""
+        return [
+            ("OpenRLHF", self.openrlhf),
+            ("verl", self.verl),
+            ("NeMo RL", self.nemo_rl),
+            ("vLLM", self.vllm),
+            ("autotune", self.autotune),
+        ]
 
 
 @dataclass(frozen=True, slots=True)

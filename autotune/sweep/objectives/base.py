@@ -180,3 +180,35 @@ class EngineObjective(Generic[S]):
             problems.append(self.shortfall(summary, expected))
         problems += self.validation_problems(study, summary)
         return [self.validation(study, best, summary, problems)]
+
+    def best_measured(
+        self, result: SweepResult
+    ) -> tuple[TrialRecord, S, int, dict[str, Any], list[Validation]] | None:
+        """The best trial and its summary, the group size, the server's knobs and the
+        trial's validation runs: what a recommendation is made of; None when no feasible
+        trial made its run."""
+        best = result.best()
+        summary = self.trial_summary(best) if best is not None else None
+        if best is None or summary is None:
+            return None
+        group_size = int((result.spec or {}).get("workload", {}).get("num_repeats", 1))
+        validations = [v for v in result.validations if v.trial == best.number]
+        return best, summary, group_size, self.server_knobs(best.knobs), validations
+
+
+def validated_line(validated: bool | None, validations: list[Validation] | None) -> str:
+    """The terminal's 'validated' line, with a failed run's problems."""
+    text = {None: "not validated", True: "passed"}.get(validated, "FAILED")
+    if validated is False and validations:
+        text += ": " + "; ".join(validations[-1].problems)
+    return f"validated            {text}"
+
+
+def validated_word(validated: bool | None) -> str:
+    """How the report says whether the recommendation was validated."""
+    return {None: "not validated", True: "passed", False: "failed"}[validated]
+
+
+def framework_lines(rows: list[tuple[str, str]]) -> list[str]:
+    """The terminal's framework lines: each name in a column of its own."""
+    return [f"{name:<10} {line}" for name, line in rows]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.config.rl_specs import BATCH_KNOBS, BatchSpec
-from autotune.config.study import GOODPUT, Study, server_part
+from autotune.config.study import GOODPUT, Study
 from autotune.probe.realtime import EngineProbe
 from autotune.report import html
 from autotune.report.sweep_report import figure_text, knobs_text, percent_text
@@ -24,7 +24,13 @@ from autotune.results.trials import (
     Validation,
 )
 from autotune.rl.batch import launched_groups
-from autotune.sweep.objectives.base import VALIDATION_SHARE, EngineObjective
+from autotune.sweep.objectives.base import (
+    VALIDATION_SHARE,
+    EngineObjective,
+    framework_lines,
+    validated_line,
+    validated_word,
+)
 from autotune.sweep.recommend import vllm_serve_line
 
 
@@ -137,13 +143,10 @@ class GoodputObjective(EngineObjective[BatchSummary]):
 
     def recommend(self, result: SweepResult) -> StepsRecommendation | None:
         """The best trial as measured; None when no feasible trial ran its steps."""
-        best = result.best()
-        if best is None or best.batch is None:
+        measured = self.best_measured(result)
+        if measured is None:
             return None
-        batch = best.batch
-        group_size = int((result.spec or {}).get("workload", {}).get("num_repeats", 1))
-        server = server_part(best.knobs)
-        validations = [v for v in result.validations if v.trial == best.number]
+        _, batch, group_size, server, validations = measured
         return StepsRecommendation(
             simulated=result.simulated,
             metric=result.metric,
@@ -178,9 +181,6 @@ class GoodputObjective(EngineObjective[BatchSummary]):
         knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(server as it is)"
         carry = ", carry-over" if rec.carry_over else ""
         slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
-        validated = {None: "not validated", True: "passed"}.get(rec.validated, "FAILED")
-        if rec.validated is False and rec.validations:
-            validated += ": " + "; ".join(rec.validations[-1].problems)
         return [
             f"best configuration   {knobs}",
             f"training steps       {rec.batch_groups} groups of {rec.group_size}, over-sampling "
@@ -188,13 +188,9 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             f"goodput              {rec.informative_groups_per_s:.3g} informative groups/s, p95 "
             f"step {seconds_text(rec.step_p95_s)}{slo}, busy {share_text(rec.busy_share)}, tail "
             f"{share_text(rec.tail_share)}",
-            f"validated            {validated}",
+            validated_line(rec.validated, rec.validations),
             "",
-            f"OpenRLHF   {rec.snippets.openrlhf}",
-            f"verl       {rec.snippets.verl}",
-            f"slime      {rec.snippets.slime}",
-            f"vLLM       {rec.snippets.vllm}",
-            f"autotune   {rec.snippets.autotune}",
+            *framework_lines(rec.snippets.rows()),
         ]
 
     def report_sections(self, result: SweepResult, recommended: Any) -> list[str]:
@@ -213,7 +209,6 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             f"{rec.over_sample:g}, carry-over {carry}, with {knobs_text(rec.server)} — measured "
             f"{quantity(rec.informative_groups_per_s)} {unit}."
         )
-        validated = {None: "not validated", True: "passed", False: "failed"}[rec.validated]
         return [
             html.section(
                 "Recommendation",
@@ -225,12 +220,8 @@ class GoodputObjective(EngineObjective[BatchSummary]):
                         ("tail share of a step", percent_text(rec.tail_share)),
                         ("tokens generated for cancelled samples", str(rec.cancelled_tokens)),
                         ("staleness (steps, mean)", figure_text(rec.staleness_mean)),
-                        ("validated", validated),
-                        ("OpenRLHF", rec.snippets.openrlhf),
-                        ("verl", rec.snippets.verl),
-                        ("slime", rec.snippets.slime),
-                        ("vLLM", rec.snippets.vllm),
-                        ("autotune", rec.snippets.autotune),
+                        ("validated", validated_word(rec.validated)),
+                        *rec.snippets.rows(),
                     ]
                 ),
             )

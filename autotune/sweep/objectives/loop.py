@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.config.rl_specs import LOOP_KNOBS
-from autotune.config.study import TRAINED, Study, loop_spec, server_part
+from autotune.config.study import TRAINED, Study, loop_spec
 from autotune.probe.realtime import EngineProbe
 from autotune.report import html
 from autotune.report.sweep_report import figure_text, knobs_text, percent_text
@@ -23,7 +23,13 @@ from autotune.results.trials import (
     TrialRecord,
     Validation,
 )
-from autotune.sweep.objectives.base import VALIDATION_SHARE, EngineObjective
+from autotune.sweep.objectives.base import (
+    VALIDATION_SHARE,
+    EngineObjective,
+    framework_lines,
+    validated_line,
+    validated_word,
+)
 from autotune.sweep.recommend import vllm_serve_line
 
 
@@ -109,13 +115,11 @@ class LoopObjective(EngineObjective[LoopSummary]):
     def recommend(self, result: SweepResult) -> LoopRecommendation | None:
         """The best trial, with its gain over the best trial of every other mode; None when
         no feasible trial ran its loop."""
-        best = result.best()
-        if best is None or best.loop is None:
+        measured = self.best_measured(result)
+        if measured is None:
             return None
-        summary = best.loop
+        best, summary, group_size, server, validations = measured
         spec = result.spec or {}
-        group_size = int(spec.get("workload", {}).get("num_repeats", 1))
-        server = server_part(best.knobs)
         by_mode: dict[str, float] = {}
         for trial in result.completed:
             if trial.feasible and trial.loop is not None:
@@ -126,7 +130,6 @@ class LoopObjective(EngineObjective[LoopSummary]):
             for mode, value in by_mode.items()
             if mode != summary.mode and value > 0
         }
-        validations = [v for v in result.validations if v.trial == best.number]
         return LoopRecommendation(
             simulated=result.simulated,
             metric=result.metric,
@@ -167,9 +170,6 @@ class LoopObjective(EngineObjective[LoopSummary]):
         if rec.max_staleness is not None:
             bound += f", older than {rec.max_staleness} versions dropped"
         gains = ", ".join(f"×{g:.2f} {mode}" for mode, g in sorted(rec.gain_over_modes.items()))
-        validated = {None: "not validated", True: "passed"}.get(rec.validated, "FAILED")
-        if rec.validated is False and rec.validations:
-            validated += ": " + "; ".join(rec.validations[-1].problems)
         return [
             f"best configuration   {knobs}",
             f"loop                 {rec.mode}: {rec.batch_groups} groups of {rec.group_size} a "
@@ -178,13 +178,9 @@ class LoopObjective(EngineObjective[LoopSummary]):
             + (f" ({gains} the best of each other mode)" if gains else ""),
             f"staleness            p95 {rec.staleness_p95}, max {rec.staleness_max}"
             + (f" (limit {rec.staleness_limit})" if rec.staleness_limit is not None else ""),
-            f"validated            {validated}",
+            validated_line(rec.validated, rec.validations),
             "",
-            f"OpenRLHF   {rec.snippets.openrlhf}",
-            f"verl       {rec.snippets.verl}",
-            f"NeMo RL    {rec.snippets.nemo_rl}",
-            f"vLLM       {rec.snippets.vllm}",
-            f"autotune   {rec.snippets.autotune}",
+            *framework_lines(rec.snippets.rows()),
         ]
 
     def report_sections(self, result: SweepResult, recommended: Any) -> list[str]:
@@ -203,7 +199,6 @@ class LoopObjective(EngineObjective[LoopSummary]):
             f"step{bound}, pause {rec.pause_mode}, with {knobs_text(rec.server)} — measured "
             f"{quantity(rec.trained_samples_per_s)} trained samples/s."
         )
-        validated = {None: "not validated", True: "passed", False: "failed"}[rec.validated]
         gains = [
             (f"× the best {mode} trial", f"{gain:.2f}")
             for mode, gain in sorted(rec.gain_over_modes.items())
@@ -221,12 +216,8 @@ class LoopObjective(EngineObjective[LoopSummary]):
                         ("trainer idle", percent_text(rec.trainer_idle_share)),
                         ("generator idle", percent_text(rec.generator_idle_share)),
                         ("paused for syncs", percent_text(rec.sync_share)),
-                        ("validated", validated),
-                        ("OpenRLHF", rec.snippets.openrlhf),
-                        ("verl", rec.snippets.verl),
-                        ("NeMo RL", rec.snippets.nemo_rl),
-                        ("vLLM", rec.snippets.vllm),
-                        ("autotune", rec.snippets.autotune),
+                        ("validated", validated_word(rec.validated)),
+                        *rec.snippets.rows(),
                     ]
                 ),
             )
