@@ -9,15 +9,21 @@ import asyncio
 from bisect import bisect_left
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from autotune.engine_model.perf_model import DEFAULT_COEFFICIENTS
 from autotune.hardware.deployment import SimConfig
 from autotune.hardware.measured import MeasuredSurface
 from autotune.hardware.profiles import GpuProfile, ModelProfile, StepCoefficients
 
-if TYPE_CHECKING:
-    from autotune.engine_model.scheduler import SimEngine
+
+class Stepper(Protocol):
+    """What a request reads of the engine that runs it: its step count, and its abort."""
+
+    steps: int
+
+    def abort(self, request: Request) -> None: ...
+
 
 WAITING, PREFILL, DECODE, DONE, ABORTED = range(5)
 
@@ -162,7 +168,7 @@ class Request:
 
     def __init__(
         self,
-        engine: SimEngine,
+        engine: Stepper,
         rid: int,
         prompt_tokens: int,
         output_tokens: int,
