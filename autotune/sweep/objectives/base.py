@@ -212,3 +212,17 @@ def validated_word(validated: bool | None) -> str:
 def framework_lines(rows: list[tuple[str, str]]) -> list[str]:
     """The terminal's framework lines: each name in a column of its own."""
     return [f"{name:<10} {line}" for name, line in rows]
+
+
+def validation_fields(validations: list[Validation]) -> dict[str, Any]:
+    """A recommendation's validation runs, and whether the last one passed."""
+    return {
+        "validated": validations[-1].passed if validations else None,
+        "validations": validations,
+    }
+
+
+def best_configuration_line(server: dict[str, Any]) -> str:
+    """The terminal's line naming the recommended server knobs."""
+    knobs = ", ".join(f"{k}={v}" for k, v in server.items()) or "(server as it is)"
+    return f"best configuration   {knobs}"

@@ -27,9 +27,11 @@ from autotune.rl.batch import launched_groups
 from autotune.sweep.objectives.base import (
     VALIDATION_SHARE,
     EngineObjective,
+    best_configuration_line,
     framework_lines,
     validated_line,
     validated_word,
+    validation_fields,
 )
 from autotune.sweep.recommend import vllm_serve_line
 
@@ -163,8 +165,7 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             cancelled_tokens=batch.cancelled_tokens,
             max_step_s=(result.spec or {}).get("objective", {}).get("max_step_s"),
             snippets=step_snippets(result.model, server, group_size, batch),
-            validated=validations[-1].passed if validations else None,
-            validations=validations,
+            **validation_fields(validations),
         )
 
     def trial_text(self, outcome: TrialOutcome) -> str:
@@ -178,11 +179,10 @@ class GoodputObjective(EngineObjective[BatchSummary]):
     def summary_lines(self, result: SweepResult, recommended: Any) -> list[str]:
         """The best configuration, its steps and the framework lines."""
         rec: StepsRecommendation = recommended
-        knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(server as it is)"
         carry = ", carry-over" if rec.carry_over else ""
         slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
         return [
-            f"best configuration   {knobs}",
+            best_configuration_line(rec.server),
             f"training steps       {rec.batch_groups} groups of {rec.group_size}, over-sampling "
             f"{rec.over_sample:g}{carry}",
             f"goodput              {rec.informative_groups_per_s:.3g} informative groups/s, p95 "

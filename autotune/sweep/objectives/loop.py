@@ -26,9 +26,11 @@ from autotune.results.trials import (
 from autotune.sweep.objectives.base import (
     VALIDATION_SHARE,
     EngineObjective,
+    best_configuration_line,
     framework_lines,
     validated_line,
     validated_word,
+    validation_fields,
 )
 from autotune.sweep.recommend import vllm_serve_line
 
@@ -150,8 +152,7 @@ class LoopObjective(EngineObjective[LoopSummary]):
             sync_share=summary.sync_share,
             staleness_limit=spec.get("objective", {}).get("staleness_limit"),
             snippets=loop_snippets(result.model, server, group_size, summary),
-            validated=validations[-1].passed if validations else None,
-            validations=validations,
+            **validation_fields(validations),
         )
 
     def trial_text(self, outcome: TrialOutcome) -> str:
@@ -165,13 +166,12 @@ class LoopObjective(EngineObjective[LoopSummary]):
     def summary_lines(self, result: SweepResult, recommended: Any) -> list[str]:
         """The mode and its bounds, its gain over the other modes, and the framework lines."""
         rec: LoopRecommendation = recommended
-        knobs = ", ".join(f"{k}={v}" for k, v in rec.server.items()) or "(server as it is)"
         bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
         if rec.max_staleness is not None:
             bound += f", older than {rec.max_staleness} versions dropped"
         gains = ", ".join(f"×{g:.2f} {mode}" for mode, g in sorted(rec.gain_over_modes.items()))
         return [
-            f"best configuration   {knobs}",
+            best_configuration_line(rec.server),
             f"loop                 {rec.mode}: {rec.batch_groups} groups of {rec.group_size} a "
             f"step{bound}; pause {rec.pause_mode}",
             f"trained              {rec.trained_samples_per_s:.3g} samples/s"
