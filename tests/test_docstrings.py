@@ -11,28 +11,6 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "autotune"
 MAX_LINES = 5
 
-# being rewritten; to be shortened
-PENDING = {
-    "autotune/hardware/deployment.py",
-    "autotune/probe/virtual.py",
-    "autotune/rl/batch.py",
-    "autotune/rl/trainer.py",
-    "autotune/servers/launcher.py",
-    "autotune/servers/vllm.py",
-    "autotune/sweep/__init__.py",
-    "autotune/sweep/calibration.py",
-    "autotune/sweep/curve.py",
-    "autotune/sweep/feasibility.py",
-    "autotune/probe/launchers.py",
-    "autotune/sweep/loop_study.py",
-    "autotune/sweep/prior.py",
-    "autotune/sweep/recommend.py",
-    "autotune/sweep/search.py",
-    "autotune/sweep/steps.py",
-    "autotune/sweep/sweep_job.py",
-    "autotune/sweep/validate.py",
-}
-
 
 def _docstrings() -> list[tuple[str, int, str]]:
     """(module, lines from the opening to the closing quotes, text) of every module docstring."""
@@ -49,11 +27,7 @@ def _docstrings() -> list[tuple[str, int, str]]:
 
 
 def test_module_docstrings_are_at_most_five_lines() -> None:
-    too_long = [
-        f"{name}: {lines} lines"
-        for name, lines, _ in _docstrings()
-        if lines > MAX_LINES and name not in PENDING
-    ]
+    too_long = [f"{name}: {lines} lines" for name, lines, _ in _docstrings() if lines > MAX_LINES]
     assert not too_long, (
         f"module docstrings over {MAX_LINES} lines (move the why to docs/design/):\n"
         + "\n".join(too_long)

@@ -1,10 +1,6 @@
 """The simulated server's command line as a validated configuration: the GPU and model
-profiles, the tensor- and data-parallel layout, vLLM's memory and batch limits and the KV
-cache they leave, checked as vLLM checks them at start-up, with the simulator's own flags.
-
-Here rather than in servers/sim because the sweep reads a `kind: sim` study's
-`target.args` (its --gpu and --model, and whether a configuration would start) without
-importing the simulator; servers/sim/server.py serves the configuration this gives.
+profiles, the tensor- and data-parallel layout and the KV cache vLLM's limits leave, checked
+as vLLM checks them at start-up. Why here, not in servers/sim: docs/design/hardware.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What starts one server configuration of a study and hands back a probe of it.
-
-The search sees only `curve.Launcher`, so the same search runs against real vLLM, the
-simulated server over HTTP, a server someone else runs, a user's own collector command,
-a running NeMo Gym agent server, or (for benchmarks) the simulated engine in virtual
-time (probe.virtual).
+"""What starts one server configuration of a study and hands back a probe of it: real
+vLLM, the simulated server over HTTP, a running server, a user's collector command or a
+running NeMo Gym agent server. Why: docs/design/probes.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""The virtual-time probe: the simulated engine measured in simulated seconds, for
-benchmarks of the search itself.
-
-The sweep's efficiency is judged in probe-seconds: how long its probes would have run
-on the real server. Stepping the engines without sleeping and driving them with
-closed-loop clients gives the same steady-state measurement as an HTTP probe, in
-simulated seconds, at a tiny fraction of the wall time, so an exhaustive grid over
-hundreds of configurations (the true optimum) can be measured in minutes. Same flags,
-same start-up refusals (vLLM-like error lines) as the HTTP server.
-
-A configuration may run several engines (`num_engines`: a GPU budget split into
-replicas). They share one clock: the engine whose step ends first ends it, the clients
-whose rollouts finished there submit their next ones at that instant, and an idle
-engine's clock jumps to it, so no engine runs ahead of the others. Calls are routed as
-the HTTP backend routes them (autotune.rollout.replicas: fewest outstanding calls, the prompt as
-affinity key), and with `num_repeats` > 1 the clients send GRPO groups: a task's
-rollouts one after another, sharing its prompt, which an engine with prefix caching
-prefills once.
+"""The virtual-time probe: the simulated engine stepped without sleeping and measured in
+simulated seconds, for benchmarks of the search itself (`VirtualProbe`, and
+`VirtualSimLauncher` for a study's configurations). Why: docs/design/probes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Batch-synchronous collection: rollouts in training steps of B GRPO groups.
-
-A synchronous RL trainer (GRPO in OpenRLHF, verl, NeMo RL) asks for B groups, waits
-until the last of their samples is done, trains, syncs weights and asks again. The
-server idles while a step's stragglers drain; the runner measures how much (each
-step's tail share and busy share) and runs the two remedies RL stacks use:
-
-- over-sampling (`over_sample` R): start ceil(B*(1+R)) groups and end the step at B
-  informative groups (DAPO's dynamic sampling wants those); the samples still running
-  are cancelled: their connections close, which makes vLLM abort them;
-- carry-over (partial rollouts, as in Kimi k1.5 and slime's APRIL): samples still
-  running at a step's end go on into the next step instead, and a new group starts as
-  soon as one completes, so ceil(B*(1+R)) groups are always in flight and the server
-  never drains; each group is counted to the step in which it completes, its age in
-  steps (launch to use) being the staleness it costs.
-
-Busy share: running requests over the step ÷ capacity (the samples a step launches,
-or --parallelism when that is fewer). Running is the server's own gauge
-(`vllm:num_requests_running`) where it serves /metrics, else this client's calls in
-flight.
+"""Batch-synchronous collection: rollouts in training steps of B GRPO groups, each step's
+tail and busy shares measured, and the two remedies RL stacks use (over-sampling,
+carry-over). Why: docs/design/rl.md.
 """
 
 from __future__ import annotations

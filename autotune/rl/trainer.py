@@ -1,27 +1,6 @@
-"""The RL loop's trainer stand-in beside the rollouts (`autotune loop`, loop studies).
-
-Training interleaves generation with optimizer steps and weight syncs; where the time
-goes between them decides how many samples a GPU-hour trains. The runner plays the
-trainer: a step takes `batch_groups` complete GRPO groups, trains for `train_s` (or runs
-the user's command), then syncs weights: pause generation (the server's POST /pause in
-`pause_mode`, or, on a server without it, no new request from this client), the transfer
-(`sync_s` seconds, the server's /update_weights, or the user's command), the prefix cache
-cleared, resume. Each sync makes a new policy version; a sample records the version it
-was sent under, and a group's staleness when trained on is the trainer's version less its
-oldest sample's.
-
-The modes users choose between:
-- sync: generate B groups, train, sync; nothing is generated while the trainer works.
-- colocated: the same with the server asleep while the trainer trains (its GPUs are the
-  trainer's): POST /sleep before training, /wake_up after, caches lost; the memory a
-  shared GPU leaves (a lower `gpu_memory_utilization`) is the server's own setting.
-- async: generation goes on while the trainer trains, at most `max_ahead` groups started
-  and not yet trained on (OpenRLHF's async queue); groups older than `max_staleness`
-  versions are dropped, counted and written down.
-
-A sample a pause aborted is sent again after the sync (the failures file records the
-abort). Every launched group ends in the ledger (groups.jsonl): trained, stale, failed,
-cancelled (in flight at the end) or untrained (complete at the end).
+"""The RL loop's trainer stand-in beside the rollouts (`autotune loop`, loop studies): it
+trains, syncs weights and resumes generation in sync, colocated or async mode, and keeps
+a ledger of every group it launched. Why: docs/design/rl.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
-"""The one way autotune starts, health-checks and stops a server process.
-
-A `ServerSpec` says what to run (command, environment, log file), where it answers
-(health URL, base URL) and how long it may take to start; `spec.process()` (or
-`ServerProcess(spec)`) is the running process. Every server goes through here: the
-embedded simulator (`ServerSpec.sim`), the null server that `autotune bench` measures
-the engine against (`ServerSpec.null`), a command a suite or a benchmark launches on a
-port (`ServerSpec.local`, `ServerSpec.launch`), and real vLLM (`servers.vllm.VllmServer`).
-
-The server runs in its own session (process group), so stopping it reaches every worker it
-forked, and Linux stops it if autotune dies; its stdout and stderr go to one log file,
-whose last error line becomes the `reason` of a ServerStartupError (a sweep records it on
-the infeasible trial). Without a `log_path` the log is a temporary file, removed after a
-clean stop and kept whenever something went wrong (the error message names it).
-
-    async with ServerSpec.sim(["--time-scale", "0.05"]).process() as server:
-        ...server.base_url...
-    with ServerSpec.null(core=1).process() as server:   # no event loop running: sync
-        ...
-
-Several replicas of one model (a GPU budget split into engines) are a `ServerGroup`: they
-start side by side, and stop together; if one cannot start, the others are stopped and
-its error is raised.
+"""The one way autotune starts, health-checks and stops a server process: a `ServerSpec`
+says what to run and where it answers, a `ServerProcess` runs it in its own process group,
+a `ServerGroup` runs replicas side by side. Why: docs/design/servers.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""Real vLLM as a launched server: its command line, its environment, and its leftovers.
-
-`VllmServer` is a `ServerProcess` (start, health wait, log capture, stop by process
-group) that also removes what vLLM leaves behind when it stops, above all when it is
-killed: the ZeroMQ sockets it binds in the temporary directory (here, a private one
-per server, given to vLLM as VLLM_RPC_BASE_PATH and removed at the next start if
-autotune itself was killed) and the shared-memory segments and semaphores its
-processes make in /dev/shm. A segment is removed only if it appeared while this
-server ran and no live process maps it or holds it open, so a server running beside
-it keeps its own.
-
-The default command is `python -m vllm.entrypoints.openai.api_server`, which works
-for every build (the `vllm` console script of the CPU build does not); a user points
-`command` at the Python of the environment vLLM is installed in.
-
-`vllm_replicas` starts a GPU budget split into engines: one server per engine on its own
-port and its own GPUs (CUDA_VISIBLE_DEVICES, disjoint), or one server that runs them
-all (`--data-parallel-size`).
+"""Real vLLM as a launched server: its command line, its environment, and the sockets and
+shared memory it leaves behind, removed when it stops; `vllm_replicas` starts a GPU budget
+split into engines. Why: docs/design/servers.md.
 """
 
 from __future__ import annotations

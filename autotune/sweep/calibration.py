@@ -1,12 +1,6 @@
 """`autotune sim calibrate`: the simulator's step model fitted to a table of measured runs,
-and the error it then makes, measured on its own engine.
-
-One configuration of the table (a model on a GPU type, engine image and lengths, every
-TP it was measured at) is fitted at once (engine_model/step_fit.py), the profile written,
-and then every measured point is run again on the simulated engine with that profile,
-in virtual time (probe/virtual.py: closed-loop clients at the point's concurrency with its
-exact lengths, as the table's benchmark client sends them): the profile's error table is
-what `sim serve --profile` gives, not what the closed form the fit uses gives.
+and the error it then makes, measured on its own engine in virtual time.
+Why: docs/design/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""The curve algorithm: one configuration's throughput against parallelism, by doubling.
-
-A server restart costs 30 s to minutes; a probe costs seconds. So each trial starts one
-configuration once and doubles parallelism on it (the NeMo Gym guide's method) until
-throughput plateaus or errors appear; the Universal Scalability Law fit of those points
-places the peak and the knee (knee.py). Nothing here knows Optuna: a fake launcher and
-probe test it on their own.
-
-Probe time goes where it decides. A rung's window is counted in rollout latencies as
-the probe measures them (capped by what Little's law expects from the rungs before), so
-it holds whole batches of completions however long rollouts are: a short screening
-window on every rung, after which `reachable` bounds what the configuration could still
-reach, and one that cannot beat the best so far is pruned there. Once the best curve
-has risen level to its server's ceiling, a later configuration is measured at its own
-ceiling first, where it does the most: one rung prunes a loser. Longer windows go to
-the top of the study's first curve and to a new best's best point (measured again): the
-bar every later trial is pruned against. A vLLM-like server runs at most `max_num_seqs`
-requests at once (fewer when its KV cache holds fewer rollouts: fit.prelaunch), so a
-rung at or past that ceiling is the top of the curve (more parallelism only queues).
+"""The curve algorithm: one configuration's throughput against parallelism, by doubling
+parallelism on one running configuration until it plateaus, with probe time spent where
+it decides (short screening rungs, pruning, longer windows at the top).
+Why: docs/design/sweep.md.
 """
 
 from __future__ import annotations

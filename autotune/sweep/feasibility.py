@@ -1,33 +1,6 @@
-"""What is known before launching a configuration: whether it can start at all.
-
-A launch costs 30 s to minutes on real hardware, and a configuration that cannot fit
-(the weights and a KV cache at its tensor-parallel size and memory utilisation) or
-cannot shard (a tensor-parallel size that does not divide the attention heads) would
-only be refused after it. Such a configuration is rejected without a launch and recorded
-as an infeasible trial with the reason, so the sampler learns from it for free.
-
-The simulator's own start-up checks (hardware/deployment.py) answer for `kind: sim`. For
-`kind: vllm` the model's `config.json` (a local model directory) gives the heads and the
-weights' size, and NVML the GPUs' memory; whatever cannot be read is not checked (vLLM's
-own refusal then decides). The checks themselves are hardware/fit.py's; this module puts
-them to a study's configurations.
-
-A study with `resources: {gpus: N}` also searches how the N GPUs are split into engines
-(replicas) × tensor-parallel size: `splits` lists the ones worth a trial, `parameters`
-puts them to the sampler as one categorical, and `knobs_of` turns a draw back into a
-trial's knobs (`num_engines`, `tensor_parallel_size`).
-
-The same figures say how many requests a configuration can run at once, its `ceiling`:
-`max_num_seqs`, or fewer when the KV cache holds fewer of the study's rollouts (prompt
-and half the output, on average, while they decode). Parallelism past the ceiling only
-queues, so a curve's ladder ends there. They also seed a study: its first trial is the
-configuration that can run the most requests at once (ties: the larger knob values),
-since a batching server's throughput grows with the batch it can hold, and a strong
-first trial lets every later one be pruned against it. Several engines hold their sum.
-
-Where the GPU and the model are known (the simulator's `--gpu`/`--model`, or
-`resources.gpu`/`model_profile`), `roofline_share` says how much of the hardware's
-ceiling (hardware/roofline.py) a trial's best output tokens/s reached.
+"""What is known before launching a configuration: whether it can start at all, how many
+requests it can run at once (its ceiling), a GPU budget's splits as one search parameter,
+the study's first trial, and a trial's share of the roofline. Why: docs/design/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""A calibrated prior (multi-fidelity search): the study is run first on the simulated
-engine stepping with a profile fitted to measured runs (`autotune sim calibrate`), in
-virtual time, and the real study then launches only the configurations that prior puts
-near its best, its best first.
-
-Why: launching a configuration of a large model costs minutes on real GPUs (a 120B
-model loads for several), while a simulated curve costs CPU-seconds. A calibrated
-simulator misses single points by up to ~16% (the calibration's worst point) but ranks
-configurations that differ by more than that correctly, so a configuration it puts
-further below its best than `keep_within` is not worth a launch. Configurations the
-prior did not reach are launched as usual.
+"""A calibrated prior (multi-fidelity search): the study run first on the simulated engine
+with a calibrated profile, in virtual time, so that the real study launches only the
+configurations it puts near its best, its best first. Why: docs/design/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """The recommendation: the best configuration at 80% of its peak parallelism (or at the
-server's ceiling), or lower where a latency budget or a failed validation run says so,
-with 95% intervals and lines ready to paste into NeMo Gym, `vllm serve` and OpenRLHF.
-Pure: computed from a saved SweepResult alone, never from a live study.
-
-The rules, in order: start from 80% of the fitted peak's parallelism (the NeMo Gym
-guide's headroom), or from the server's ceiling where the curve is best at it (the most
-requests it runs at once: past it they only queue, so there is no peak to keep off);
-take the largest parallelism at or under that whose expected p95 rollout latency (and
-p95 TTFT) meets the study's SLOs; then, if validation runs were made, the last one's
-parallelism (each failed run stepped down). `bound_by` names the rule that set the
-number.
-
-A study that split a GPU budget recommends engines × tensor-parallel size too: the
-parallelism is the client's total (NeMo Gym's semaphore), spread over the engines, so
-each engine's share is given for OpenRLHF, whose batches are per engine; `vllm serve`
-runs them all with --data-parallel-size. Where prefix caching was searched, the best
-throughput with it on and off at the best split says what it bought.
+server's ceiling), lower where an SLO or a failed validation run says so, with 95%
+intervals and lines for NeMo Gym, `vllm serve` and OpenRLHF. Pure: computed from a saved
+SweepResult alone. The rules: docs/design/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""The Optuna side of a sweep: storage, sampler, the ask/tell loop, trials as records.
-
-A configuration the server refuses (out of memory, a bad flag) or that crashes under
-load is a deterministic failure: it is recorded as a COMPLETE trial that violates a
-constraint, with the server's own error line, so the sampler learns to avoid it; one
-that is known not to fit before launch (sweep/feasibility.py) is recorded the same way without
-being started. Transient infrastructure errors are FAIL. Each rung of a trial's curve
-is reported to Optuna (`trial.report`), and a curve whose upper bound cannot reach the
-best trial's value is stopped there and recorded as PRUNED, which TPE learns from as
-it does from COMPLETE trials. Studies live in Optuna storage (`studies/<name>.db` by
-default) and resume: rerunning the same command reuses every finished trial, and a
-configuration measured (or pruned) before, or one that runs the same batches
-(fit.effective_knobs), is never launched again. A new study's first trial is the
-configuration known to hold the most requests at once (fit.py), and later trials start
-their doubling at an eighth of the best trial's best parallelism, which saves the low,
-uninformative end of every curve.
-
-A study with a GPU budget (`resources`) draws its engines × TP split as one categorical
-(fit.parameters says why). Where prefix caching is searched, the best configuration
-with caching flipped is measured in full after the budget (`measure_caching_twin`), so
-the recommendation's gain compares two whole curves. Each trial also stores its best
-output tokens/s as a share of its hardware's roofline (fit.roofline_share).
+"""The Optuna side of a sweep: storage, sampler, the ask/tell loop, and trials as records
+(refused configurations as violated constraints, pruned curves, resumed studies).
+Why: docs/design/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""`autotune sweep STUDY.yaml`: run (or resume) a study, validate its recommendation,
-then save what it found.
-
-Outputs in `reports/<study>/`: `sweep.json` (the SweepResult, validation runs included),
-and, rebuilt from it alone by `write_outputs` (also what `autotune report DIR` calls):
-`index.html`, `trials.csv`, `recommendation.json` and `recommendation.yaml`.
+"""`autotune sweep STUDY.yaml`: run (or resume) a study, validate its recommendation, then
+save sweep.json in `reports/<study>/` and rebuild every output from it alone
+(`write_outputs`, also what `autotune report DIR` calls). Why: docs/design/sweep.md.
 """
 
 from __future__ import annotations

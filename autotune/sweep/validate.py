@@ -1,22 +1,6 @@
 """Validate before recommending: hold the recommended configuration at the recommended
-parallelism for `budget.validate_rollouts` rollouts (the NeMo Gym guide's last step,
-"validate stability under load") and compare with what the sweep predicted.
-
-A run passes when its error rate stays within the study's limit, its throughput is not
-below the prediction's 95% interval (the run's own interval reaches it), its latency
-dispersion (p95 ÷ p50) is no worse than DISPERSION_GROWTH times what the sweep's own
-points of that configuration showed, and its p95 latencies meet the study's SLOs. A run
-that fails steps down (to 80% of its parallelism, the same headroom again) and validates
-again, at most MAX_STEP_DOWNS times. Each run is saved in the SweepResult; the
-recommendation (recommend.py) takes the last one's parallelism and says whether it
-passed.
-
-The prediction was measured minutes or hours earlier, and a busy machine (another job on
-the cores, a noisy neighbour) slows everything after it. So a run below its prediction
-first runs the sweep's nearest measured parallelism below it again: if that too falls
-clearly below its own prediction, the machine changed, and the prediction is scaled by
-the speed it has now (`machine_speed`) before the run is judged. A server that is slow
-only where the recommendation puts it still fails.
+parallelism for `budget.validate_rollouts` rollouts, compare with what the sweep
+predicted, and step down when a run fails. The rules: docs/design/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`objective.metric: informative_groups_per_s`: each trial runs training steps of GRPO
 groups, as a synchronous trainer consumes them, instead of a parallelism curve; its value
 is informative groups/s, with the p95 step time as a constraint (`objective.max_step_s`).
-Why: docs/sweep.md."""
+Why: docs/design/sweep.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`objective.metric: trained_samples_per_s`: each trial runs the RL loop, a trainer
 stand-in beside the rollouts (sync, colocated or async with its bounds), instead of a
 parallelism curve; `objective.staleness_limit` bounds the oldest sample it trained.
-Why: docs/sweep.md."""
+Why: docs/design/sweep.md."""
 
 from __future__ import annotations
 
