@@ -73,14 +73,15 @@ def report_targets(targets: Sequence[Target], check: bool, judged: bool = True) 
     dry run): the figures only, and 0."""
     if not targets:
         return 0
-    width = max(len(t.name) for t in targets)
-    table = Table(f"target:<{width} | measured:12 | bound:14 | :5", gap="  ")
     rows = [
         (t.name, t.show(t.measured), f"{t.comparison} {t.show(t.bound)}", verdict(t.passed))
         for t in targets
     ]
     if not judged:
         rows = [(*row[:3], "-") for row in rows]
+    heads = ("target", "measured", "bound")
+    name, measured, bound = (max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads))
+    table = Table(f"target:<{name} | measured:{measured + 2} | bound:{bound + 2} | :5", gap="  ")
     print("\n".join(["", *table.lines(rows)]))
     met = sum(t.passed for t in targets)
     if not judged:
