@@ -139,7 +139,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
 
 def targets(result: dict[str, Any]) -> list[harness.Target]:
     name = f"CPU per model call, {TURNS}-turn / single-turn"
-    return [harness.Target(name, result["multi_over_single"], 1.0, "<=", "x")]
+    return [harness.Target(name, result["multi_over_single"], 1.0, "<=", "x", ".3f")]
 
 
 def render(result: dict[str, Any]) -> str:
