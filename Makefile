@@ -79,7 +79,7 @@ bench-diagnose: setup
 # A sweep's recommendation, then 20 collects whose simulated replica slows 2x halfway and
 # 20 that do not: how many warn within five drift windows, naming the model stage.
 bench-drift: setup
-	$(BIN)/python benchmarks/drift.py
+	$(BIN)/python benchmarks/drift.py --check
 
 # collect at parallelism 64 against a 15 requests/s limit that counts refused attempts:
 # accepted throughput with adaptive concurrency on (target >= 80% of the limit) and off.
@@ -95,7 +95,7 @@ bench-ci: setup
 
 # Twenty A/B runs of this version against itself (never flagged) and a planted slowdown.
 bench-ab: setup
-	$(BIN)/python benchmarks/ab_gate.py
+	$(BIN)/python benchmarks/ab_gate.py --check
 
 # A new baseline, on purpose only: make bench-baseline REASON="why the figures moved"
 bench-baseline: setup

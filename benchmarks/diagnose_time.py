@@ -1,9 +1,10 @@
-"""How long `autotune diagnose` with no arguments takes to print a verdict.
+"""Seconds for `autotune diagnose` with no arguments to print a verdict; target: under 60 s.
 
 Target (issue: diagnose): within 60 s on a 2-core machine, simulated server start-up
-included. Runs the real command line in a subprocess, as a user would, R times.
+included, in the worst of R rounds. Runs the real command line in a subprocess, as a user
+would. Exit status is 0 unless --check is given and the target is missed.
 
-    python benchmarks/diagnose_time.py [--rounds 3] [--check]
+    python benchmarks/diagnose_time.py [--rounds 3] [--json] [--check]
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
+from typing import Any
+
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
 
 TARGET_S = 60.0
 
@@ -21,11 +26,7 @@ TARGET_S = 60.0
 def one_run() -> tuple[float, str]:
     """Seconds to a verdict, and the verdict with its interval, stop reasons and time scale."""
     started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "autotune", "diagnose", "--json", "--quiet"],
-        check=True,
-        capture_output=True,
-    )
+    done = harness.autotune_cli("diagnose", "--json", "--quiet", check=True)
     elapsed = time.perf_counter() - started
     result = json.loads(done.stdout)
     verdict = result["verdict"]
@@ -40,22 +41,40 @@ def one_run() -> tuple[float, str]:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
-    args = parser.parse_args()
-    times = []
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    rounds = []
     for round_number in range(1, args.rounds + 1):
         elapsed, verdict = one_run()
-        times.append(elapsed)
-        print(f"round {round_number}: {elapsed:6.1f} s  verdict {verdict}")
-    worst = max(times)
-    print(
-        f"median {statistics.median(times):.1f} s, worst {worst:.1f} s, target < {TARGET_S:.0f} s:"
-        f" {'PASS' if worst < TARGET_S else 'FAIL'}"
+        rounds.append({"seconds": elapsed, "verdict": verdict})
+        harness.log(f"round {round_number}: {elapsed:6.1f} s  verdict {verdict}")
+    times = [r["seconds"] for r in rounds]
+    return {
+        "benchmark": "diagnose_time",
+        "rounds": rounds,
+        "median_s": statistics.median(times),
+        "worst_s": max(times),
+        "machine": harness.machine(),
+    }
+
+
+def targets(result: dict[str, Any]) -> list[harness.Target]:
+    worst = result["worst_s"]
+    return [harness.Target("seconds to a verdict, worst round", worst, TARGET_S, "<", "s", ".1f")]
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = [(index, r["seconds"], r["verdict"]) for index, r in enumerate(result["rounds"], 1)]
+    return "\n".join(
+        [
+            *harness.Table("round:5 | s:7.1f | verdict:<", gap="  ").lines(rows),
+            f"median {result['median_s']:.1f} s, worst {result['worst_s']:.1f} s",
+        ]
     )
-    return 1 if args.check and worst >= TARGET_S else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.bench_args(__doc__, rounds=3)
+    return harness.run_bench(parser, argv, measure, targets, render)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The drift watch against a planted slowdown: does it warn, in time, and only then?
+"""The drift watch against a planted slowdown; target: every slowed run warns in time, no other.
 
 The workflow a team follows, on the simulator 20 times faster than real time: a
 one-trial sweep over parallelism gives `recommendation.json`; then, for each seed, two
@@ -14,9 +14,10 @@ long): each passes when it says its workload differs and never calls the shortfa
 (exit 0).
 
     python benchmarks/drift.py [--seeds 20] [--different 5] [--factor 2] [--window 1]
-                               [--change-after 5] [--keep DIR] [--json]
+                               [--change-after 5] [--keep DIR] [--json] [--check]
 
-Exit status 0 when every run passed.
+Targets: every slowed run, every healthy run and every run on another workload passes.
+Exit status is 0 unless --check is given and a run failed.
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ import math
 import os
 import shlex
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-REPO = Path(__file__).resolve().parents[1]
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
+
 TIME_SCALE = "0.05"
 WINDOWS = 3  # --drift-windows: warn after three windows in a row below
 IN_TIME = 5  # must-show: within five windows of the change
@@ -50,22 +54,12 @@ budget: {trials: 1}
 """
 
 
-def autotune(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
-
-
 def recommend(root: Path) -> tuple[Path, dict[str, Any], str]:
     """Sweep once; the recommendation's path, its `recommended` entry and its `autotune`
     line."""
     study = root / "drift.yaml"
     study.write_text(STUDY % TIME_SCALE)
-    swept = autotune(
+    swept = harness.autotune_cli(
         "sweep", str(study), "--studies-dir", str(root / "studies"),
         "--output-dir", str(root / "reports" / "drift"), "--quiet", timeout=600,
     )  # fmt: skip
@@ -91,7 +85,7 @@ def collect(
     tasks = math.ceil(recommended["predicted_throughput"] * 2 * args.change_after)
     report = root / name
     pasted = shlex.split(line)[1:]  # `autotune collect ...` as the README says to paste it
-    done = autotune(
+    done = harness.autotune_cli(
         *pasted, f"--sim-arg=--seed={seed}", *extra, "--limit", str(tasks),
         "--expect", str(expect), "--fail-on", "drift",
         "--drift-window", str(args.window), "--drift-windows", str(WINDOWS),
@@ -143,26 +137,15 @@ def judge(
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument(
-        "--different", type=int, default=5, help="runs on another workload (outputs ×2)"
-    )
-    parser.add_argument("--factor", type=float, default=2.0, help="how much slower each step")
-    parser.add_argument("--window", type=float, default=1.0, help="--drift-window, seconds")
-    parser.add_argument("--change-after", type=float, default=5.0, help="seconds into a run")
-    parser.add_argument("--keep", type=Path, help="keep every run's files here")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The sweep, then every planned collect, judged; the figures as a dict."""
     with tempfile.TemporaryDirectory(prefix="autotune-drift-") as scratch:
         root = args.keep or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
         expect, recommended, line = recommend(root)
-        print(
+        harness.log(
             f"recommendation: parallelism {recommended['parallelism']}, "
-            f"{recommended['predicted_throughput']:.1f} rollouts/s predicted",
-            file=sys.stderr,
+            f"{recommended['predicted_throughput']:.1f} rollouts/s predicted"
         )
         slow = [
             f"--sim-arg=--slow-down-after={args.change_after}",
@@ -183,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
             # The machine's 1-minute load after the run: on a shared machine, what else ran.
             row["load_1m"] = round(os.getloadavg()[0], 2)
             runs.append({"seed": seed, "kind": kind, "slowed": kind == "slowed", **row})
-            print(f"  {name}: {row}", file=sys.stderr)
+            harness.log(f"  {name}: {row}")
     slowed_runs = [r for r in runs if r["kind"] == "slowed"]
     healthy_runs = [r for r in runs if r["kind"] == "healthy"]
     different_runs = [r for r in runs if r["kind"] == "different"]
-    result = {
+    return {
         "benchmark": "drift",
         "time_scale": float(TIME_SCALE),
         "factor": args.factor,
@@ -203,17 +186,48 @@ def main(argv: list[str] | None = None) -> int:
         "collect_line": line,
         "runs": runs,
     }
-    if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print(
-            f"slowed ×{args.factor:g} after {args.change_after:g} s: "
-            f"{result['slowed_warned_in_time_naming_model']}/{len(slowed_runs)} warned within "
-            f"{IN_TIME} windows of {args.window:g} s, naming the model stage; healthy: "
-            f"{result['healthy_warned']}/{len(healthy_runs)} warned; another workload: "
-            f"{result['different_said_so']}/{len(different_runs)} said so, none called it drift"
+
+
+def targets(result: dict[str, Any]) -> list[harness.Target]:
+    """A target a kind of run: all of them passed (the slowed warned within IN_TIME
+    windows naming the model stage; the healthy never warned; another workload said so)."""
+    runs = result["runs"]
+    return [
+        harness.Target(
+            f"{kind} runs that passed ({what})",
+            sum(r["passed"] for r in runs if r["kind"] == kind),
+            sum(r["kind"] == kind for r in runs),
+            "==",
         )
-    return 0 if all(r["passed"] for r in runs) else 1
+        for kind, what in (
+            ("slowed", f"warned within {IN_TIME} windows, naming the model stage"),
+            ("healthy", "never warned"),
+            ("different", "said the workload differs, no drift"),
+        )
+    ]
+
+
+def render(result: dict[str, Any]) -> str:
+    return (
+        f"slowed ×{result['factor']:g} after {result['change_after_s']:g} s: "
+        f"{result['slowed_warned_in_time_naming_model']}/{result['slowed_runs']} warned within "
+        f"{IN_TIME} windows of {result['window_s']:g} s, naming the model stage; healthy: "
+        f"{result['healthy_warned']}/{result['healthy_runs']} warned; another workload: "
+        f"{result['different_said_so']}/{result['different_runs']} said so, none called it "
+        "drift"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.bench_args(__doc__, seeds=20)
+    parser.add_argument(
+        "--different", type=int, default=5, help="runs on another workload (outputs ×2)"
+    )
+    parser.add_argument("--factor", type=float, default=2.0, help="how much slower each step")
+    parser.add_argument("--window", type=float, default=1.0, help="--drift-window, seconds")
+    parser.add_argument("--change-after", type=float, default=5.0, help="seconds into a run")
+    parser.add_argument("--keep", type=Path, help="keep every run's files here")
+    return harness.run_bench(parser, argv, measure, targets, render)
 
 
 if __name__ == "__main__":

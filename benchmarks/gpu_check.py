@@ -1,5 +1,6 @@
-"""What only a GPU shows: NVML telemetry during probes, and GPU evidence in a verdict.
+"""NVML telemetry and GPU evidence in diagnose on a GPU; target: expected verdicts, GPU cited.
 
+What only a GPU shows: NVML telemetry during probes, and GPU evidence in a verdict.
 Starts a GPU-resident generation server of its own (a random-weight Llama of a
 realistic size, batched `generate` on the GPU behind a small OpenAI-compatible HTTP
 front with vLLM-style /metrics), then runs `autotune diagnose --base-url` against it
@@ -23,6 +24,12 @@ Needs torch and transformers (and autotune's own dependencies); nothing is downl
 `--server-python` serves the model from another environment's Python, one that has
 torch and transformers where autotune's own has not. Writes gpu_check.json to --out
 (default $OUT, else reports/gpu_check).
+
+Targets, on a GPU: the gpu-bound case (max batch 4) is model-bound, the batching case (64)
+parallelism-bound; the gpu-bound verdict cites GPU utilisation over its threshold; with
+replicas, every replica serves calls in every probe and has its own GPU's readings. Exit
+status is 0 unless --check is given and a target is missed; without a GPU (a dry run of
+the flow) the targets are shown, not judged.
 """
 
 from __future__ import annotations
@@ -39,8 +46,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
+
+# The server may run under another environment's Python: autotune from this checkout.
+sys.path.insert(0, str(harness.REPO))
 
 VOCAB = 32000
 BYTES_PER_TOKEN = 4  # the stand-in tokenizer's rate, about a real one's on English
@@ -414,12 +426,12 @@ def run_diagnose(base_urls: list[str], out: Path, max_s: float) -> dict[str, Any
     )
     synthetic = ["--synthetic", str(int(WORKLOAD[1]) * replicas), *WORKLOAD[2:]]
     command = [
-        *(sys.executable, "-m", "autotune", "diagnose", *urls, *placement),
+        *("diagnose", *urls, *placement),
         *probes_for(replicas, max_s),
         *synthetic,
         *("--output-dir", str(out)),
     ]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = harness.autotune_cli(*command, timeout=600)
     (out / "stdout.txt").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"autotune diagnose failed:\n{done.stderr}")
@@ -515,7 +527,7 @@ async def check(args: argparse.Namespace) -> int:
         smi.terminate()
         smi.wait()
         readings = smi_readings(smi_log.read_text())
-    return report(results, readings, out)
+    return report(results, readings, out, args.check)
 
 
 def server_memory(metrics: str) -> dict[str, float]:
@@ -556,14 +568,15 @@ def print_replicas(probe: dict[str, Any]) -> None:
                 print(f"        GPU {index} nvidia-smi: {fmt_smi(r['nvidia_smi_per_gpu'][index])}")
 
 
-def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
-    """Print the figures; PASS when each verdict is as expected, on a GPU the GPU-bound
-    case cites GPU utilisation over its threshold, and with replicas every replica
-    served calls in every probe and (on a GPU) had its own GPU's readings."""
+def report(results: dict[str, Any], smi: list[Reading], out: Path, check: bool) -> int:
+    """Print the figures and the targets: each verdict as expected; on a GPU the GPU-bound
+    case cites GPU utilisation over its threshold; with replicas every replica served
+    calls in every probe and (on a GPU) had its own GPU's readings. Off a GPU they are
+    not judged: a CPU is not a GPU-bound server."""
     from autotune.results.diagnosis import Evidence
 
-    ok = True
     on_gpu = results["device"] == "cuda"
+    targets = []
     for name, case in results["cases"].items():
         result = case["diagnose"]
         verdict = result["verdict"]  # diagnose.json nests the verdict (schema version 2)
@@ -584,10 +597,6 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
             for source, reason in s["telemetry_unavailable"].items():
                 print(f"      {source}: {reason}")
             print_replicas(s)
-            if results["replicas"] > 1:
-                ok &= len(s["replicas"]) == results["replicas"]
-                ok &= all(r["completed"] > 0 for r in s["replicas"])
-                ok &= not on_gpu or all("util_pct" in r["nvml"] for r in s["replicas"])
         case["server_memory_gib"] = [server_memory(m) for m in case["server_metrics"]]
         for i, memory in enumerate(case["server_memory_gib"]):
             if memory:
@@ -600,26 +609,38 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path) -> int:
         print(f"  GPU evidence cited: {cited}")
         expected = "model-bound" if case["max_batch"] == CASES[0][1] else "parallelism-bound"
         case["verdict_as_expected"] = verdict["verdict"] == expected
-        ok &= case["verdict_as_expected"]
-    ok &= any(e["met"] for e in results["cases"][CASES[0][0]]["gpu_evidence"])
+        targets.append(harness.Target(f"{name}: verdict", verdict["verdict"], expected, "=="))
+        if name == CASES[0][0]:
+            met = any(e["met"] for e in case["gpu_evidence"])
+            targets.append(harness.Target(f"{name}: GPU utilisation cited, met", met, True, "=="))
+        if results["replicas"] > 1:
+            probes = case["probes"]
+            served = sum(
+                len(s["replicas"]) == results["replicas"]
+                and all(r["completed"] > 0 for r in s["replicas"])
+                for s in probes
+            )
+            name_served = f"{name}: probes where every replica served calls"
+            targets.append(harness.Target(name_served, served, len(probes), "=="))
+            if on_gpu:
+                read = sum(all("util_pct" in r["nvml"] for r in s["replicas"]) for s in probes)
+                name_read = f"{name}: probes with every replica's GPU read"
+                targets.append(harness.Target(name_read, read, len(probes), "=="))
+    results["targets"] = [t.as_dict() for t in targets]
+    results["passed"] = all(t.passed for t in targets)
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
-    # Without a GPU this is a dry run of the flow: a CPU is not a GPU-bound server.
-    outcome = ("PASS" if ok else "FAIL") if on_gpu else "dry run"
-    print(
-        f"\nserver start {results['server_start_s']:.1f} s; {outcome}; "
-        f"details in {out / 'gpu_check.json'}"
-    )
-    return 1 if outcome == "FAIL" else 0
+    print(f"\nserver start {results['server_start_s']:.1f} s; details in {out / 'gpu_check.json'}")
+    return harness.report_targets(targets, check, judged=on_gpu)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.bench_args(__doc__, json=False)
     parser.add_argument("mode", nargs="?", choices=("check", "serve"), default="check")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model (a CPU dry run)")
     parser.add_argument(
         "--replicas",
-        type=int,
+        type=harness.count,
         default=1,
         help="servers, one per GPU (the i-th on GPU i), behind one diagnose (default: 1)",
     )
@@ -644,9 +665,7 @@ def main() -> int:
         help="which cases to run, comma-separated (default: gpu-bound,batching)",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu_check")
-    args = parser.parse_args()
-    if args.replicas < 1:
-        parser.error("--replicas must be at least 1")
+    args = parser.parse_args(argv)
     if args.mode == "serve":
         asyncio.run(serve(args))
         return 0
@@ -654,4 +673,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""RL goodput of batch-synchronous collection and its remedies, on the simulator.
+"""RL goodput of batch steps and their remedies on the simulator; target: a remedy >= 1.25x plain.
 
 The simulated policy has a long tail (`--output-length-sigma 1`: p99/p50 of output
 lengths ~10) and 40% uninformative groups (`--uninformative-share 0.4`). Each row is one
@@ -10,14 +10,13 @@ server's running requests over the step ÷ the samples a step launches) shows wh
     python benchmarks/groups.py [--tasks 96] [--batch-groups 8] [--num-repeats 8]
                                 [--time-scale 0.1] [--json] [--check]
 
-Target: a remedy reaches >= 1.25x the plain goodput. Exit status is 0 unless --check is
-given and the target is missed.
+Target: the best remedy reaches >= 1.25x the plain goodput. Exit status is 0 unless
+--check is given and the target is missed.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 import time
 from pathlib import Path
@@ -29,12 +28,11 @@ from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetC
 from autotune.config.rl_specs import BatchSpec
 from autotune.results.stages import percentile
 from autotune.rollout.collect_job import collect
-from autotune.servers.launcher import ServerSpec
 
-try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.groups`
-    import _common
-except ImportError:  # pragma: no cover
-    from benchmarks import _common  # type: ignore[no-redef]
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
 
 TARGET_RATIO = 1.25
 REMEDIES: list[tuple[str, float, bool]] = [
@@ -59,12 +57,11 @@ async def one_row(
     args: argparse.Namespace, name: str, over_sample: float, carry: bool, out: Path
 ) -> dict[str, Any]:
     batch = BatchSpec(batch_groups=args.batch_groups, over_sample=over_sample, carry_over=carry)
-    async with ServerSpec.sim(sim_flags(args)).process() as sim:
-        assert sim.base_url is not None
+    async with harness.sim_server(sim_flags(args)) as base_url:
         started = time.perf_counter()
         summary = await collect(
             CollectConfig(
-                target=TargetConfig(base_url=sim.base_url),
+                target=TargetConfig(base_url=base_url),
                 synthetic=SyntheticWorkload(
                     num_tasks=args.tasks, output_tokens_mean=4000, output_tokens_std=0
                 ),
@@ -123,57 +120,48 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "best": best["name"],
         "best_vs_plain": best["vs_plain"],
-        "target_vs_plain": TARGET_RATIO,
-        "passed": (best["vs_plain"] or 0.0) >= TARGET_RATIO,
-        "machine": _common.machine(),
+        "machine": harness.machine(),
     }
 
 
-def _f(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def targets(result: dict[str, Any]) -> list[harness.Target]:
+    name = f"goodput of the best remedy ({result['best']}) / plain"
+    return [harness.Target(name, result["best_vs_plain"], TARGET_RATIO, ">=", "x")]
+
+
+TABLE = harness.Table(
+    "remedy:<20 | goodput/s:10.2f | x plain:9.2f | step p50:10 | tail:7.0% | busy:7.0% "
+    "| cancelled:11, | tokens:9, | stale:7.2f | max:5d",
+    keys="name goodput vs_plain step_p50 tail_share busy_share cancelled_samples "
+    "cancelled_tokens staleness_mean staleness_max",
+)
 
 
 def render(result: dict[str, Any]) -> str:
     settings = result["settings"]
     plain = result["rows"][0]
-    lines = [
-        f"SIMULATED: {settings['tasks']} prompts x {settings['num_repeats']} samples, steps of "
-        f"{settings['batch_groups']} groups; output length p99/p50 "
-        f"{_f(plain['length_p99_over_p50'], '.1f')}, uninformative groups "
-        f"{_f(plain['uninformative_share'], '.0%')} (plain run)",
-        "",
-        f"{'remedy':<20}{'goodput/s':>10}{'x plain':>9}{'step p50':>10}{'tail':>7}{'busy':>7}"
-        f"{'cancelled':>11}{'tokens':>9}{'stale':>7}{'max':>5}",
-    ]
-    for row in result["rows"]:
-        lines.append(
-            f"{row['name']:<20}{row['goodput']:>10.2f}{_f(row['vs_plain'], '.2f'):>9}"
-            f"{_f(row['step_p50_s'], '.2f'):>9}s{_f(row['tail_share'], '.0%'):>7}"
-            f"{_f(row['busy_share'], '.0%'):>7}{row['cancelled_samples']:>11,}"
-            f"{_f(row['cancelled_tokens'], ','):>9}{_f(row['staleness_mean'], '.2f'):>7}"
-            f"{_f(row['staleness_max'], 'd'):>5}"
-        )
-    verdict = "PASS" if result["passed"] else "FAIL"
-    lines += [
-        "",
-        f"goodput: informative groups/s; busy: the server's running requests over the step "
-        f"÷ the samples a step launches ({plain['busy_source']} gauge).",
-        f"{verdict}: best remedy {result['best']} at x{result['best_vs_plain']:.2f} the plain "
-        f"goodput (target >= x{result['target_vs_plain']:.2f})",
-    ]
-    return "\n".join(lines)
+    f = harness.fmt
+    rows = [{**row, "step_p50": f"{f(row['step_p50_s'], '.2f')}s"} for row in result["rows"]]
+    return "\n".join(
+        [
+            f"SIMULATED: {settings['tasks']} prompts x {settings['num_repeats']} samples, steps "
+            f"of {settings['batch_groups']} groups; output length p99/p50 "
+            f"{f(plain['length_p99_over_p50'], '.1f')}, uninformative groups "
+            f"{f(plain['uninformative_share'], '.0%')} (plain run)",
+            "",
+            *TABLE.lines(rows),
+            "",
+            f"goodput: informative groups/s; busy: the server's running requests over the step "
+            f"÷ the samples a step launches ({plain['busy_source']} gauge).",
+        ]
+    )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.bench_args(__doc__)
     parser.add_argument("--tasks", type=int, default=96)
-    parser.add_argument("--batch-groups", type=int, default=8)
-    parser.add_argument("--num-repeats", type=int, default=8)
-    parser.add_argument("--time-scale", type=float, default=0.1)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
-    args = parser.parse_args()
-    return _common.print_result(asyncio.run(measure(args)), args, render)
+    harness.rl_flags(parser, batch_groups=8, num_repeats=8, time_scale=0.1)
+    return harness.run_bench(parser, argv, measure, targets, render)
 
 
 if __name__ == "__main__":

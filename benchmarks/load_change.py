@@ -1,5 +1,6 @@
-"""A load change in the middle of a diagnosis: can it pass for the server's behaviour?
+"""Diagnosis verdicts with a load change planted mid-run; target: no wrong decided verdict.
 
+Can a load change in the middle of a diagnosis pass for the server's behaviour?
 The simulator (20 times faster than real time, ample capacity: parallelism-bound) slows
 every engine step ×--factor from a planted instant on (`--sim-arg=--slow-down-after`), as
 a machine does when another job lands on its cores. A first run without the change
@@ -14,17 +15,15 @@ said: the first low block and the first high block, classified on their own.
 
     python benchmarks/load_change.py [--runs 10] [--factor 2] [--json] [--check]
 
-With --check, exit status 1 when a run gave a wrong decided verdict.
+Target: no run gives a wrong decided verdict. Exit status is 0 unless --check is given
+and one does.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from typing import Any
-
-from _common import machine, print_result
 
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.diagnose.checks import pair_speedups
@@ -33,6 +32,11 @@ from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.results.diagnosis import DiagnoseResult
 from autotune.results.probes import ProbeResult
 from autotune.rollout.collect_job import run_async
+
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
 
 TRUE_VERDICT = "parallelism-bound"
 TIME_SCALE = 0.05  # the embedded simulator's default in diagnose
@@ -83,13 +87,8 @@ def describe(result: DiagnoseResult) -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--factor", type=float, default=2.0)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--check", action="store_true")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """A run without the change, then --runs with it planted across its span."""
     baseline = run(())
     span = real_span_s(baseline)
     runs = []
@@ -97,7 +96,9 @@ def main() -> int:
         at = span * (0.1 + 0.8 * index / max(args.runs - 1, 1))
         result = run(("--slow-down-after", f"{at:.3f}", "--slow-down-factor", f"{args.factor:g}"))
         runs.append({"planted_at_s": round(at, 2), **describe(result)})
-    figures = {
+        harness.log(f"  change at {at:.2f} s: {runs[-1]['verdict']}")
+    return {
+        "benchmark": "load_change",
         "baseline": describe(baseline),
         "real_span_s": round(span, 2),
         "runs": runs,
@@ -106,34 +107,52 @@ def main() -> int:
             r["verdict"] == "inconclusive" and r["drift_named"] for r in runs
         ),
         "old_order_wrong": sum(r["old_order_wrong"] for r in runs),
-        "machine": machine(),
+        "machine": harness.machine(),
     }
-    figures["passed"] = figures["wrong_decided"] == 0
-    return print_result(figures, args, render)
+
+
+def targets(figures: dict[str, Any]) -> list[harness.Target]:
+    name = f"wrong decided verdicts (of {len(figures['runs'])} runs)"
+    return [harness.Target(name, figures["wrong_decided"], 0, "==")]
+
+
+TABLE = harness.Table(
+    "change at:9 | verdict:<28 | interval:<16 | drift named:<11 | pairs of blocks; old order:<",
+    gap="  ",
+)
 
 
 def render(figures: dict[str, Any]) -> str:
-    lines = [
-        f"no change: {figures['baseline']['verdict']} ×{figures['baseline']['speedup']} "
-        f"{figures['baseline']['interval']}; the diagnosis spans {figures['real_span_s']} s",
-        f"{'change at':>9}  {'verdict':<28} {'interval':<16} {'drift named':<11}  "
-        "pairs of blocks; old order",
-    ]
-    for r in figures["runs"]:
-        interval = "×{:.2f}–×{:.2f}".format(*r["interval"]) if r["interval"] else "-"
-        lines.append(
-            f"{r['planted_at_s']:>8.2f}s  {r['verdict']:<28} {interval:<16} "
-            f"{'yes' if r['drift_named'] else 'no':<11}  {', '.join(r['pairs'])}; "
-            f"{r['old_order']}"
+    baseline = figures["baseline"]
+    rows = [
+        (
+            f"{r['planted_at_s']:.2f}s",
+            r["verdict"],
+            "×{:.2f}–×{:.2f}".format(*r["interval"]) if r["interval"] else "-",
+            "yes" if r["drift_named"] else "no",
+            f"{', '.join(r['pairs'])}; {r['old_order']}",
         )
+        for r in figures["runs"]
+    ]
     runs = len(figures["runs"])
-    lines.append(
-        f"wrong decided verdicts: {figures['wrong_decided']} of {runs}; inconclusive with the "
-        f"load change named: {figures['inconclusive_with_drift_named']}; the old order "
-        f"wrong: {figures['old_order_wrong']} of {runs}"
+    return "\n".join(
+        [
+            f"no change: {baseline['verdict']} ×{baseline['speedup']} {baseline['interval']}; "
+            f"the diagnosis spans {figures['real_span_s']} s",
+            *TABLE.lines(rows),
+            f"wrong decided verdicts: {figures['wrong_decided']} of {runs}; inconclusive with "
+            f"the load change named: {figures['inconclusive_with_drift_named']}; the old order "
+            f"wrong: {figures['old_order_wrong']} of {runs}",
+        ]
     )
-    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.bench_args(__doc__)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--factor", type=float, default=2.0)
+    return harness.run_bench(parser, argv, measure, targets, render)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

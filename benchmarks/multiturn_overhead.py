@@ -1,4 +1,4 @@
-"""The engine's cost per model call: multi-turn rollouts against single-turn ones.
+"""Engine CPU per model call, 3-turn vs single-turn rollouts; target: multi-turn no dearer.
 
 One null server (its own core) answers every chat request that offers tools with a tool
 call until the conversation holds two tool results, so a rollout with tools (`--tools
@@ -12,27 +12,28 @@ R rounds (the order flipping each round) and the medians are compared.
                                             [--rounds 3] [--json] [--check]
 
 Target: a multi-turn model call costs the engine no more than a single-turn one (the
-median CPU µs per model call); exit status 1 with --check when it does.
+median CPU µs per model call). Exit status is 0 unless --check is given and it does.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from autotune.bench.overhead import cpu_seconds
 from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.rollout.collect_job import run_collect
 
-try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.multiturn_overhead`
-    import _common
-except ImportError:  # pragma: no cover
-    from benchmarks import _common  # type: ignore[no-redef]
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
 
 TURNS = 3
 PROMPT = " ".join(["lorem ipsum dolor sit amet"] * 40)  # ~1 KB, as the overhead benchmark's
@@ -77,9 +78,9 @@ def measure(base_url: str, tasks: Path, out_dir: Path, multi: bool, concurrency:
         output=output,
         progress=False,
     )
-    cpu0 = _common.cpu_seconds()
+    cpu0 = cpu_seconds()
     summary = run_collect(config)
-    cpu = _common.cpu_seconds() - cpu0
+    cpu = cpu_seconds() - cpu0
     calls = 0
     for line in output.read_bytes().splitlines():
         calls += len(orjson.loads(line)["_autotune"].get("turns") or [None])
@@ -95,19 +96,12 @@ def measure(base_url: str, tasks: Path, out_dir: Path, multi: bool, concurrency:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", type=int, default=3000, help="per multi-turn run")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--check", action="store_true")
-    args = parser.parse_args()
-    client_core, server_core = _common.core_plan()
-    _common.pin_self(client_core)
+def measure_all(args: argparse.Namespace) -> dict[str, Any]:
+    """A warm-up, then single-turn and multi-turn runs alternating; the figures as a dict."""
+    _, server_core = harness.pin_client()
     runs: list[Run] = []
     with (
-        _common.NullServer(core=server_core, tool_turns=TURNS) as server,
+        harness.null_server(server_core, tool_turns=TURNS) as server,
         tempfile.TemporaryDirectory() as tmp,
     ):
         root = Path(tmp)
@@ -116,41 +110,51 @@ def main() -> int:
         write_tasks(multi_tasks, args.rollouts)
         write_tasks(single_tasks, args.rollouts * TURNS)  # as many model calls as multi
         measure(server.base_url, single_tasks, root / "out", False, args.concurrency)  # warm
-        for index in range(args.rounds):
-            order = (False, True) if index % 2 == 0 else (True, False)
+        for index, order in enumerate(harness.rotations([False, True], args.rounds)):
             for multi in order:
                 tasks = multi_tasks if multi else single_tasks
                 run = measure(server.base_url, tasks, root / "out", multi, args.concurrency)
                 runs.append(run)
-                print(
+                harness.log(
                     f"  round {index + 1}/{args.rounds}: {run.kind:6} {run.model_calls:,} model "
                     f"calls in {run.elapsed_s:.2f} s ({run.calls_per_s:,.0f}/s), "
-                    f"{run.cpu_us_per_call:.0f} µs CPU a call, failed {run.failed}",
-                    file=sys.stderr,
+                    f"{run.cpu_us_per_call:.0f} µs CPU a call, failed {run.failed}"
                 )
-    single = _common.median([r.cpu_us_per_call for r in runs if r.kind == "single"])
-    multi = _common.median([r.cpu_us_per_call for r in runs if r.kind == "multi"])
-    result = {
+    single = harness.median([r.cpu_us_per_call for r in runs if r.kind == "single"])
+    multi = harness.median([r.cpu_us_per_call for r in runs if r.kind == "multi"])
+    return {
+        "benchmark": "multiturn_overhead",
         "turns": TURNS,
         "cpu_us_per_model_call": {"single": single, "multi": multi},
         "model_calls_per_s": {
-            kind: _common.median([r.calls_per_s for r in runs if r.kind == kind])
+            kind: harness.median([r.calls_per_s for r in runs if r.kind == kind])
             for kind in ("single", "multi")
         },
         "multi_over_single": multi / single,
-        "ok": multi <= single,
         "runs": [asdict(r) for r in runs],
-        "machine": _common.machine(),
+        "machine": harness.machine(),
         "at": time.time(),
     }
-    if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print(
-            f"CPU per model call: single-turn {single:.0f} µs, {TURNS}-turn {multi:.0f} µs "
-            f"(×{multi / single:.2f}): {'ok' if multi <= single else 'MORE per call'}"
-        )
-    return 1 if args.check and multi > single else 0
+
+
+def targets(result: dict[str, Any]) -> list[harness.Target]:
+    name = f"CPU per model call, {TURNS}-turn / single-turn"
+    return [harness.Target(name, result["multi_over_single"], 1.0, "<=", "x", ".3f")]
+
+
+def render(result: dict[str, Any]) -> str:
+    cpu = result["cpu_us_per_model_call"]
+    return (
+        f"CPU per model call: single-turn {cpu['single']:.0f} µs, {TURNS}-turn "
+        f"{cpu['multi']:.0f} µs (×{result['multi_over_single']:.2f})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.bench_args(__doc__, rounds=3)
+    parser.add_argument("--rollouts", type=int, default=3000, help="per multi-turn run")
+    parser.add_argument("--concurrency", type=int, default=64)
+    return harness.run_bench(parser, argv, measure_all, targets, render)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Peak memory of a long collection: 200,000 synthetic rollouts against the null server.
+"""Peak RSS of a 200,000-rollout collect on the null server; target: under 300 MB, no failures.
 
 A run that holds tasks, rows or latency samples in proportion to its length runs out of
 memory on the long jobs RL teams give it, so peak RSS must stay flat as the run grows.
@@ -8,8 +8,8 @@ cross-check (sampling can miss a short spike; the kernel's figure cannot).
 
     python benchmarks/peak_rss.py [--tasks 200000] [--concurrency 64] [--json] [--check]
 
-Target: peak RSS < 300 MB (10^6 bytes). Exit status is 0 unless --check is given and the
-target is missed.
+Targets: peak RSS < 300 MB (10^6 bytes) and no failed rollout. Exit status is 0 unless
+--check is given and a target is missed.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 
 import psutil
 
-try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.peak_rss`
-    import _common
-except ImportError:  # pragma: no cover
-    from benchmarks import _common  # type: ignore[no-redef]
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
 
 TARGET_MB = 300.0
 MB = 1e6
@@ -72,9 +72,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
     from autotune.rollout.collect_job import run_collect
 
-    client_core, server_core = _common.core_plan()
-    _common.pin_self(client_core)
-    with _common.NullServer(core=server_core) as server, tempfile.TemporaryDirectory() as tmp:
+    _, server_core = harness.pin_client()
+    with harness.null_server(server_core) as server, tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "peak_rss.jsonl"
         config = CollectConfig(
             target=TargetConfig(base_url=server.base_url, model="null", stream=False),
@@ -91,11 +90,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - started
         output_bytes = output.stat().st_size if output.exists() else 0
     kernel_peak = ru_maxrss_bytes()
-    peak = max(kernel_peak, sampler.peak)
     return {
         "benchmark": "peak_rss",
         "schema_version": 1,
-        "machine": _common.machine(),
+        "machine": harness.machine(),
         "tasks": args.tasks,
         "concurrency": args.concurrency,
         "completed": summary.completed,
@@ -108,13 +106,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_mb": kernel_peak / MB,
         "sampled_peak_rss_mb": sampler.peak / MB,
         "samples": sampler.samples,
-        "target_mb": TARGET_MB,
-        "passed": peak / MB < TARGET_MB and summary.failed == 0,
     }
 
 
+def targets(r: dict[str, Any]) -> list[harness.Target]:
+    """The higher of the two peaks, and no failed rollout."""
+    peak = max(r["peak_rss_mb"], r["sampled_peak_rss_mb"])
+    return [
+        harness.Target("peak RSS", peak, TARGET_MB, "<", "MB", ".1f"),
+        harness.Target("failed rollouts", r["failed"], 0, "=="),
+    ]
+
+
 def render(r: dict[str, Any]) -> str:
-    verdict = "PASS" if r["passed"] else "FAIL"
     return "\n".join(
         [
             f"peak RSS over {r['tasks']:,} synthetic rollouts (exact verifier, JSONL output, "
@@ -126,21 +130,15 @@ def render(r: dict[str, Any]) -> str:
             f"  rollouts/s               {r['rollouts_per_s']:8,.0f}"
             f"  ({r['completed']:,} completed, {r['failed']:,} failed in {r['elapsed_s']:.1f} s)",
             f"  output file              {r['output_mb']:8.1f} MB",
-            f"target: peak RSS < {r['target_mb']:.0f} MB with no failures: {verdict}",
         ]
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=200_000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
-    args = parser.parse_args(argv)
-    if args.tasks < 1 or args.concurrency < 1:
-        parser.error("--tasks and --concurrency must be positive")
-    return _common.print_result(measure(args), args, render)
+    parser = harness.bench_args(__doc__)
+    parser.add_argument("--tasks", type=harness.count, default=200_000)
+    parser.add_argument("--concurrency", type=harness.count, default=64)
+    return harness.run_bench(parser, argv, measure, targets, render)
 
 
 if __name__ == "__main__":

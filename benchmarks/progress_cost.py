@@ -1,8 +1,9 @@
-"""Progress display cost: autotune's own bar (autotune/report/terminal.py) against rich.
+"""CPU per rollout of the progress display, ours vs rich; target: ours <= 1% of the engine's.
 
-Should `rich` replace our terminal display? What a display costs is paid on the engine's
-hot path: the engine tells its observer of every finished rollout (`rollout_done`). This
-measures, in one process and one run, so that ratios compare like with like:
+Should `rich` replace our terminal display (autotune/report/terminal.py)? What a display
+costs is paid on the engine's hot path: the engine tells its observer of every finished
+rollout (`rollout_done`). This measures, in one process and one run, so that ratios
+compare like with like:
 
 1. per update, back to back: the wall and CPU time of one `rollout_done` (ours: a count and
    a due-check, a redraw every 0.2 s on a terminal, a line every 10 s in a log; rich: a
@@ -29,8 +30,9 @@ optional: without it only our display is measured.
                                        [--requests 20000] [--concurrency 64] [--e2e-rounds 3]
                                        [--no-e2e] [--rate 5000] [--json] [--check]
 
-Targets (--check): our terminal bar costs at most 1% of the engine's CPU per rollout at
-the engine's pace, and the engine keeps 95% of its -q rate with it on (end to end).
+Targets: our terminal bar costs at most 1% of the engine's CPU per rollout at the
+engine's pace, and the engine keeps 95% of its -q rate with it on (end to end, unless
+--no-e2e). Exit status is 0 unless --check is given and a target is missed.
 """
 
 from __future__ import annotations
@@ -56,10 +58,10 @@ import autotune.rollout.collect_job
 from autotune.bench.overhead import engine_run
 from autotune.report.terminal import BAR_EVERY_S, LINE_EVERY_S, progress_bar
 
-try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.progress_cost`
-    import _common
-except ImportError:  # pragma: no cover
-    from benchmarks import _common  # type: ignore[no-redef]
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
 
 try:
     import rich
@@ -72,7 +74,6 @@ except ImportError:
     rich = None  # type: ignore[assignment]
     RICH_VERSION = None
 
-REPO = Path(__file__).resolve().parents[1]
 MAX_SHARE_OF_ENGINE_CPU = 0.01  # our bar: at most 1% of the engine's CPU per rollout
 MIN_E2E_RATIO = 0.95  # the engine with our bar on keeps 95% of its -q rate
 TICK_S = 0.01  # the paced loop finishes a batch of rollouts every 10 ms, then sleeps
@@ -248,15 +249,9 @@ def displays() -> dict[str, tuple[Display, bool]]:
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
-    med = _common.median(values)
+    med = harness.median(values)
     half = (max(values) - min(values)) / 2
     return {"median": med, "spread": half / med if med else 0.0, "values": values}
-
-
-def _rotations(names: list[str], rounds: int) -> Iterator[list[str]]:
-    for index in range(rounds):
-        shift = index % len(names)
-        yield names[shift:] + names[:shift]
 
 
 def back_to_back(display: Display, tty: bool, calls: int, path: Path) -> dict[str, float]:
@@ -324,15 +319,15 @@ def micro(args: argparse.Namespace, rate: float, tmp: Path) -> dict[str, Any]:
     pace: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for display, tty in arms.values():  # warm-up: imports, first draws
         back_to_back(display, tty, min(args.calls, 20_000), tmp / "warm.out")
-    for index, order in enumerate(_rotations(names, args.rounds)):
+    for index, order in enumerate(harness.rotations(names, args.rounds)):
         for name in order:
             display, tty = arms[name]
             tight[name].append(back_to_back(display, tty, args.calls, tmp / "tight.out"))
             draws[name].append(draw_cost(display, tty, tmp / "draw.out"))
             pace[name].append(paced(display, tty, rate, args.paced_s, tmp / "paced.out"))
-        print(f"  micro round {index + 1}/{args.rounds} done", file=sys.stderr)
-    noop_tight = _common.median([r["cpu_us"] for r in tight["noop"]])
-    noop_paced = _common.median([r["cpu_us"] for r in pace["noop"]])
+        harness.log(f"  micro round {index + 1}/{args.rounds} done")
+    noop_tight = harness.median([r["cpu_us"] for r in tight["noop"]])
+    noop_paced = harness.median([r["cpu_us"] for r in pace["noop"]])
     result: dict[str, Any] = {"back_to_back": {}, "draw": {}, "model": {}, "paced": {}}
     for name in names:
         result["back_to_back"][name] = {
@@ -356,10 +351,10 @@ def micro(args: argparse.Namespace, rate: float, tmp: Path) -> dict[str, Any]:
         above = [r["cpu_us"] - noop_paced for r in pace[name]]
         result["paced"][name] = {
             "cpu_us": _spread([r["cpu_us"] for r in pace[name]]),
-            "cpu_us_above_noop": _common.median(above),
+            "cpu_us_above_noop": harness.median(above),
             "cpu_us_above_noop_values": above,
-            "rate": _common.median([r["rate"] for r in pace[name]]),
-            "bytes_per_s": _common.median([r["bytes_per_s"] for r in pace[name]]),
+            "rate": harness.median([r["rate"] for r in pace[name]]),
+            "bytes_per_s": harness.median([r["bytes_per_s"] for r in pace[name]]),
         }
     return result
 
@@ -372,7 +367,7 @@ def _top_level_imports(code: str) -> list[tuple[str, int]]:
     `python -X importtime` (what Python's own start-up imports comes before them)."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
-        cwd=REPO,
+        cwd=harness.REPO,
         capture_output=True,
         text=True,
         check=True,
@@ -394,10 +389,10 @@ def import_times(runs: int) -> dict[str, Any]:
     codes = {"pass": "pass", "ours": "import autotune.report.terminal"}
     if rich is not None:
         codes["rich"] = "import rich.progress"
-    for order in _rotations(list(codes), runs):
+    for order in harness.rotations(list(codes), runs):
         for name in order:
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", codes[name]], cwd=REPO, check=True)
+            subprocess.run([sys.executable, "-c", codes[name]], cwd=harness.REPO, check=True)
             walls[name].append((time.perf_counter() - t0) * 1e3)
         both = _top_level_imports(
             "import autotune.report.terminal" + ("; import rich.progress" if rich else "")
@@ -412,17 +407,17 @@ def import_times(runs: int) -> dict[str, Any]:
         alone = _top_level_imports("import rich.progress")
         start = next(i for i, (mod, _) in enumerate(alone) if mod.startswith("rich"))
         rich_ms.append(sum(us for _, us in alone[start:]) / 1e3)
-    base = _common.median(walls["pass"])
+    base = harness.median(walls["pass"])
     result: dict[str, Any] = {
         "runs": runs,
         "ours_ms": _spread(ours_ms),
         "python_c_pass_ms": base,
-        "ours_wall_ms_above_pass": _common.median(walls["ours"]) - base,
+        "ours_wall_ms_above_pass": harness.median(walls["ours"]) - base,
     }
     if rich is not None:
         result["rich_ms"] = _spread(rich_ms)
         result["rich_after_ours_ms"] = _spread(rich_after_ours_ms)
-        result["rich_wall_ms_above_pass"] = _common.median(walls["rich"]) - base
+        result["rich_wall_ms_above_pass"] = harness.median(walls["rich"]) - base
     return result
 
 
@@ -473,8 +468,7 @@ def end_to_end(
     arms = {name: arm for name, arm in displays().items() if name != "noop"}
     real_run_collect = autotune.rollout.collect_job.run_collect
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
-    with _common.NullServer(core=server_core) as server:
-        print(f"  null server {server.base_url} (core {server_core})", file=sys.stderr)
+    with harness.null_server(server_core) as server:
 
         def collect_with(display: Display, tty: bool, total: int) -> Any:
             used = []
@@ -494,14 +488,13 @@ def end_to_end(
             return run
 
         collect_with(ours_quiet, False, args.warmup)
-        for index, order in enumerate(_rotations(list(arms), args.e2e_rounds)):
+        for index, order in enumerate(harness.rotations(list(arms), args.e2e_rounds)):
             for name in order:
                 run = collect_with(*arms[name], args.requests)
                 runs[name].append(asdict(run))
-                print(
+                harness.log(
                     f"  e2e round {index + 1}/{args.e2e_rounds}: {name:16} {run.per_s:8,.0f}/s"
-                    f"  cpu {run.cpu_s / run.requests * 1e6:6.1f} µs/rollout  failed {run.failed}",
-                    file=sys.stderr,
+                    f"  cpu {run.cpu_s / run.requests * 1e6:6.1f} µs/rollout  failed {run.failed}"
                 )
     result: dict[str, Any] = {
         "client_core": client_core,
@@ -511,8 +504,8 @@ def end_to_end(
         "rounds": args.e2e_rounds,
         "arms": {},
     }
-    quiet = _common.median([r["per_s"] for r in runs["ours quiet (-q)"]])
-    quiet_cpu = _common.median([r["cpu_s"] / r["requests"] * 1e6 for r in runs["ours quiet (-q)"]])
+    quiet = harness.median([r["per_s"] for r in runs["ours quiet (-q)"]])
+    quiet_cpu = harness.median([r["cpu_s"] / r["requests"] * 1e6 for r in runs["ours quiet (-q)"]])
     for name, arm_runs in runs.items():
         rate = _spread([r["per_s"] for r in arm_runs])
         cpu = _spread([r["cpu_s"] / r["requests"] * 1e6 for r in arm_runs])
@@ -529,10 +522,9 @@ def end_to_end(
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    client_core, server_core = _common.core_plan()  # before pinning: then one is left
-    _common.pin_self(client_core)
+    client_core, server_core = harness.pin_client()
     if rich is None:
-        print("rich is not installed: measuring autotune's own display only", file=sys.stderr)
+        harness.log("rich is not installed: measuring autotune's own display only")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         e2e = None if args.no_e2e else end_to_end(args, tmp, client_core, server_core)
@@ -544,17 +536,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         name: figures["cpu_us_per_rollout"] / engine_cpu_us
         for name, figures in micro_result["model"].items()
     }
-    ours_share = shares["ours tty"]
-    targets = {
-        "max_share_of_engine_cpu": MAX_SHARE_OF_ENGINE_CPU,
-        "share_ok": ours_share <= MAX_SHARE_OF_ENGINE_CPU,
-        "min_e2e_ratio": MIN_E2E_RATIO,
-        "e2e_ok": e2e is None or e2e["arms"]["ours tty"]["rate_vs_quiet"] >= MIN_E2E_RATIO,
-    }
     return {
         "benchmark": "progress_cost",
         "schema_version": 1,
-        "machine": _common.machine(),
+        "machine": harness.machine(),
         "client_core": client_core,
         "rich": RICH_VERSION,
         "env": {key: os.environ.get(key) for key in ("TERM", "NO_COLOR", "COLUMNS")},
@@ -569,9 +554,38 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "imports": imports,
         "rich_weight": rich_weight(),
         "end_to_end": e2e,
-        "targets": targets,
-        "passed": targets["share_ok"] and targets["e2e_ok"],
     }
+
+
+def targets(result: dict[str, Any]) -> list[harness.Target]:
+    """Our terminal bar's modelled share of the engine's CPU, and (where measured) the
+    engine's rate with it on against -q."""
+    share = result["share_of_engine_cpu"]["ours tty"]
+    found = [
+        harness.Target(
+            "our tty bar / the engine's CPU a rollout",
+            share,
+            MAX_SHARE_OF_ENGINE_CPU,
+            "<=",
+            "%",
+            ".2%",
+        )
+    ]
+    if result["end_to_end"] is not None:
+        ratio = result["end_to_end"]["arms"]["ours tty"]["rate_vs_quiet"]
+        found.append(
+            harness.Target("engine rollouts/s, tty bar / -q", ratio, MIN_E2E_RATIO, ">=", "%")
+        )
+    return found
+
+
+MICRO_TABLE = harness.Table(
+    "µs:<18 | wall:8.3f | CPU:8.3f | ±:8.0% | CPU:10.1f | ±:6.0% | /s:6.1f | model CPU:12.3f "
+    "| engine share:14.2% | paced:12.2f | bytes/s:10,.0f"
+)
+E2E_TABLE = harness.Table(
+    ":<18 | rollouts/s:12,.0f | ±:6.0% | vs -q:8.1% | CPU µs/rollout:16.1f | ±:6.0% | vs -q:8.1%"
+)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -586,21 +600,27 @@ def render(result: dict[str, Any]) -> str:
         f"displays priced at {result['paced_rate']:,.0f} rollouts/s",
         "",
         f"{'':18}{'one update':>24}{'one draw':>22}{'per rollout at that rate':>38}",
-        f"{'µs':18}{'wall':>8}{'CPU':>8}{'±':>8}{'CPU':>10}{'±':>6}{'/s':>6}"
-        f"{'model CPU':>12}{'engine share':>14}{'paced':>12}{'bytes/s':>10}",
     ]
+    rows = []
     for name, tight in micro_result["back_to_back"].items():
         draw = micro_result["draw"][name]
-        model = micro_result["model"][name]
         paced_figures = micro_result["paced"][name]
-        share = result["share_of_engine_cpu"][name]
-        lines.append(
-            f"{name:18}{tight['wall_us']['median']:>8.3f}{tight['cpu_us']['median']:>8.3f}"
-            f"{tight['cpu_us']['spread']:>8.0%}{draw['cpu_us']['median']:>10.1f}"
-            f"{draw['cpu_us']['spread']:>6.0%}{draw['per_s']:>6.1f}"
-            f"{model['cpu_us_per_rollout']:>12.3f}{share:>14.2%}"
-            f"{paced_figures['cpu_us_above_noop']:>12.2f}{paced_figures['bytes_per_s']:>10,.0f}"
+        rows.append(
+            (
+                name,
+                tight["wall_us"]["median"],
+                tight["cpu_us"]["median"],
+                tight["cpu_us"]["spread"],
+                draw["cpu_us"]["median"],
+                draw["cpu_us"]["spread"],
+                draw["per_s"],
+                micro_result["model"][name]["cpu_us_per_rollout"],
+                result["share_of_engine_cpu"][name],
+                paced_figures["cpu_us_above_noop"],
+                paced_figures["bytes_per_s"],
+            )
         )
+    lines += MICRO_TABLE.lines(rows)
     lines.append(
         "model CPU: one update less the no-op's + one draw × draws/s ÷ rate; paced: CPU µs a "
         f"rollout above the no-op, {result['paced_s']:g} s at that rate (threads included)"
@@ -638,47 +658,43 @@ def render(result: dict[str, Any]) -> str:
             "",
             f"end to end: engine_run on the null server, {e2e['requests_per_run']:,} rollouts, "
             f"concurrency {e2e['concurrency']}, {e2e['rounds']} rounds",
-            f"{'':18}{'rollouts/s':>12}{'±':>6}{'vs -q':>8}{'CPU µs/rollout':>16}{'±':>6}"
-            f"{'vs -q':>8}",
         ]
-        for name, arm in e2e["arms"].items():
-            rate, cpu = arm["rollouts_per_s"], arm["cpu_us_per_rollout"]
-            lines.append(
-                f"{name:18}{rate['median']:>12,.0f}{rate['spread']:>6.0%}"
-                f"{arm['rate_vs_quiet']:>8.1%}{cpu['median']:>16.1f}{cpu['spread']:>6.0%}"
-                f"{arm['cpu_vs_quiet']:>8.1%}"
+        rows = [
+            (
+                name,
+                arm["rollouts_per_s"]["median"],
+                arm["rollouts_per_s"]["spread"],
+                arm["rate_vs_quiet"],
+                arm["cpu_us_per_rollout"]["median"],
+                arm["cpu_us_per_rollout"]["spread"],
+                arm["cpu_vs_quiet"],
             )
-    t = result["targets"]
-    lines.append(
-        f"\ntargets: our tty bar <= {t['max_share_of_engine_cpu']:.0%} of the engine's CPU "
-        f"{'PASS' if t['share_ok'] else 'FAIL'}; engine with it >= {t['min_e2e_ratio']:.0%} "
-        f"of -q {'PASS' if t['e2e_ok'] else 'FAIL'}"
-        + ("" if e2e is not None else " (not measured)")
-    )
+            for name, arm in e2e["arms"].items()
+        ]
+        lines += E2E_TABLE.lines(rows)
+    else:
+        lines.append("\nend to end: not measured (--no-e2e)")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=300_000, help="updates a back-to-back run")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the per-update runs")
-    parser.add_argument("--paced-s", type=float, default=2.0, help="seconds a paced run")
+    parser = harness.bench_args(__doc__, rounds=5)  # rounds of the per-update runs
+    count, positive = harness.count, harness.positive
+    parser.add_argument("--calls", type=count, default=300_000, help="updates a back-to-back run")
+    parser.add_argument("--paced-s", type=positive, default=2.0, help="seconds a paced run")
     parser.add_argument(
-        "--rate", type=float, default=5000.0, help="paced updates/s when --no-e2e (else measured)"
+        "--rate",
+        type=positive,
+        default=5000.0,
+        help="paced updates/s when --no-e2e (else measured)",
     )
-    parser.add_argument("--requests", type=int, default=20_000, help="rollouts an e2e run")
+    parser.add_argument("--requests", type=count, default=20_000, help="rollouts an e2e run")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--e2e-rounds", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=2_000, help="rollouts before e2e round 1")
-    parser.add_argument("--import-runs", type=int, default=7)
+    parser.add_argument("--e2e-rounds", type=count, default=3)
+    parser.add_argument("--warmup", type=count, default=2_000, help="rollouts before e2e round 1")
+    parser.add_argument("--import-runs", type=count, default=7)
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end runs")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    args = parser.parse_args(argv)
-    counts = (args.calls, args.rounds, args.requests, args.e2e_rounds, args.import_runs)
-    if min(counts) < 1 or args.paced_s <= 0 or args.rate <= 0 or args.warmup < 1:
-        parser.error("counts, --paced-s and --rate must be positive")
-    return _common.print_result(measure(args), args, render)
+    return harness.run_bench(parser, argv, measure, targets, render)
 
 
 if __name__ == "__main__":

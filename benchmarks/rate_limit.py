@@ -1,4 +1,4 @@
-"""Accepted throughput under a rate limit, adaptive concurrency on and off.
+"""Accepted rollouts/s under a rate limit; target: with adaptive concurrency >= 80% of the limit.
 
 `autotune collect --parallelism 64` runs against a sliding-window limit (tests/rate_limit.py)
 that admits `--limit` requests in any one second, refuses the rest with 429 and
@@ -32,12 +32,11 @@ from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetC
 from autotune.rollout.collect_job import collect, run_async
 from autotune.servers.launcher import ServerSpec, free_port
 
-try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.rate_limit`
-    import _common
-except ImportError:  # pragma: no cover
-    from benchmarks import _common  # type: ignore[no-redef]
+if __package__:  # imported, or run as `python -m benchmarks.NAME`
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # type: ignore[no-redef]
 
-REPO = Path(__file__).resolve().parents[1]
 MIN_SHARE_OF_LIMIT = 0.80
 
 
@@ -45,7 +44,7 @@ async def one_run(args: argparse.Namespace, adaptive: bool, out_dir: Path) -> di
     """One collection against a fresh rate-limited server: what it got accepted."""
     port = free_port()
     command = [sys.executable, "-m", "tests.rate_limit", "--limit", str(args.limit)]
-    spec = replace(ServerSpec.local([*command, "--port", str(port)], port), cwd=REPO)
+    spec = replace(ServerSpec.local([*command, "--port", str(port)], port), cwd=harness.REPO)
     output = out_dir / f"adaptive-{adaptive}.jsonl"
     config = CollectConfig(
         target=TargetConfig(base_url=f"http://127.0.0.1:{port}/v1"),
@@ -90,63 +89,70 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for adaptive in (True, False):
             run = run_async(one_run(args, adaptive, Path(tmp)))
-            print(
+            harness.log(
                 f"  adaptive {'on ' if adaptive else 'off'}: {run['completed']:,} rollouts in "
                 f"{run['elapsed_s']:.1f} s = {run['accepted_rollouts_per_s']:.2f}/s; the server "
-                f"admitted {run['server_admitted']:,} and refused {run['server_refused']:,}",
-                file=sys.stderr,
+                f"admitted {run['server_admitted']:,} and refused {run['server_refused']:,}"
             )
             runs.append(run)
-    on = runs[0]["share_of_limit"]
     return {
         "benchmark": "rate_limit",
         "schema_version": 1,
-        "machine": _common.machine(),
+        "machine": harness.machine(),
         "limit_per_s": args.limit,
         "parallelism": args.parallelism,
         "rollouts": int(args.limit * args.seconds),
         "runs": runs,
-        "targets": {"min_share_of_limit": MIN_SHARE_OF_LIMIT},
-        "passed": on >= MIN_SHARE_OF_LIMIT,
     }
+
+
+def targets(result: dict[str, Any]) -> list[harness.Target]:
+    on = result["runs"][0]  # adaptive concurrency on
+    name = "accepted rollouts/s, adaptive on / the limit"
+    return [harness.Target(name, on["share_of_limit"], MIN_SHARE_OF_LIMIT, ">=", "%")]
+
+
+TABLE = harness.Table(
+    "adaptive concurrency:<22 | accepted/s:12.2f | of limit:10.0% | failed:8, | 429s:8, "
+    "| limit min/end:15 | seconds:9.1f"
+)
 
 
 def render(result: dict[str, Any]) -> str:
     """The figures as a small table."""
-    lines = [
-        f"collect at parallelism {result['parallelism']}, {result['rollouts']:,} rollouts, "
-        f"against {result['limit_per_s']:g} requests/s (sliding 1 s window, refusals counted)",
-        f"{'adaptive concurrency':22}{'accepted/s':>12}{'of limit':>10}{'failed':>8}"
-        f"{'429s':>8}{'limit min/end':>15}{'seconds':>9}",
-    ]
-    for run in result["runs"]:
-        low, end = run["concurrency_limit_min"], run["concurrency_limit_final"]
-        limits = "-" if low is None else f"{low}/{end}"
-        failed = "capped" if run["failed"] is None else f"{run['failed']:,}"
-        lines.append(
-            f"{'on' if run['adaptive_concurrency'] else 'off':22}"
-            f"{run['accepted_rollouts_per_s']:>12.2f}{run['share_of_limit']:>10.0%}{failed:>8}"
-            f"{run['server_refused']:>8,}{limits:>15}{run['elapsed_s']:>9.1f}"
+    rows = [
+        (
+            "on" if run["adaptive_concurrency"] else "off",
+            run["accepted_rollouts_per_s"],
+            run["share_of_limit"],
+            "capped" if run["failed"] is None else run["failed"],
+            run["server_refused"],
+            None
+            if run["concurrency_limit_min"] is None
+            else f"{run['concurrency_limit_min']}/{run['concurrency_limit_final']}",
+            run["elapsed_s"],
         )
-    verdict = "PASS" if result["passed"] else "FAIL"
-    lines.append(
-        f"target: adaptive on >= {result['targets']['min_share_of_limit']:.0%} of the limit "
-        f"{verdict}"
+        for run in result["runs"]
+    ]
+    return "\n".join(
+        [
+            f"collect at parallelism {result['parallelism']}, {result['rollouts']:,} rollouts, "
+            f"against {result['limit_per_s']:g} requests/s (sliding 1 s window, refusals "
+            "counted)",
+            *TABLE.lines(rows),
+        ]
     )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--limit", type=float, default=15.0, help="requests per second")
-    parser.add_argument("--seconds", type=float, default=40.0, help="a run's length at the limit")
-    parser.add_argument("--parallelism", type=int, default=64)
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
-    args = parser.parse_args(argv)
-    if args.limit <= 0 or args.seconds <= 0 or args.parallelism < 1:
-        parser.error("--limit, --seconds and --parallelism must be positive")
-    return _common.print_result(measure(args), args, render)
+    parser = harness.bench_args(__doc__)
+    positive = harness.positive
+    parser.add_argument("--limit", type=positive, default=15.0, help="requests per second")
+    parser.add_argument(
+        "--seconds", type=positive, default=40.0, help="a run's length at the limit"
+    )
+    parser.add_argument("--parallelism", type=harness.count, default=64)
+    return harness.run_bench(parser, argv, measure, targets, render)
 
 
 if __name__ == "__main__":

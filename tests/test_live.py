@@ -533,7 +533,7 @@ def test_planted_slowdown_warns_in_time_and_a_healthy_run_does_not(tmp_path: Pat
     simulated replica halves its speed 5 s in, one that stays, and one on another workload."""
     bench = subprocess.run(
         [sys.executable, "benchmarks/drift.py", "--seeds", "1", "--different", "1",
-         "--keep", str(tmp_path), "--json"],
+         "--keep", str(tmp_path), "--json", "--check"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bench.returncode == 0, bench.stderr
