@@ -311,8 +311,23 @@ class Recommendation(Record):
     workload: WorkloadRecord | None = None  # what the prediction holds for
 
 
+FRAMEWORKS = {"openrlhf": "OpenRLHF", "verl": "verl", "slime": "slime", "nemo_rl": "NeMo RL"}
+FRAMEWORKS |= {"vllm": "vLLM", "autotune": "autotune"}
+
+
+class FrameworkLines:
+    """A recommendation's lines for each RL framework, one field a framework."""
+
+    __slots__ = ()
+
+    def rows(self) -> list[tuple[str, str]]:
+        """Each framework's name and its line, in the order of the fields."""
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]  # a dataclass mixin
+        return [(FRAMEWORKS[f.name], getattr(self, f.name)) for f in fields]
+
+
 @dataclass(frozen=True, slots=True)
-class StepSnippets(Record):
+class StepSnippets(FrameworkLines, Record):
     """The recommendation in each RL framework's own names (only flags found in its docs
     or code: OpenRLHF 0.9+, verl's DAPO recipe and fully-async trainer, slime)."""
 
@@ -321,16 +336,6 @@ class StepSnippets(Record):
     slime: str
     vllm: str
     autotune: str
-
-    def rows(self) -> list[tuple[str, str]]:
-        """Each framework's name and its line, in the order they are shown."""
-        return [
-            ("OpenRLHF", self.openrlhf),
-            ("verl", self.verl),
-            ("slime", self.slime),
-            ("vLLM", self.vllm),
-            ("autotune", self.autotune),
-        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +362,7 @@ class StepsRecommendation(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class LoopSnippets(Record):
+class LoopSnippets(FrameworkLines, Record):
     """The loop's recommendation in each RL framework's own names (each read from its
     repository: OpenRLHF 0.10.2+, verl's fully-async trainer, NeMo RL's GRPO config)."""
 
@@ -366,16 +371,6 @@ class LoopSnippets(Record):
     nemo_rl: str
     vllm: str
     autotune: str
-
-    def rows(self) -> list[tuple[str, str]]:
-        """Each framework's name and its line, in the order they are shown."""
-        return [
-            ("OpenRLHF", self.openrlhf),
-            ("verl", self.verl),
-            ("NeMo RL", self.nemo_rl),
-            ("vLLM", self.vllm),
-            ("autotune", self.autotune),
-        ]
 
 
 @dataclass(frozen=True, slots=True)
