@@ -54,11 +54,12 @@ def ab_run(suite: Path, workdir: Path, candidate: Path | None = None) -> tuple[i
 
 def line(label: str, code: int, comparison: Any, elapsed: float) -> str:
     cells = []
-    for v in comparison["verdicts"]:
-        low, high = v["interval"] or (float("nan"), float("nan"))
+    for v in comparison["verdicts"]:  # a metric not measured has no ratio, interval, p
+        low, high = v["interval"] or (None, None)
         cells.append(
-            f"{v['case']}/{v['metric']} ×{v['ratio']:.3f} [{low:.3f}, {high:.3f}] "
-            f"p={v['p_value']:.3g} {v['verdict']}"
+            f"{v['case']}/{v['metric']} ×{harness.fmt(v['ratio'], '.3f')} "
+            f"[{harness.fmt(low, '.3f')}, {harness.fmt(high, '.3f')}] "
+            f"p={harness.fmt(v['p_value'], '.3g')} {v['verdict']}"
         )
     pairs = comparison["ab"]["pairs"]
     return TABLE.row((label, code, pairs, elapsed, "; ".join(cells)))
