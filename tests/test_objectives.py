@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config.study import Study
+from autotune.errors import UsageError
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.report.terminal import sweep_text, trial_line
@@ -21,7 +22,7 @@ ARGS = ["--gpu", "h100-80gb", "--model", "llama-3.1-8b"]
 
 
 def test_an_unknown_metric_is_one_sentence_naming_the_objectives() -> None:
-    with pytest.raises(Exception, match="names no objective; use one of rollouts_per_s") as info:
+    with pytest.raises(UsageError, match="names no objective; use one of rollouts_per_s") as info:
         objective_for("rollout_per_s")
     assert "trained_samples_per_s" in str(info.value)
 

@@ -469,7 +469,7 @@ def figure_text(value: float | None) -> str:
     return "-" if value is None else quantity(value)
 
 
-def percent_text(share: float | None) -> str:
+def share_text(share: float | None) -> str:
     """A share as a whole percentage, "-" for none."""
     return "-" if share is None else f"{share:.0%}"
 

@@ -25,6 +25,7 @@ from autotune.report.sweep_report import (
     SPLIT_COLUMNS,
     ValidationWording,
     gpu_rows,
+    share_text,
     split_rows,
     validated_text,
 )
@@ -376,11 +377,6 @@ def seconds_text(value: float | None) -> str:
 
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
-
-
-def share_text(value: float | None) -> str:
-    """A share as a whole percentage, "-" for none."""
-    return "-" if value is None else f"{value:.0%}"
 
 
 def diagnose_text(result: DiagnoseResult) -> str:

@@ -128,10 +128,8 @@ class EngineObjective(Generic[S]):
         raise NotImplementedError
 
     def server_knobs(self, knobs: dict[str, Any]) -> dict[str, Any]:
-        """The drawn knobs the server takes: all but the trainer's own."""
-        from autotune.config.study import server_part
-
-        return server_part(knobs)
+        """The drawn knobs the server takes: all but those this objective searches."""
+        return {name: value for name, value in knobs.items() if name not in self.searched}
 
     async def run(self, launcher: Launcher, study: Study, knobs: dict[str, Any]) -> S:
         """The configuration's server started, the objective's run made on it."""

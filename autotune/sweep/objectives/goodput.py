@@ -11,8 +11,8 @@ from autotune.config.rl_specs import BATCH_KNOBS, BatchSpec
 from autotune.config.study import GOODPUT, Study
 from autotune.probe.realtime import EngineProbe
 from autotune.report import html
-from autotune.report.sweep_report import figure_text, knobs_text, percent_text
-from autotune.report.terminal import seconds_text, share_text
+from autotune.report.sweep_report import figure_text, knobs_text, share_text
+from autotune.report.terminal import seconds_text
 from autotune.results.diagnosis import quantity
 from autotune.results.runs import BatchSummary
 from autotune.results.trials import (
@@ -216,8 +216,8 @@ class GoodputObjective(EngineObjective[BatchSummary]):
                 html.definition_list(
                     [
                         ("p95 step time", f"{figure_text(rec.step_p95_s)} s{slo}"),
-                        ("server busy share", percent_text(rec.busy_share)),
-                        ("tail share of a step", percent_text(rec.tail_share)),
+                        ("server busy share", share_text(rec.busy_share)),
+                        ("tail share of a step", share_text(rec.tail_share)),
                         ("tokens generated for cancelled samples", str(rec.cancelled_tokens)),
                         ("staleness (steps, mean)", figure_text(rec.staleness_mean)),
                         ("validated", validated_word(rec.validated)),

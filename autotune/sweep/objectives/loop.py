@@ -11,8 +11,7 @@ from autotune.config.rl_specs import LOOP_KNOBS
 from autotune.config.study import TRAINED, Study, loop_spec
 from autotune.probe.realtime import EngineProbe
 from autotune.report import html
-from autotune.report.sweep_report import figure_text, knobs_text, percent_text
-from autotune.report.terminal import share_text
+from autotune.report.sweep_report import figure_text, knobs_text, share_text
 from autotune.results.diagnosis import quantity
 from autotune.results.runs import LoopSummary
 from autotune.results.trials import (
@@ -213,9 +212,9 @@ class LoopObjective(EngineObjective[LoopSummary]):
                         ("staleness p95 / max (versions)", f"{figure_text(rec.staleness_p95)} / "
                          f"{rec.staleness_max}"),
                         ("staleness limit", str(rec.staleness_limit)),
-                        ("trainer idle", percent_text(rec.trainer_idle_share)),
-                        ("generator idle", percent_text(rec.generator_idle_share)),
-                        ("paused for syncs", percent_text(rec.sync_share)),
+                        ("trainer idle", share_text(rec.trainer_idle_share)),
+                        ("generator idle", share_text(rec.generator_idle_share)),
+                        ("paused for syncs", share_text(rec.sync_share)),
                         ("validated", validated_word(rec.validated)),
                         *rec.snippets.rows(),
                     ]
