@@ -173,6 +173,7 @@ def test_the_snippets_name_each_frameworks_own_flags() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_a_goodput_study_recommends_over_sampling_where_it_trains_more(tmp_path: Path) -> None:
     done, result, reports = run_enqueued(
         study_file(tmp_path), tmp_path, [{"over_sample": 0}, {"over_sample": 1.0}], "--json"
@@ -196,6 +197,7 @@ def test_a_goodput_study_recommends_over_sampling_where_it_trains_more(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_a_step_time_slo_rules_out_the_batch_whose_stragglers_take_too_long(
     tmp_path: Path,
 ) -> None:
