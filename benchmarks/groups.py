@@ -24,10 +24,10 @@ from typing import Any
 
 import orjson
 
+from autotune.collector.collect_job import collect
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.config.rl_specs import BatchSpec
 from autotune.results.stages import percentile
-from autotune.rollout.collect_job import collect
 
 if __package__:  # imported, or run as `python -m benchmarks.NAME`
     from . import harness

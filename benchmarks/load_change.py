@@ -29,9 +29,9 @@ from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetC
 from autotune.diagnose.checks import pair_speedups
 from autotune.diagnose.classify import classify
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
+from autotune.processes.event_loop import run_async
 from autotune.results.diagnosis import DiagnoseResult
 from autotune.results.probes import ProbeResult
-from autotune.rollout.collect_job import run_async
 
 if __package__:  # imported, or run as `python -m benchmarks.NAME`
     from . import harness

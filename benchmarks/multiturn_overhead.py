@@ -27,8 +27,8 @@ from typing import Any
 import orjson
 
 from autotune.bench.overhead import cpu_seconds
+from autotune.collector.collect_job import run_collect
 from autotune.config.collection import CollectConfig, TargetConfig
-from autotune.rollout.collect_job import run_collect
 
 if __package__:  # imported, or run as `python -m benchmarks.NAME`
     from . import harness

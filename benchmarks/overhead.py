@@ -65,7 +65,7 @@ def bookkeeping_us(samples: int = 160_000) -> float:
 def engine_available() -> str | None:
     """None when autotune's engine can be imported, else why not."""
     try:
-        import autotune.rollout.collect_job  # noqa: F401
+        import autotune.collector.collect_job  # noqa: F401
     except ImportError as error:
         return str(error)
     return None
@@ -156,7 +156,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "engine": "skipped"
         if args.no_engine
-        else (why_no_engine or "autotune.rollout.collect_job"),
+        else (why_no_engine or "autotune.collector.collect_job"),
         "bare_req_per_s": bare,
         "engine_rollouts_per_s": engine,
         "bare_median": bare_median,

@@ -69,8 +69,8 @@ class RssSampler:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One long run; the figures as a dict."""
+    from autotune.collector.collect_job import run_collect
     from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
-    from autotune.rollout.collect_job import run_collect
 
     _, server_core = harness.pin_client()
     with harness.null_server(server_core) as server, tempfile.TemporaryDirectory() as tmp:

@@ -1,30 +1,5 @@
 """CPU per rollout of the progress display, ours vs rich; target: ours <= 1% of the engine's.
-
-Should `rich` replace our terminal display (autotune/report/terminal.py)? What a display
-costs is paid on the engine's hot path: the engine tells its observer of every finished
-rollout (`rollout_done`). This measures, in one process and one run, so that ratios
-compare like with like:
-
-1. per update, back to back: the wall and CPU time of one `rollout_done` (ours: a count and
-   a due-check, a redraw every 0.2 s on a terminal, a line every 10 s in a log; rich: a
-   `Progress.advance`, its refresh thread drawing 10 times a second) on a TTY-like file
-   and on a plain file (a pipe), beside a no-op observer and our quiet (-q) bar;
-2. per rollout at the engine's own pace (the rate the end-to-end runs measured, else
-   --rate), modelled: one update (less the no-op's) + one draw's CPU (timed back to back)
-   × draws a second (ours 5 on a terminal, 0.1 in a log; rich's thread 10) ÷ the rate,
-   as a share of the engine's CPU per rollout; and, as a cross-check, paced: updates at
-   that rate for --paced-s seconds, the process's CPU (threads included) above the
-   no-op's (noisier: the sleeps' own CPU is of the same order as our bar's);
-3. import time of `autotune.report.terminal` and `rich.progress` (`python -X importtime`:
-   rich's share when imported after ours, as collect would) and what rich installs;
-4. end to end: `autotune collect`'s engine (autotune.bench.overhead.engine_run, the null
-   server on its own core) with each display on, against -q: rollouts/s and CPU µs a
-   rollout. Its spread on a shared machine (±10-25%) hides effects of a few per cent: the
-   model is the figure to decide on, this the check that nothing larger happens.
-
-Every measure alternates its arms for the rounds (the order rotating) and reports medians
-and their spread (half the min-max range), so machine noise hits every arm alike. rich is
-optional: without it only our display is measured.
+How it measures, and why: docs/design/benchmarks.md.
 
     python benchmarks/progress_cost.py [--calls 300000] [--rounds 5] [--paced-s 2]
                                        [--requests 20000] [--concurrency 64] [--e2e-rounds 3]
@@ -54,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
 
-import autotune.rollout.collect_job
+import autotune.collector.collect_job
 from autotune.bench.overhead import engine_run
 from autotune.report.terminal import BAR_EVERY_S, LINE_EVERY_S, progress_bar
 
@@ -466,7 +441,7 @@ def end_to_end(
     """engine_run (the engine of `autotune collect`, null server on its own core) with each
     display as collect's progress; rollouts/s and this process's CPU µs a rollout."""
     arms = {name: arm for name, arm in displays().items() if name != "noop"}
-    real_run_collect = autotune.rollout.collect_job.run_collect
+    real_run_collect = autotune.collector.collect_job.run_collect
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     with harness.null_server(server_core) as server:
 
@@ -479,11 +454,11 @@ def end_to_end(
                     return real_run_collect(config, progress=bar.observer)
 
                 # engine_run imports run_collect when called: this hands it our display.
-                with mock.patch.object(autotune.rollout.collect_job, "run_collect", run_collect):
+                with mock.patch.object(autotune.collector.collect_job, "run_collect", run_collect):
                     run = engine_run(server.base_url, args.concurrency, total, tmp)
             if not used:
                 raise RuntimeError(
-                    "engine_run did not go through autotune.rollout.collect_job.run_collect"
+                    "engine_run did not go through autotune.collector.collect_job.run_collect"
                 )
             return run
 

@@ -28,8 +28,9 @@ from typing import Any
 
 import aiohttp
 
+from autotune.collector.collect_job import collect
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
-from autotune.rollout.collect_job import collect, run_async
+from autotune.processes.event_loop import run_async
 from autotune.servers.launcher import ServerSpec, free_port
 
 if __package__:  # imported, or run as `python -m benchmarks.NAME`

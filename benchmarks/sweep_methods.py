@@ -1,64 +1,6 @@
 """Every way of tuning a rollout server, scored alike; target: study median >= 97% at <= half cost.
-
-Issue 25: every method scored by one function, `score`.
-
-Ground truth: a block of a table of measured serving runs in InferenceX's format
-(`--table`; by default the shared InferenceX runs: Data from InferenceX (SemiAnalysis),
-Apache-2.0): one model on one GPU type, engine image and lengths, measured at several
-TPs and client concurrencies. A configuration splits `--gpus` GPUs into engines × TP;
-the client's parallelism P is shared by the engines, P/engines each.
-
-  - Between measured concurrencies the truth interpolates on log-log axes (and says so:
-    only measured points are quoted). Above the highest, an engine holds that many
-    requests (it is launched with --max-num-seqs there, as the replay target is) and the
-    rest queue: throughput flat, latency growing in proportion. Below the lowest,
-    throughput falls in proportion.
-  - The SLO bounds p99 rollout latency, as the table measured it, or p95, which it does
-    not hold: read off a log-normal through the measured median and p99,
-    p95 = median · (p99/median)^(z95/z99).
-
-The simulator scenarios (those of benchmarks/sweep_efficiency.py: a 70B model on H100s,
-Qwen2.5-7B on L40S cards) are scored the same way: the simulated engine is run at each
-TP and concurrency in virtual time and its runs written as a table in the same format,
-under the default step coefficients (the truth) and under another release's (steps 30%
-dearer to start, 10% less bandwidth: what the prior is calibrated on).
-
-Every method measures through one virtual probe (the sweep's launcher protocol): a probe
-at P costs a warm-up of one rollout latency and its window (a number of rollouts, or the
-study's window rule), and reads the truth with noise: 1% for the run-to-run spread, and
-1/√completions for counting a rate, or a tail's sampling error as an order statistic of
-the completions (√(q(1−q)/n) · σ / φ(z_q) of a log-normal's q-quantile).
-
-Methods, each ending in an answer (configuration, client parallelism) by its own rule:
-
-  study       autotune's sweep (the search, then its recommendation: 80% of the peak, or
-              the server's ceiling where the curve is best there, lowered to the SLO),
-              with and without the seeded first trial, and with a calibrated prior
-              (study.prior: the simulator calibrated on the block of the table's other
-              engine image ranks the configurations first; see sweep/prior.py);
-  random      random (configuration, parallelism) probes, as many as the study made:
-              its best measured point that met the SLO;
-  ladder      NeMo Gym's guide at one configuration: 100 rollouts at parallelism 5, 20,
-              then doubling until a gain under 10%; 80% of the peak;
-  bisection   AIPerf-style, at one configuration: the top of the range first, then a
-              bisection (log scale) for the largest parallelism that meets the SLO, or
-              without one the smallest that reaches 95% of the top's throughput;
-  auto_tune   vLLM's auto_tune.sh at one TP: a server run per max_num_seqs ×
-              max_num_batched_tokens pair of its default lists (2 × 4), each 1,000
-              prompts at once (every engine full); over the SLO, the concurrency halves
-              until it is met. The table has one engine setting, so the runs cost alike
-              and differ only by noise.
-
-A one-configuration method runs at the smallest TP (the most engines: the usual guess)
-and, separately, at every TP keeping its best measured answer (and paying for all).
-
-Score, one function for every method (`score`): the truth at the answer as a share of
-the best feasible point (the best truth at any configuration and parallelism in range
-that meets the SLO), 0 where the answer misses the SLO; cost: probe-seconds plus launches
-× the block's start-up time. Issue 25's bar for a study row: median ≥ 97% and worst ≥
-90% of 5 seeds, at ≤ 50% of the cost of the cheapest method as good that searches the
-configurations too (random, or a one-configuration method at every TP); a guess as good
-is printed beside it.
+Ground truth: InferenceX runs (Data from InferenceX (SemiAnalysis), Apache-2.0) and the
+simulator's own. How it measures, and why: docs/design/benchmarks.md.
 
     python benchmarks/sweep_methods.py [--table CSV] [--block KEY ... [--slo S]] [--seeds 5]
                                        [--check]
@@ -87,24 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config.knobs import KNOBS
 from autotune.config.study import PriorSpec, Study
-from autotune.engine_model.step_fit import Engine, RunPoint
-from autotune.hardware.calibrated import CalibratedProfile
 from autotune.hardware.measured import (
-    KEY_COLUMNS,
-    SINGLE_NODE,
     MeasuredBlock,
     SurfaceError,
     load_block,
     parse_key,
 )
-from autotune.hardware.profiles import GPUS, StepCoefficients, find_model
 from autotune.probe import ProbeSettings
 from autotune.results.probes import ProbeResult
 from autotune.results.stages import StageLatency, no_latencies
 from autotune.results.trials import SweepResult
-from autotune.sweep.calibration import fit_profile, run_point, tpot_s
+from autotune.sweep.calibration import fit_profile
 from autotune.sweep.prior import Prior
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.search import open_study, optimise, rank_on_prior, trial_records
@@ -547,62 +483,6 @@ BLOCKS = {
 }
 
 
-# ---- the simulator scenarios: the simulated engine's own runs, written as a table ----
-
-SIM_SCENARIOS = {  # those of benchmarks/sweep_efficiency.py
-    "sim-70b-h100": ("h100-80gb", "llama-3.1-70b", (2, 4, 8)),
-    "sim-7b-l40s": ("l40s", "qwen2.5-7b", (1, 2, 4, 8)),  # 28 heads: TP 8 cannot shard them
-}
-SIM_LENGTHS = (1024, 256)
-SIM_CONCURRENCY = (4, 8, 16, 32, 64, 128)
-TRUTH_IMAGE, OTHER_IMAGE = "autotune-sim:defaults", "autotune-sim:other-release"
-# The release the prior is calibrated on (the table's other image, as for the measured
-# blocks): its steps 30% dearer to start, 10% less of the bandwidth sustained.
-OTHER_RELEASE = {"step_overhead_s": 1.3, "memory_efficiency": 0.9}
-TABLE_COLUMNS = [*KEY_COLUMNS, *SINGLE_NODE, "conc", "output_tput_per_gpu", "median_e2el",
-                 "p99_e2el", "median_tpot", "median_ttft"]  # fmt: skip
-
-
-async def sim_table(path: Path) -> Path:
-    """Every simulator scenario run at each TP and concurrency on the simulated engine
-    (in virtual time, as `sim serve --profile` runs it), written in the shared table's
-    format: under the default step coefficients (the truth) and under another release's
-    (what its prior is calibrated on). A TP the model cannot shard is left out."""
-    rows = []
-    isl, osl = SIM_LENGTHS
-    for name, (gpu_name, model_name, tps) in SIM_SCENARIOS.items():
-        gpu, model = GPUS[gpu_name], find_model(model_name)
-        assert model is not None
-        engine = Engine(gpu, model, KNOBS.max_num_batched_tokens)
-        for image in (TRUTH_IMAGE, OTHER_IMAGE):
-            scale = OTHER_RELEASE if image == OTHER_IMAGE else {}
-            base = StepCoefficients()
-            coefficients = dataclasses.replace(
-                base, **{field: getattr(base, field) * by for field, by in scale.items()}
-            )
-            profile = path.with_name(f"{name}-{image.rpartition(':')[2]}.json")
-            CalibratedProfile(gpu, model, coefficients, "defaults", {}).save(profile)
-            key = {"hw": gpu_name.split("-")[0], "model": model_name, "framework": "vllm",
-                   "precision": "bf16", "image": image, "isl": isl, "osl": osl, "ep": 1,
-                   **SINGLE_NODE}  # fmt: skip
-            for tp in (tp for tp in tps if model.attention_heads % tp == 0):
-                for conc in SIM_CONCURRENCY:
-                    point = RunPoint(tp, conc, isl, osl, 0.0, 0.0)
-                    result = await run_point(profile, coefficients, engine, point)
-                    total, first = result.latency_s["total"], result.latency_s["ttft"]
-                    rows.append(
-                        {**key, "tp": tp, "conc": conc,
-                         "output_tput_per_gpu": result.output_tokens_per_s / tp,
-                         "median_e2el": total.p50, "p99_e2el": total.p99,
-                         "median_tpot": tpot_s(result, osl), "median_ttft": first.p50}
-                    )  # fmt: skip
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, TABLE_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
 MIN_CONCURRENCIES = 3  # a TP measured at fewer is left out of its block: no curve to search
 
 
@@ -755,10 +635,11 @@ async def main_async(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as folder:
         if not given:  # the simulator scenarios, from a table of the simulator's runs
             simulated = argparse.Namespace(**{**vars(args), "table": Path(folder) / "sim.csv"})
-            await sim_table(simulated.table)
-            print(f"simulator scenarios: a table of the engine's own runs, {OTHER_IMAGE} beside")
-            for name, (gpu_name, model_name, _) in SIM_SCENARIOS.items():
-                key = f"hw={gpu_name.split('-')[0]},model={model_name},image={TRUTH_IMAGE}"
+            await harness.sim_table(simulated.table)
+            other = harness.OTHER_IMAGE
+            print(f"simulator scenarios: a table of the engine's own runs, {other} beside")
+            for name, (gpu_name, model_name, _) in harness.SIM_SCENARIOS.items():
+                key = f"hw={gpu_name.split('-')[0]},model={model_name},image={harness.TRUTH_IMAGE}"
                 grounds.append(ground_of(name, key, None, simulated))
         targets = [t for ground in grounds for t in await run_block(ground, args.seeds)]
     print(f"\n{len(grounds)} blocks in {time.perf_counter() - started:.0f} s")

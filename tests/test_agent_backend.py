@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from autotune.collector.collect_job import collect
 from autotune.config.collection import CollectConfig, TargetConfig
-from autotune.rollout.collect_job import collect
 from tests.helpers import ServeApp, read_rows
 
 TASKS = [

@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from autotune.backends import ModelCallError
-from autotune.backends.openai import OpenAIBackend, _Stream, retry_after_s
 from autotune.config.collection import TargetConfig
 from autotune.errors import ServerUnreachable
+from autotune.rollout.backends import ModelCallError
+from autotune.rollout.backends.openai import OpenAIBackend, _Stream, retry_after_s
 from autotune.rollout.target import resolve_target
 from autotune.rollout.workload import task_from_row
 from tests.faults import answer_text, fault_app

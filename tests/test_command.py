@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import CollectionError, UsageError
-from autotune.probe.collector import ROLLOUTS_PER_SLOT, CommandProbe, run_command_probe
+from autotune.probe.command_probe import ROLLOUTS_PER_SLOT, CommandProbe, run_command_probe
 from autotune.results.diagnosis import DiagnoseResult
 from autotune.results.saved import load_result
 from autotune.servers.command import command_argv

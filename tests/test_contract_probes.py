@@ -16,14 +16,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from autotune.backends.openai import OpenAIBackend
 from autotune.config.collection import SyntheticWorkload, TargetConfig
 from autotune.probe import Probe, ProbeSettings
-from autotune.probe.collector import CommandProbe
+from autotune.probe.command_probe import CommandProbe
 from autotune.probe.realtime import EngineProbe
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.results.codec import to_json
 from autotune.results.probes import CurvePoint, ProbeResult
+from autotune.rollout.backends.openai import OpenAIBackend
 from autotune.rollout.target import open_session, resolve_target
 from autotune.rollout.workload import Workload
 from autotune.verifiers import load_verifier

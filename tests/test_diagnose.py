@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from autotune.collector.collect_job import run_collect
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.diagnose.checks import VERDICTS
 from autotune.diagnose.classify import classify
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualSimLauncher
+from autotune.processes.event_loop import run_async
 from autotune.results.diagnosis import DiagnoseResult, Evidence, Thresholds
 from autotune.results.probes import ProbeResult
 from autotune.results.saved import load_result
-from autotune.rollout.collect_job import run_async, run_collect
 from tests.browser import drawn, render
 from tests.helpers import autotune, one_sentence_error
 

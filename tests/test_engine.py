@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from autotune.backends import CallCounters, Generation
 from autotune.config.collection import SyntheticWorkload
+from autotune.rollout.backends import CallCounters, Generation
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink, completed_keys, failures_path
 from autotune.rollout.workload import Task, WorkItem, synthetic_tasks

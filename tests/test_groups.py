@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 import pytest
 
+from autotune.collector.collect_job import collect
 from autotune.config.collection import (
     PROBE_DEFAULTS,
     CollectConfig,
@@ -38,7 +39,6 @@ from autotune.rl.groups import (
     summarise_closed,
     tail_share,
 )
-from autotune.rollout.collect_job import collect
 from autotune.rollout.store import failures_path
 from autotune.rollout.workload import Task, WorkItem
 from autotune.servers.sim.policy import RIGHT, WRONG, Policy, RolloutReplay

@@ -23,9 +23,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from autotune.backends import CallCounters
 from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
+from autotune.collector.collect_job import _summarise
 from autotune.config.collection import CollectConfig, LiveConfig, SyntheticWorkload, TargetConfig
 from autotune.errors import UsageError
 from autotune.knee import summarise_curve
@@ -48,7 +48,7 @@ from autotune.results.saved import load_result
 from autotune.results.stages import StageLatency, StageSamples
 from autotune.results.trials import SweepResult, TrialRecord
 from autotune.rl.groups import GroupTracker
-from autotune.rollout.collect_job import _summarise
+from autotune.rollout.backends import CallCounters
 from autotune.rollout.concurrency import AdaptiveConcurrency
 from autotune.rollout.engine import RunStats
 from autotune.rollout.target import MeteredConnector, Target

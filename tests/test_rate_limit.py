@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from autotune.backends import CallCounters, Generation
+from autotune.collector.collect_job import collect
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
-from autotune.rollout.collect_job import collect
+from autotune.rollout.backends import CallCounters, Generation
 from autotune.rollout.concurrency import MIN_ROUND_TRIP_S, AdaptiveConcurrency
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink

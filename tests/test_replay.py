@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.collector.collect_job import collect
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.measured import SurfaceError, load_surface, parse_key
-from autotune.rollout.collect_job import collect
 from tests.helpers import SimProcess, read_rows
 
 H100_TP2 = "hw=h100,isl=1024,osl=1024,image=v0.13.0"

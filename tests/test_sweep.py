@@ -21,12 +21,12 @@ import yaml
 from autotune.config.study import Study, load_study
 from autotune.errors import UsageError
 from autotune.probe.launchers import http_launcher, study_launcher
+from autotune.processes.event_loop import run_async
 from autotune.report.terminal import trial_line
 from autotune.results.codec import machine_identity
 from autotune.results.probes import CurvePoint
 from autotune.results.saved import load_result
 from autotune.results.trials import SweepResult
-from autotune.rollout.collect_job import run_async
 from autotune.sweep.objectives import objective_for
 from autotune.sweep.search import open_study, storage_url
 from autotune.sweep.sweep_job import run_sweep, write_outputs, write_trials_csv

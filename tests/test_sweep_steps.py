@@ -21,7 +21,7 @@ from autotune.results.saved import load_result
 from autotune.results.stages import StageLatency
 from autotune.results.trials import SweepResult
 from autotune.sweep.feasibility import prelaunch, seed_configuration
-from autotune.sweep.objectives.goodput import batch_spec, step_snippets
+from autotune.sweep.objectives.goodput import GoodputObjective, batch_spec
 from autotune.sweep.search import open_study, storage_url
 from tests.helpers import autotune, one_sentence_error
 
@@ -146,7 +146,7 @@ def summary(over_sample: float, carry_over: bool) -> BatchSummary:
 
 
 def test_the_snippets_name_each_frameworks_own_flags() -> None:
-    both = step_snippets("m", {"max_num_seqs": 64}, 4, summary(0.5, True))
+    both = GoodputObjective().snippets("m", {"max_num_seqs": 64}, 4, summary(0.5, True))
     assert both.openrlhf == (
         "--rollout.n_samples_per_prompt 4 --rollout.batch_size 8 "
         "--algo.dynamic_filtering_enable --train.async_enable --train.partial_rollout_enable"
@@ -166,7 +166,7 @@ def test_the_snippets_name_each_frameworks_own_flags() -> None:
     assert both.autotune == (
         "autotune collect --num-repeats 4 --batch-groups 8 --over-sample 0.5 --carry-over"
     )
-    plain = step_snippets(None, {}, 4, summary(0.0, False))
+    plain = GoodputObjective().snippets(None, {}, 4, summary(0.0, False))
     assert plain.openrlhf == "--rollout.n_samples_per_prompt 4 --rollout.batch_size 8"
     assert plain.verl == "actor_rollout_ref.rollout.n=4 data.train_batch_size=8"
     assert plain.slime == "--n-samples-per-prompt 4 --rollout-batch-size 8"

@@ -15,10 +15,10 @@ import orjson
 import pytest
 from aiohttp import web
 
+from autotune.collector.collect_job import collect
 from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.results.runs import CollectSummary
-from autotune.rollout.collect_job import collect
 from tests.helpers import ServeApp, SimProcess, autotune, read_rows
 
 WEATHER = {

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.bench.overhead import NullServer
+from autotune.collector.collect_job import run_collect
 from autotune.config.collection import CollectConfig, TargetConfig
 from autotune.diagnose.diagnose_job import DiagnoseConfig, diagnose
 from autotune.results.stages import stage_durations
-from autotune.rollout.collect_job import run_collect
+from autotune.rollout.backends import CallCounters, Generation, ModelCallError
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.tools import NULL_OUTPUT, ResourcesServerTools, ToolOutput

@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from autotune.errors import UsageError
-from autotune.rollout.responses import build_response
+from autotune.results.responses import build_response
 from autotune.verifiers import VERIFIERS, Verifier, VerifierOptions, load_verifier
 from autotune.verifiers.builtin import answers_match, extract_boxed
 from autotune.verifiers.http import VerifierHTTPError

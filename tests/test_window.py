@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from autotune.probe.window import (
+from autotune.window import (
     MIN_BATCHES,
     TOKENS_PER_SLOT,
     ProbeSettings,

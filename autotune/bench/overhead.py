@@ -169,13 +169,13 @@ def engine_run(
     second, and a drift watch with one-second windows. `group_size` above 1: the same
     requests as GRPO groups of that many samples a prompt, their figures kept unless
     `track_groups` is off."""
+    from autotune.collector.collect_job import run_collect
     from autotune.config.collection import (
         CollectConfig,
         LiveConfig,
         SyntheticWorkload,
         TargetConfig,
     )
-    from autotune.rollout.collect_job import run_collect
 
     output = out_dir / "overhead.jsonl"
     live = LiveConfig()

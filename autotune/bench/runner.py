@@ -30,8 +30,8 @@ from autotune.bench.suite import Case, OverheadCase, ProbeCase, Suite
 from autotune.config.collection import TargetConfig
 from autotune.errors import AutotuneError, CollectionError, UsageError
 from autotune.probe.realtime import run_probe
+from autotune.processes.event_loop import run_async
 from autotune.results.probes import ProbeResult
-from autotune.rollout.collect_job import run_async
 from autotune.rollout.pipeline import open_pipeline
 from autotune.rollout.target import synthetic_defaults
 from autotune.rollout.workload import Workload

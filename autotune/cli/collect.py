@@ -158,8 +158,8 @@ def _remove_if_unused(directory: Path) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from autotune.collector.collect_job import failure_gate, run_collect
     from autotune.report.terminal import collect_summary_text, progress_bar
-    from autotune.rollout.collect_job import failure_gate, run_collect
 
     defaulted = args.output_dir is None and args.output is None and not args.no_output
     args.output, summary_file = _outputs(args)

@@ -31,7 +31,7 @@ SUMMARY_FILE = "summary.json"  # collect's closing summary, beside its rollouts
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt, so that both stop the same way:
-    output flushed, worker processes and launched servers stopped (see run_async)."""
+    output flushed, worker processes and launched servers stopped (processes.event_loop)."""
 
 
 def terminate(signum: int, frame: FrameType | None) -> None:

@@ -111,10 +111,11 @@ def _rescue_json(result: DiagnoseResult) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.diagnose.diagnose_job import BLOCKS, DiagnoseConfig, diagnose, write_outputs
+    from autotune.diagnose.diagnose_job import BLOCKS, DiagnoseConfig, diagnose
+    from autotune.processes.event_loop import run_async
+    from autotune.report.diagnose_report import write_outputs
     from autotune.report.terminal import diagnose_text, probe_progress
     from autotune.results.codec import save
-    from autotune.rollout.collect_job import run_async
 
     config = DiagnoseConfig(
         collect=run_config(args),

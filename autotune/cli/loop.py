@@ -76,8 +76,9 @@ def add_parser(commands: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from autotune.report.loop_report import RESULT_FILE, write_outputs
     from autotune.report.terminal import loop_summary_text
-    from autotune.rl.loop_job import RESULT_FILE, run_loop, write_outputs
+    from autotune.rl.loop_job import run_loop
 
     spec = spec_of(args, LoopSpec)
     if args.num_repeats < 2:

@@ -34,12 +34,12 @@ def add_parser(commands: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.diagnose.diagnose_job import write_outputs as diagnose_outputs
+    from autotune.report.collect_report import write_outputs as collect_outputs
+    from autotune.report.diagnose_report import write_outputs as diagnose_outputs
+    from autotune.report.loop_report import write_outputs as loop_outputs
     from autotune.results.diagnosis import DiagnoseResult
     from autotune.results.runs import CollectResult, LoopResult
     from autotune.results.saved import load_result
-    from autotune.rl.loop_job import write_outputs as loop_outputs
-    from autotune.rollout.collect_job import write_outputs as collect_outputs
     from autotune.sweep.sweep_job import write_outputs as sweep_outputs
 
     result = load_result(args.directory)

@@ -80,9 +80,9 @@ def _with_repeats(study: Any, repeats: int | None) -> Any:
 def run_command(args: argparse.Namespace) -> int:
     from autotune.config.study import Study, load_study
     from autotune.probe.launchers import study_launcher
+    from autotune.processes.event_loop import run_async
     from autotune.report.terminal import progress_bar, sweep_text, trial_line
     from autotune.results.trials import SweepResult, TrialOutcome
-    from autotune.rollout.collect_job import run_async
     from autotune.sweep.objectives import objective_for
     from autotune.sweep.sweep_job import check_storage, recommend, run_sweep, write_outputs
 

@@ -24,11 +24,11 @@ from autotune.diagnose.checks import speedup_interval
 from autotune.diagnose.classify import classify, tail_bound
 from autotune.errors import CollectionError, UsageError
 from autotune.probe import ProbeSettings
-from autotune.probe.collector import rollouts_per_run, run_command_probe
+from autotune.probe.command_probe import rollouts_per_run, run_command_probe
 from autotune.probe.realtime import ProbeRun, cycle_work
 from autotune.probe.status import ProbeStatus
 from autotune.probe.timescale import in_simulated_time
-from autotune.results.codec import machine_identity, save
+from autotune.results.codec import machine_identity
 from autotune.results.diagnosis import (
     DiagnoseResult,
     DiagnoseSettings,
@@ -54,7 +54,6 @@ SIM_DEFAULT_ARGS = ("--time-scale", "0.05")
 ROUNDS = 2
 FIRST_PASS_HALFWIDTH = 0.15
 EXTEND_UNTIL = 0.95
-RESULT_FILE = "diagnose.json"
 BLOCKS = 2 * ROUNDS  # the first pass's blocks, for a progress display
 DiagnoseWatch = Callable[[int, ProbeStatus], None]  # (which block, its status): progress
 
@@ -83,7 +82,7 @@ class DiagnoseConfig:
 
 async def diagnose(config: DiagnoseConfig, watch: DiagnoseWatch | None = None) -> DiagnoseResult:
     """Runs both probes in alternating blocks (more rounds while the speedup's interval
-    straddles the threshold) and returns what RESULT_FILE saves; `watch` is told each
+    straddles the threshold) and returns what diagnose.json saves; `watch` is told each
     block's progress (its index first, in the order measured)."""
     if config.command is not None:
         return await _diagnose_command(config, config.command, watch)
@@ -260,11 +259,3 @@ def _errors(failed_at: list[tuple[float, str]]) -> str:
     failures are the only evidence, wherever they fell."""
     errors = Counter(failure_class for _, failure_class in failed_at)
     return ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "no error recorded"
-
-
-def write_outputs(result: DiagnoseResult, directory: Path) -> list[Path]:
-    """diagnose.json, then index.html rebuilt from it (also what `autotune report` calls)."""
-    from autotune.report import diagnose_report
-
-    saved = save(result, directory / RESULT_FILE)
-    return [saved, diagnose_report.write(result, directory)]

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.probe.window import BATCH_LATENCIES, MIN_BATCHES, pooled_estimate
 from autotune.results.runs import DriftWarning, Expectation
 from autotune.stats import RateEstimate
+from autotune.window import BATCH_LATENCIES, MIN_BATCHES, pooled_estimate
 
 # The stages a slowdown can be blamed on (total is their sum; ttft is part of model).
 BLAMED_STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify")

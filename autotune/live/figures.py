@@ -8,12 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.backends import CallCounters
 from autotune.results.runs import Expectation
 from autotune.results.stages import STAGES, StageSamples
-from autotune.rl.groups import GroupTracker
+from autotune.rollout.backends import CallCounters
 from autotune.rollout.concurrency import AdaptiveConcurrency
-from autotune.rollout.engine import Engine, RunStats
+from autotune.rollout.engine import Engine, GroupObserver, RunStats
 from autotune.rollout.target import MeteredConnector
 
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ class Sources:
     limiter: AdaptiveConcurrency | None
     connector: MeteredConnector | None
     planned: int  # rollouts this run is to make (those already on disk not counted)
-    groups: GroupTracker | None = None
+    groups: GroupObserver | None = None
 
     @classmethod
     def of(cls, engine: Engine, pipeline: Pipeline, planned: int) -> Sources:

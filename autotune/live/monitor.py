@@ -138,7 +138,7 @@ class LiveMonitor:
     ) -> None:
         """Windows from the end of warm-up until the drain begins, each fed to the watch."""
         from autotune.live.drift import DriftWatch, WindowFigures, auto_window_s, window_rate
-        from autotune.probe.window import MIN_BATCHES, warm_until
+        from autotune.window import MIN_BATCHES, warm_until
 
         stats, done_at, samples = sources.stats, clock.done_at, sources.stats.samples.samples
         started = stats.started

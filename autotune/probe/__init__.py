@@ -1,5 +1,5 @@
 """Probes: measure one setting (a parallelism, against one running configuration) →
-ProbeResult, all in `probe.window`'s steady-state window: `EngineProbe`, `CommandProbe`,
+ProbeResult, all in `window`'s steady-state window: `EngineProbe`, `CommandProbe`,
 `VirtualProbe`. Diagnose, sweep and bench are all made of probes.
 Why: docs/design/probes.md.
 """
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from autotune.probe.window import ProbeSettings, Window, steady_window
 from autotune.results.probes import ProbeResult
+from autotune.window import ProbeSettings, Window, steady_window
 
 
 class Probe(Protocol):

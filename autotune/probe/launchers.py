@@ -11,15 +11,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, check_agent
-from autotune.backends.openai import OpenAIBackend
 from autotune.config.collection import SyntheticWorkload, TargetConfig
 from autotune.config.flags import server_flags
 from autotune.config.knobs import ENGINES
 from autotune.config.study import Study, study_target_config
 from autotune.probe import Launcher, ProbeSettings
-from autotune.probe.collector import CommandProbe
+from autotune.probe.command_probe import CommandProbe
 from autotune.probe.realtime import EngineProbe
+from autotune.rollout.backends.nemo_gym_agent import AgentBackend, AgentRewardVerifier, check_agent
+from autotune.rollout.backends.openai import OpenAIBackend
 from autotune.rollout.target import api_key, open_session, resolve_target
 from autotune.rollout.workload import Task, Workload
 from autotune.servers.launcher import LOCALHOST, ServerGroup, ServerSpec, free_ports

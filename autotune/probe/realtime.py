@@ -17,26 +17,15 @@ from typing import Any
 
 import aiohttp
 
-from autotune.backends import ModelBackend
 from autotune.config.rl_specs import BatchSpec, LoopSpec
 from autotune.probe.status import ProbeWatch, drain_status, probe_status
-from autotune.probe.window import (
-    ProbeSettings,
-    Window,
-    in_rollouts,
-    long_rollouts,
-    pooled_blocks,
-    pooled_estimate,
-    steady_window,
-    token_window,
-    warm_until,
-)
 from autotune.results.probes import ProbeBlock, ProbeResult
 from autotune.results.runs import BatchSummary, LoopSummary
 from autotune.results.stages import STAGES, StageLatency, percentile, stage_durations
 from autotune.rl.batch import run_steps
 from autotune.rl.groups import ClosedGroup, GroupTracker, summarise_closed
 from autotune.rl.trainer import run_on_server
+from autotune.rollout.backends import ModelBackend
 from autotune.rollout.engine import Engine
 from autotune.rollout.replicas import CallEnd, ReplicaCounts, calls_heard, replica_stats, several
 from autotune.rollout.store import RolloutSink
@@ -48,6 +37,17 @@ from autotune.telemetry.gpu import GpuSampler
 from autotune.telemetry.prometheus import PrometheusSampler, metrics_url
 from autotune.telemetry.recorder import TelemetryRecorder
 from autotune.verifiers import Verifier
+from autotune.window import (
+    ProbeSettings,
+    Window,
+    in_rollouts,
+    long_rollouts,
+    pooled_blocks,
+    pooled_estimate,
+    steady_window,
+    token_window,
+    warm_until,
+)
 
 CHECK_EVERY_S = 0.25
 TOKEN_MISMATCH_THRESHOLD = 0.10

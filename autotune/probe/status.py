@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune.probe.window import ProbeSettings, pooled_estimate, warm_until
 from autotune.stats import RateEstimate
+from autotune.window import ProbeSettings, pooled_estimate, warm_until
 
 
 @dataclass(frozen=True, slots=True)

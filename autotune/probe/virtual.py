@@ -19,11 +19,11 @@ from autotune.engine_model.scheduler import SimEngine
 from autotune.engine_model.state import engine_config
 from autotune.errors import ServerStartupError
 from autotune.hardware.deployment import SimArgs, SimConfig, SimConfigError
-from autotune.probe.window import ProbeSettings, Window, steady_window
 from autotune.results.probes import ProbeResult
 from autotune.results.stages import StageLatency, no_latencies
 from autotune.rollout.replicas import ReplicaSet
 from autotune.stats import batch_means_rate
+from autotune.window import ProbeSettings, Window, steady_window
 
 CHECK_EVERY = 32  # completions between convergence checks
 HITS = "server/vllm:prefix_cache_hits_total"  # as the Prometheus sampler names them

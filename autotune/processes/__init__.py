@@ -1,2 +1,2 @@
-"""The processes autotune starts (servers, verifier workers, a user's commands): each one
-ends with autotune, even when autotune is killed with SIGKILL."""
+"""Processes: those autotune starts (servers, verifier workers, a user's commands) end
+with it, even when it is killed with SIGKILL; its own runs its asyncio work to the end."""

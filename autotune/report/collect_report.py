@@ -9,12 +9,16 @@ from pathlib import Path
 
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, html_table
+from autotune.results.codec import save
 from autotune.results.runs import CollectResult, CollectSummary, LiveSample
 from autotune.results.stages import STAGES, StageLatency
 
 SERIES_STAGES = ("queue", "model", "ttft", "tool", "verify_wait", "verify")
 
 Series = dict[str, tuple[list[float], list[float]]]
+
+
+RESULT_FILE = "collect.json"  # what `collect --report DIR` saves beside index.html
 
 
 def simulated_banner(result: CollectResult) -> str | None:
@@ -280,3 +284,9 @@ def render(result: CollectResult) -> str:
 
 def write(result: CollectResult, directory: Path) -> Path:
     return html.write_report(directory, render(result))
+
+
+def write_outputs(result: CollectResult, directory: Path) -> list[Path]:
+    """collect.json, then index.html rebuilt from it (also what `autotune report` calls)."""
+    saved = save(result, directory / RESULT_FILE)
+    return [saved, write(result, directory)]

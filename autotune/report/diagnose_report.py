@@ -13,6 +13,7 @@ from pathlib import Path
 from autotune.diagnose.checks import block_pairs, pair_rates
 from autotune.report import html, plots
 from autotune.report.columns import REPLICA_COLUMNS, Column, html_table
+from autotune.results.codec import save
 from autotune.results.diagnosis import DiagnoseResult, Evidence, quantity
 from autotune.results.probes import ProbeBlock, ProbeResult
 from autotune.stats import ratio_interval
@@ -26,6 +27,9 @@ SERIES = {
     "server/kv": ("server", "vllm:kv_cache_usage_perc", "KV cache usage (0-1)"),
     "gpu/util": ("gpu", "gpu_util_pct_mean", "GPU utilisation (%)"),
 }
+
+
+RESULT_FILE = "diagnose.json"
 
 
 def simulated_banner(result: DiagnoseResult) -> str | None:
@@ -438,3 +442,9 @@ def render(result: DiagnoseResult) -> str:
 
 def write(result: DiagnoseResult, directory: Path) -> Path:
     return html.write_report(directory, render(result))
+
+
+def write_outputs(result: DiagnoseResult, directory: Path) -> list[Path]:
+    """diagnose.json, then index.html rebuilt from it (also what `autotune report` calls)."""
+    saved = save(result, directory / RESULT_FILE)
+    return [saved, write(result, directory)]

@@ -7,9 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.report import html, plots
+from autotune.results.codec import save
 from autotune.results.runs import LoopResult, LoopStep, LoopSummary
 
 Spans = dict[str, list[tuple[float, float]]]
+
+
+RESULT_FILE = "loop.json"
 
 
 def lane_spans(summary: LoopSummary) -> Spans:
@@ -114,3 +118,9 @@ def render(result: LoopResult) -> str:
 
 def write(result: LoopResult, directory: Path) -> Path:
     return html.write_report(directory, render(result))
+
+
+def write_outputs(result: LoopResult, directory: Path) -> list[Path]:
+    """loop.json, then index.html rebuilt from it (also what `autotune report` calls)."""
+    saved = save(result, directory / RESULT_FILE)
+    return [saved, write(result, directory)]

@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import aiohttp
 
-from autotune.backends import ModelBackend
 from autotune.config.rl_specs import BatchSpec
 from autotune.results.runs import BatchStep, BatchSummary
 from autotune.results.stages import StageLatency
 from autotune.rl.groups import ClosedGroup, GroupTracker, tail_share
 from autotune.rl.in_flight import GroupInFlight, GroupsInFlight
+from autotune.rollout.backends import ModelBackend
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.workload import Task, WorkItem
@@ -122,9 +122,9 @@ class BatchRunner:
         sampler: PrometheusSampler | None = None,
     ) -> None:
         assert spec.batch_groups is not None
-        assert engine.groups is not None, "the engine must track groups"
+        assert isinstance(engine.groups, GroupTracker), "the engine must track groups"
         self._engine = engine
-        self._tracker: GroupTracker = engine.groups
+        self._tracker = engine.groups
         self._batch = spec.batch_groups
         self._launch = launched_groups(spec.batch_groups, spec.over_sample)
         self._filter = spec.over_sample > 0  # the step wants informative groups

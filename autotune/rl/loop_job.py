@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 
 from autotune.config.collection import CollectConfig
 from autotune.config.rl_specs import LoopSpec
-from autotune.results.codec import save
-from autotune.results.runs import LoopResult, LoopSummary
+from autotune.processes.event_loop import run_async
+from autotune.results.runs import LoopSummary
 from autotune.rl.trainer import LEDGER_FILE, GroupLedger, LoopRunner, ServerControl
-from autotune.rollout.collect_job import SIM_DEFAULT_ARGS, run_async, run_record
 from autotune.rollout.engine import Engine
 from autotune.rollout.pipeline import open_pipeline
-from autotune.rollout.store import RolloutSink, save_run
+from autotune.rollout.store import RolloutSink, run_record, save_run
 from autotune.rollout.workload import Workload
 
 log = logging.getLogger("autotune")
-
-RESULT_FILE = "loop.json"
 
 
 async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
@@ -34,7 +30,7 @@ async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
     sink = RolloutSink(config.output, resume=False)
     ledger = GroupLedger(config.output.parent / LEDGER_FILE if config.output else None)
     try:
-        async with open_pipeline(config, SIM_DEFAULT_ARGS) as pipeline:
+        async with open_pipeline(config) as pipeline:
             target = pipeline.target
             if config.output is not None:
                 save_run(config.output, {**run_record(config), "model": target.model})
@@ -69,14 +65,6 @@ async def loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:
     finally:
         ledger.close()
         sink.close()
-
-
-def write_outputs(result: LoopResult, directory: Path) -> list[Path]:
-    """loop.json, then index.html rebuilt from it (also what `autotune report` calls)."""
-    from autotune.report import loop_report
-
-    saved = save(result, directory / RESULT_FILE)
-    return [saved, loop_report.write(result, directory)]
 
 
 def run_loop(config: CollectConfig, spec: LoopSpec) -> LoopSummary:

@@ -20,12 +20,12 @@ from typing import IO, Any
 import aiohttp
 import orjson
 
-from autotune.backends import ModelBackend
 from autotune.config.rl_specs import LoopSpec
 from autotune.errors import CollectionError, UsageError
 from autotune.results.runs import LoopStep, LoopSummary
 from autotune.results.stages import StageLatency, percentile
 from autotune.rl.in_flight import GroupInFlight, GroupsInFlight
+from autotune.rollout.backends import ModelBackend
 from autotune.rollout.engine import Engine, Outcome
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.workload import Task, WorkItem

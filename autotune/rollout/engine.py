@@ -15,11 +15,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from autotune.backends import Generation, ModelBackend, ModelCallError
+from autotune.results.responses import build_response
 from autotune.results.stages import StageSamples, stage_durations
-from autotune.rl.groups import GroupTracker
+from autotune.rollout.backends import Generation, ModelBackend, ModelCallError
 from autotune.rollout.concurrency import AdaptiveConcurrency
-from autotune.rollout.responses import build_response
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.workload import WorkItem
 from autotune.verifiers import Verifier
@@ -44,6 +43,24 @@ class EngineObserver(Protocol):
     def rollout_done(self, timings: dict[str, float | None], output_tokens: int) -> None: ...
 
     def rollout_failed(self, failure_class: str) -> None: ...
+
+
+class GroupObserver(Protocol):
+    """Told of every sample's end when rollouts come in GRPO groups (rl.groups.GroupTracker);
+    counts the groups closed so far."""
+
+    complete: int
+    informative: int
+
+    def ended(
+        self,
+        task_index: int,
+        start: float,
+        end: float,
+        reward: float | None = None,
+        output_tokens: int = 0,
+        completed: bool = True,
+    ) -> object: ...
 
 
 @dataclass(slots=True)
@@ -91,7 +108,7 @@ class Engine:
         observer: EngineObserver | None = None,
         extra_row_fields: dict[str, Any] | None = None,
         adaptive_concurrency: bool = False,
-        groups: GroupTracker | None = None,
+        groups: GroupObserver | None = None,
     ) -> None:
         self._backend = backend
         self._verifier = verifier

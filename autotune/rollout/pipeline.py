@@ -11,16 +11,16 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
-from autotune.backends import ModelBackend
-from autotune.backends.nemo_gym_agent import (
+from autotune.config.collection import CollectConfig, TargetConfig
+from autotune.errors import ServerUnreachable
+from autotune.rollout.backends import ModelBackend
+from autotune.rollout.backends.nemo_gym_agent import (
     AGENT_MODEL,
     AgentBackend,
     AgentRewardVerifier,
     check_agent,
 )
-from autotune.backends.openai import OpenAIBackend
-from autotune.config.collection import CollectConfig, TargetConfig
-from autotune.errors import ServerUnreachable
+from autotune.rollout.backends.openai import OpenAIBackend
 from autotune.rollout.target import Target, api_key, connect, open_session, synthetic_defaults
 from autotune.rollout.tools import load_tools
 from autotune.rollout.turns import MultiTurnBackend
@@ -44,7 +44,9 @@ class Pipeline:
 
 @asynccontextmanager
 async def open_pipeline(
-    config: CollectConfig, default_sim_args: Sequence[str] = (), metered: bool = False
+    config: CollectConfig,
+    default_sim_args: Sequence[str] = REAL_TIME_SIM_ARGS,
+    metered: bool = False,
 ) -> AsyncIterator[Pipeline]:
     """`metered`: the session counts connection-pool waits (a live-metered collect)."""
     target_config = synthetic_defaults(config.target, config.input is None)

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from autotune.config.collection import CollectConfig
 from autotune.errors import UsageError
 from autotune.files import write_whole
 from autotune.rollout.workload import rollout_key
@@ -286,3 +287,31 @@ def _merge_one(
             out.write(line)
             written += 1
     return written, dropped
+
+
+def run_record(config: CollectConfig) -> dict[str, Any]:
+    """What makes this run's rollouts what they are, saved beside its output so that
+    `--resume` can refuse another run's file (see store.check_run); the model is added
+    once the target has named it."""
+    tasks: dict[str, Any]
+    if config.input is not None:
+        tasks = input_identity(config.input)
+    else:
+        spec = config.synthetic
+        tasks = {
+            "synthetic": {
+                "seed": spec.seed,
+                "prompt_tokens": [spec.prompt_tokens_mean, spec.prompt_tokens_std],
+                "output_tokens": [spec.output_tokens_mean, spec.output_tokens_std],
+            }
+        }
+    shard = config.shard
+    return {
+        "tasks": tasks,
+        "input": str(config.input) if config.input is not None else None,
+        "synthetic_tasks": None if config.input is not None else config.synthetic.num_tasks,
+        "verifier": config.verifier,
+        "num_repeats": config.num_repeats,
+        "limit": config.limit,
+        "shard": f"{shard.index}/{shard.count}" if shard is not None else None,
+    }

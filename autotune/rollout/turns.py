@@ -8,8 +8,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from autotune.backends import Generation, ModelBackend, ModelCallError
-from autotune.rollout.responses import output_items
+from autotune.results.responses import output_items
+from autotune.rollout.backends import Generation, ModelBackend, ModelCallError
 from autotune.rollout.tools import ToolCallError, ToolOutput, Tools
 from autotune.rollout.workload import Task
 

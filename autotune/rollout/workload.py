@@ -15,9 +15,8 @@ import orjson
 
 from autotune.config.collection import CollectConfig, Shard, SyntheticWorkload
 from autotune.errors import UsageError
+from autotune.results.responses import CHARS_PER_TOKEN
 from autotune.results.runs import WorkloadRecord
-
-CHARS_PER_TOKEN = 4  # the rule of thumb the simulator also uses to count tokens
 
 # Responses-API sampling fields that map one-to-one onto chat/completions fields.
 _PASSTHROUGH_SAMPLING = (

@@ -23,8 +23,8 @@ from autotune.hardware.profiles import (
     find_model,
 )
 from autotune.probe.virtual import VirtualSimLauncher
-from autotune.probe.window import ProbeSettings
 from autotune.results.probes import ProbeResult
+from autotune.window import ProbeSettings
 
 FLAGS = ("TABLE", "--where")
 WINDOW_LATENCIES = 24.0  # a point's probe runs at most this many request latencies

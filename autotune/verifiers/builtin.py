@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from autotune.rollout.responses import response_text
+from autotune.results.responses import response_text
 
 if TYPE_CHECKING:
     from autotune.verifiers import VerifierOptions

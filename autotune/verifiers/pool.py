@@ -32,7 +32,7 @@ import orjson
 
 from autotune.errors import UsageError
 from autotune.processes.lifeline import forkserver_context
-from autotune.rollout.responses import response_text
+from autotune.results.responses import response_text
 
 if sys.platform != "win32":
     import resource

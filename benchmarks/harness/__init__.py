@@ -28,10 +28,14 @@ from .running import (
     rotations,
     sim_server,
 )
+from .sim_table import OTHER_IMAGE, SIM_SCENARIOS, TRUTH_IMAGE, sim_table
 from .tables import Col, Table, fmt
 
 __all__ = [
+    "OTHER_IMAGE",
     "REPO",
+    "SIM_SCENARIOS",
+    "TRUTH_IMAGE",
     "Col",
     "Figures",
     "Table",
@@ -53,5 +57,6 @@ __all__ = [
     "rotations",
     "run_bench",
     "sim_server",
+    "sim_table",
     "verdict",
 ]

@@ -16,8 +16,7 @@ from typing import Any
 import orjson
 
 from autotune.hardware.deployment import SimConfigError
-from autotune.rollout.responses import response_text
-from autotune.rollout.workload import CHARS_PER_TOKEN
+from autotune.results.responses import CHARS_PER_TOKEN, response_text
 
 RIGHT, WRONG = "\\boxed{42}", "\\boxed{0}"
 _FROM_PROMPT = math.sqrt(0.5)  # the share of log-length spread that the difficulty sets

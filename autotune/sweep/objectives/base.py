@@ -13,6 +13,8 @@ from autotune.errors import ServerStartupError, UsageError
 from autotune.hardware.fit import Batch
 from autotune.probe import Launcher
 from autotune.probe.realtime import EngineProbe
+from autotune.report import html
+from autotune.report.sweep_report import no_recommendation_section
 from autotune.results.codec import Record
 from autotune.results.trials import SweepResult, TrialOutcome, TrialRecord, Validation
 from autotune.sweep.curve import Incumbent
@@ -87,6 +89,11 @@ class EngineObjective(Generic[S]):
     metric: ClassVar[str]
     searched: ClassVar[tuple[str, ...]]
     what: ClassVar[str]  # what the engine runs, for the one sentence: "training steps"
+    summary_field: ClassVar[str]  # the field of a trial that holds its summary: "batch"
+    # The summary's figures its recommendation repeats, under the same names, and the
+    # study's `objective` bound the recommendation states ("max_step_s").
+    recommended_figures: ClassVar[tuple[str, ...]]
+    bound: ClassVar[str]
 
     async def measure(self, probe: EngineProbe, study: Study, knobs: dict[str, Any]) -> S:
         raise NotImplementedError
@@ -109,23 +116,85 @@ class EngineObjective(Generic[S]):
         problem = self.trial_problem(study, summary)
         return [problem] if problem is not None else []
 
-    def outcome(
-        self, knobs: dict[str, Any], summary: S | None, reason: str | None, wall_s: float
-    ) -> TrialOutcome:
-        raise NotImplementedError
-
     def shortfall(self, summary: S, expected: float) -> str:
         """The validation's problem when it kept less than VALIDATION_SHARE of `expected`."""
         raise NotImplementedError
 
+    def validation_counts(
+        self, study: Study, best: TrialRecord, summary: S | None
+    ) -> tuple[int, int, int]:
+        """A validation run's parallelism, the rollouts it asked for and those completed."""
+        raise NotImplementedError
+
+    def recommendation(
+        self, result: SweepResult, best: TrialRecord, summary: S, common: dict[str, Any]
+    ) -> Record:
+        """The recommendation record: `common` (what `recommend` says of every objective's)
+        and the objective's own figures of `summary`."""
+        raise NotImplementedError
+
+    def snippets(
+        self, model: str | None, server: dict[str, Any], group_size: int, summary: S
+    ) -> Record:
+        """The lines each RL framework, vLLM and autotune take for the recommendation."""
+        raise NotImplementedError
+
+    def figures_text(self, value: float, summary: S) -> str:
+        """What a feasible trial found, after its value, as the progress line says it."""
+        raise NotImplementedError
+
+    def recommendation_lines(self, rec: Any) -> list[str]:
+        """The terminal's lines on what was recommended, between the configuration's line
+        and the validation's."""
+        raise NotImplementedError
+
+    def recommendation_text(self, rec: Any) -> str:
+        """The report's one sentence on what was recommended and what it measured."""
+        raise NotImplementedError
+
+    def recommendation_facts(self, rec: Any) -> list[tuple[str, str]]:
+        """The report's figures of the recommendation, before whether it was validated."""
+        raise NotImplementedError
+
+    def outcome(
+        self, knobs: dict[str, Any], summary: S | None, reason: str | None, wall_s: float
+    ) -> TrialOutcome:
+        """A trial's outcome: worth its value when measured and fit, else 0."""
+        measured: dict[str, Any] = {self.summary_field: summary}
+        return TrialOutcome(
+            knobs=knobs,
+            points=[],
+            curve=None,
+            value=self.value(summary) if summary is not None and reason is None else 0.0,
+            p95_latency_s=None,
+            error_rate=self.error_rate(summary) if summary is not None else 1.0,
+            infeasible_reason=reason,
+            probe_s=self.measured_s(summary),
+            wall_s=wall_s,
+            **measured,
+        )
+
     def validation(
         self, study: Study, best: TrialRecord, summary: S | None, problems: list[str]
     ) -> Validation:
-        raise NotImplementedError
+        """A validation run as recorded (`summary` None: the server did not start)."""
+        parallelism, rollouts, completed = self.validation_counts(study, best, summary)
+        return Validation.rerun(
+            best,
+            study.objective.max_error_rate,
+            problems,
+            parallelism=parallelism,
+            rollouts=rollouts,
+            completed=completed,
+            throughput=self.value(summary) if summary is not None else 0.0,
+            error_rate=self.error_rate(summary) if summary is not None else 1.0,
+            probe_s=self.measured_s(summary),
+        )
 
     def trial_summary(self, best: TrialRecord) -> S | None:
         """The best trial's measured summary, None when it ran none."""
-        raise NotImplementedError
+        summary: S | None = getattr(best, self.summary_field)
+        return summary
 
     def server_knobs(self, knobs: dict[str, Any]) -> dict[str, Any]:
         """The drawn knobs the server takes: all but those this objective searches."""
@@ -193,6 +262,57 @@ class EngineObjective(Generic[S]):
         validations = [v for v in result.validations if v.trial == best.number]
         return best, summary, group_size, self.server_knobs(best.knobs), validations
 
+    def recommend(self, result: SweepResult) -> Record | None:
+        """The best trial as measured; None when no feasible trial made its run."""
+        measured = self.best_measured(result)
+        if measured is None:
+            return None
+        best, summary, group_size, server, validations = measured
+        common = {
+            "simulated": result.simulated,
+            "metric": result.metric,
+            "server": server,
+            "group_size": group_size,
+            **{name: getattr(summary, name) for name in self.recommended_figures},
+            self.bound: (result.spec or {}).get("objective", {}).get(self.bound),
+            "snippets": self.snippets(result.model, server, group_size, summary),
+            **validation_fields(validations),
+        }
+        return self.recommendation(result, best, summary, common)
+
+    def trial_text(self, outcome: TrialOutcome) -> str:
+        summary: S | None = getattr(outcome, self.summary_field)
+        assert summary is not None
+        return self.figures_text(outcome.value or 0.0, summary)
+
+    def summary_lines(self, result: SweepResult, recommended: Any) -> list[str]:
+        """The best configuration, what was recommended on it, the validation and the
+        framework lines."""
+        return [
+            best_configuration_line(recommended.server),
+            *self.recommendation_lines(recommended),
+            validated_line(recommended.validated, recommended.validations),
+            "",
+            *framework_lines(recommended.snippets.rows()),
+        ]
+
+    def report_sections(self, result: SweepResult, recommended: Any) -> list[str]:
+        """The recommendation as measured, and the lines each RL framework takes."""
+        if recommended is None:
+            return [no_recommendation_section()]
+        facts = [
+            *self.recommendation_facts(recommended),
+            ("validated", validated_word(recommended.validated)),
+            *recommended.snippets.rows(),
+        ]
+        return [
+            html.section(
+                "Recommendation",
+                html.callout(self.recommendation_text(recommended), "verdict"),
+                html.definition_list(facts),
+            )
+        ]
+
 
 def validated_line(validated: bool | None, validations: list[Validation] | None) -> str:
     """The terminal's 'validated' line, with a failed run's problems."""
@@ -218,6 +338,11 @@ def validation_fields(validations: list[Validation]) -> dict[str, Any]:
         "validated": validations[-1].passed if validations else None,
         "validations": validations,
     }
+
+
+def joined(**words: list[str]) -> dict[str, str]:
+    """Each framework's line, its words joined by spaces."""
+    return {name: " ".join(line) for name, line in words.items()}
 
 
 def best_configuration_line(server: dict[str, Any]) -> str:

@@ -10,7 +10,6 @@ from typing import Any
 from autotune.config.rl_specs import BATCH_KNOBS, BatchSpec
 from autotune.config.study import GOODPUT, Study
 from autotune.probe.realtime import EngineProbe
-from autotune.report import html
 from autotune.report.sweep_report import figure_text, knobs_text, share_text
 from autotune.report.terminal import seconds_text
 from autotune.results.diagnosis import quantity
@@ -21,17 +20,12 @@ from autotune.results.trials import (
     SweepResult,
     TrialOutcome,
     TrialRecord,
-    Validation,
 )
 from autotune.rl.batch import launched_groups
 from autotune.sweep.objectives.base import (
     VALIDATION_SHARE,
     EngineObjective,
-    best_configuration_line,
-    framework_lines,
-    validated_line,
-    validated_word,
-    validation_fields,
+    joined,
 )
 from autotune.sweep.recommend import vllm_serve_line
 
@@ -54,6 +48,12 @@ class GoodputObjective(EngineObjective[BatchSummary]):
     metric = GOODPUT
     searched = BATCH_KNOBS
     what = "training steps"
+    summary_field = "batch"
+    recommended_figures = (
+        "batch_groups", "over_sample", "carry_over", "informative_groups_per_s", "busy_share",
+        "tail_share", "staleness_mean", "cancelled_tokens",
+    )  # fmt: skip
+    bound = "max_step_s"
 
     async def measure(
         self, probe: EngineProbe, study: Study, knobs: dict[str, Any]
@@ -98,22 +98,6 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             f"{VALIDATION_SHARE:.0%} of the trial's {expected:.3g}"
         )
 
-    def outcome(
-        self, knobs: dict[str, Any], summary: BatchSummary | None, reason: str | None, wall_s: float
-    ) -> TrialOutcome:
-        return TrialOutcome(
-            knobs=knobs,
-            points=[],
-            curve=None,
-            value=summary.informative_groups_per_s if summary and reason is None else 0.0,
-            p95_latency_s=None,
-            error_rate=summary.error_rate if summary else 1.0,
-            infeasible_reason=reason,
-            probe_s=self.measured_s(summary),
-            wall_s=wall_s,
-            batch=summary,
-        )
-
     def record_trial(self, study: Study, trial: Any, outcome: TrialOutcome) -> None:
         """The p95 step time, and the step-time SLO as a constraint."""
         slo = study.objective.max_step_s
@@ -122,109 +106,91 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             trial.set_user_attr("step_p95_s", p95)
             trial.set_constraint("step_time", min(p95 if p95 is not None else 1e9, 1e9) - slo)
 
-    def trial_summary(self, best: TrialRecord) -> BatchSummary | None:
-        return best.batch
-
-    def validation(
-        self, study: Study, best: TrialRecord, summary: BatchSummary | None, problems: list[str]
-    ) -> Validation:
+    def validation_counts(
+        self, study: Study, best: TrialRecord, summary: BatchSummary | None
+    ) -> tuple[int, int, int]:
         launched = (
             launched_groups(best.batch.batch_groups, best.batch.over_sample) if best.batch else 0
         )
-        return Validation.rerun(
-            best,
-            study.objective.max_error_rate,
-            problems,
-            parallelism=summary.capacity if summary else 0,
-            rollouts=study.workload.num_repeats * study.probe.steps * launched,
-            completed=summary.completed_samples if summary else 0,
-            throughput=summary.informative_groups_per_s if summary else 0.0,
-            error_rate=summary.error_rate if summary else 1.0,
-            probe_s=self.measured_s(summary),
-        )
-
-    def recommend(self, result: SweepResult) -> StepsRecommendation | None:
-        """The best trial as measured; None when no feasible trial ran its steps."""
-        measured = self.best_measured(result)
-        if measured is None:
-            return None
-        _, batch, group_size, server, validations = measured
-        return StepsRecommendation(
-            simulated=result.simulated,
-            metric=result.metric,
-            server=server,
-            group_size=group_size,
-            batch_groups=batch.batch_groups,
-            over_sample=batch.over_sample,
-            carry_over=batch.carry_over,
-            informative_groups_per_s=batch.informative_groups_per_s,
-            step_p95_s=step_p95(batch),
-            busy_share=batch.busy_share,
-            tail_share=batch.tail_share,
-            staleness_mean=batch.staleness_mean,
-            cancelled_tokens=batch.cancelled_tokens,
-            max_step_s=(result.spec or {}).get("objective", {}).get("max_step_s"),
-            snippets=step_snippets(result.model, server, group_size, batch),
-            **validation_fields(validations),
-        )
-
-    def trial_text(self, outcome: TrialOutcome) -> str:
-        batch = outcome.batch
-        assert batch is not None
         return (
-            f"{outcome.value:.3g} informative groups/s, p95 step {seconds_text(batch.step_s.p95)}, "
-            f"busy {share_text(batch.busy_share)}"
+            summary.capacity if summary else 0,
+            study.workload.num_repeats * study.probe.steps * launched,
+            summary.completed_samples if summary else 0,
         )
 
-    def summary_lines(self, result: SweepResult, recommended: Any) -> list[str]:
-        """The best configuration, its steps and the framework lines."""
-        rec: StepsRecommendation = recommended
+    def recommendation(
+        self, result: SweepResult, best: TrialRecord, summary: BatchSummary, common: dict[str, Any]
+    ) -> StepsRecommendation:
+        return StepsRecommendation(**common, step_p95_s=step_p95(summary))
+
+    def snippets(
+        self, model: str | None, server: dict[str, Any], group_size: int, summary: BatchSummary
+    ) -> StepSnippets:
+        """Groups a step, group size, over-sampling (a larger generation batch and a filter
+        that drops groups of equal rewards) and carry-over (partial rollouts), per framework."""
+        groups = summary.batch_groups
+        launched = launched_groups(groups, summary.over_sample)
+        openrlhf = [
+            f"--rollout.n_samples_per_prompt {group_size}",
+            f"--rollout.batch_size {groups}",
+        ]
+        verl = [f"actor_rollout_ref.rollout.n={group_size}", f"data.train_batch_size={groups}"]
+        slime = [f"--n-samples-per-prompt {group_size}", f"--rollout-batch-size {groups}"]
+        collect = ["autotune collect", f"--num-repeats {group_size}", f"--batch-groups {groups}"]
+        if summary.over_sample > 0:
+            openrlhf.append("--algo.dynamic_filtering_enable")
+            verl += [
+                "algorithm.filter_groups.enable=True",
+                "algorithm.filter_groups.metric=acc",
+                f"data.gen_batch_size={launched}",
+            ]
+            slime += [
+                f"--over-sampling-batch-size {launched}",
+                "--dynamic-sampling-filter-path "
+                "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+            ]
+            collect.append(f"--over-sample {summary.over_sample:g}")
+        if summary.carry_over:
+            openrlhf += ["--train.async_enable", "--train.partial_rollout_enable"]
+            verl.append("async_training.partial_rollout=True")
+            slime.append("--partial-rollout")
+            collect.append("--carry-over")
+        lines = joined(openrlhf=openrlhf, verl=verl, slime=slime, autotune=collect)
+        return StepSnippets(**lines, vllm=vllm_serve_line(model, server))
+
+    def figures_text(self, value: float, summary: BatchSummary) -> str:
+        return (
+            f"{value:.3g} informative groups/s, p95 step {seconds_text(summary.step_s.p95)}, "
+            f"busy {share_text(summary.busy_share)}"
+        )
+
+    def recommendation_lines(self, rec: StepsRecommendation) -> list[str]:
         carry = ", carry-over" if rec.carry_over else ""
         slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
         return [
-            best_configuration_line(rec.server),
             f"training steps       {rec.batch_groups} groups of {rec.group_size}, over-sampling "
             f"{rec.over_sample:g}{carry}",
             f"goodput              {rec.informative_groups_per_s:.3g} informative groups/s, p95 "
             f"step {seconds_text(rec.step_p95_s)}{slo}, busy {share_text(rec.busy_share)}, tail "
             f"{share_text(rec.tail_share)}",
-            validated_line(rec.validated, rec.validations),
-            "",
-            *framework_lines(rec.snippets.rows()),
         ]
 
-    def report_sections(self, result: SweepResult, recommended: Any) -> list[str]:
-        """The best configuration and batch settings as measured, and the lines each RL
-        framework takes."""
-        from autotune.report.sweep_report import no_recommendation_section
-
-        if recommended is None:
-            return [no_recommendation_section()]
-        rec: StepsRecommendation = recommended
-        unit = "informative groups/s"
+    def recommendation_text(self, rec: StepsRecommendation) -> str:
         carry = "on" if rec.carry_over else "off"
-        slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
-        text = (
+        return (
             f"Recommended: {rec.batch_groups} groups of {rec.group_size} a step, over-sampling "
             f"{rec.over_sample:g}, carry-over {carry}, with {knobs_text(rec.server)} — measured "
-            f"{quantity(rec.informative_groups_per_s)} {unit}."
+            f"{quantity(rec.informative_groups_per_s)} informative groups/s."
         )
+
+    def recommendation_facts(self, rec: StepsRecommendation) -> list[tuple[str, str]]:
+        slo = f" (SLO {rec.max_step_s:g} s)" if rec.max_step_s is not None else ""
         return [
-            html.section(
-                "Recommendation",
-                html.callout(text, "verdict"),
-                html.definition_list(
-                    [
-                        ("p95 step time", f"{figure_text(rec.step_p95_s)} s{slo}"),
-                        ("server busy share", share_text(rec.busy_share)),
-                        ("tail share of a step", share_text(rec.tail_share)),
-                        ("tokens generated for cancelled samples", str(rec.cancelled_tokens)),
-                        ("staleness (steps, mean)", figure_text(rec.staleness_mean)),
-                        ("validated", validated_word(rec.validated)),
-                        *rec.snippets.rows(),
-                    ]
-                ),
-            )
+            ("p95 step time", f"{figure_text(rec.step_p95_s)} s{slo}"),
+            ("server busy share", share_text(rec.busy_share)),
+            ("tail share of a step", share_text(rec.tail_share)),
+            ("tokens generated for cancelled samples", str(rec.cancelled_tokens)),
+            ("staleness (steps, mean)", figure_text(rec.staleness_mean)),
         ]
 
     def validation_note(self, verdict: str) -> str:
@@ -233,40 +199,3 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             f"server before it was recommended; the run {verdict}. It must keep 80% "
             "of the trial's informative groups/s, and meet the step-time SLO."
         )
-
-
-def step_snippets(
-    model: str | None, server: dict[str, Any], group_size: int, batch: BatchSummary
-) -> StepSnippets:
-    """Groups a step, group size, over-sampling (a larger generation batch and a filter
-    that drops groups of equal rewards) and carry-over (partial rollouts), per framework."""
-    groups, launched = batch.batch_groups, launched_groups(batch.batch_groups, batch.over_sample)
-    openrlhf = [f"--rollout.n_samples_per_prompt {group_size}", f"--rollout.batch_size {groups}"]
-    verl = [f"actor_rollout_ref.rollout.n={group_size}", f"data.train_batch_size={groups}"]
-    slime = [f"--n-samples-per-prompt {group_size}", f"--rollout-batch-size {groups}"]
-    collect = [f"--num-repeats {group_size}", f"--batch-groups {groups}"]
-    if batch.over_sample > 0:
-        openrlhf.append("--algo.dynamic_filtering_enable")
-        verl += [
-            "algorithm.filter_groups.enable=True",
-            "algorithm.filter_groups.metric=acc",
-            f"data.gen_batch_size={launched}",
-        ]
-        slime += [
-            f"--over-sampling-batch-size {launched}",
-            "--dynamic-sampling-filter-path "
-            "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
-        ]
-        collect.append(f"--over-sample {batch.over_sample:g}")
-    if batch.carry_over:
-        openrlhf += ["--train.async_enable", "--train.partial_rollout_enable"]
-        verl.append("async_training.partial_rollout=True")
-        slime.append("--partial-rollout")
-        collect.append("--carry-over")
-    return StepSnippets(
-        openrlhf=" ".join(openrlhf),
-        verl=" ".join(verl),
-        slime=" ".join(slime),
-        vllm=vllm_serve_line(model, server),
-        autotune="autotune collect " + " ".join(collect),
-    )

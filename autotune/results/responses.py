@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+CHARS_PER_TOKEN = 4  # the rule of thumb for a text's tokens, the client's and the simulator's
+
 
 def build_response(
     *,

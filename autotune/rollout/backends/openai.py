@@ -18,10 +18,11 @@ import aiohttp
 import orjson
 from aiolimiter import AsyncLimiter
 
-from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.config.collection import TargetConfig
+from autotune.results.responses import CHARS_PER_TOKEN
+from autotune.rollout.backends import CallCounters, Generation, ModelCallError
 from autotune.rollout.replicas import Replica, ReplicaSet
-from autotune.rollout.workload import CHARS_PER_TOKEN, Task
+from autotune.rollout.workload import Task
 
 log = logging.getLogger("autotune")
 

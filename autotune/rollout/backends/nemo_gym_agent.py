@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from autotune.backends import CallCounters, Generation, ModelCallError
 from autotune.config.collection import TargetConfig
 from autotune.errors import ServerUnreachable, UsageError
+from autotune.rollout.backends import CallCounters, Generation, ModelCallError
 from autotune.rollout.workload import Task
 
 AGENT_MODEL = "set by the NeMo Gym agent"  # what rows and summaries name as the model

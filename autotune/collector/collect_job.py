@@ -6,17 +6,12 @@ subprocess (so it runs on the other core, not on the client's event loop).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import signal
-import threading
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import aiohttp
 
@@ -25,7 +20,9 @@ from autotune.errors import CollectionError
 from autotune.live import load_expectation, open_monitor
 from autotune.live.figures import Sources
 from autotune.live.monitor import REPORT_EVERY_S, LiveMonitor
-from autotune.results.codec import machine_identity, save
+from autotune.processes.event_loop import run_async
+from autotune.report.collect_report import write_outputs
+from autotune.results.codec import machine_identity
 from autotune.results.runs import CollectResult, CollectSummary, Expectation
 from autotune.results.stages import ReplicaStats
 from autotune.rl.batch import BatchRunner
@@ -33,7 +30,7 @@ from autotune.rl.groups import GroupTracker
 from autotune.rollout.engine import Engine, EngineObserver
 from autotune.rollout.pipeline import open_pipeline
 from autotune.rollout.replicas import ReplicaSet, replica_stats, several
-from autotune.rollout.store import RolloutSink, check_run, failures_path, input_identity, save_run
+from autotune.rollout.store import RolloutSink, check_run, failures_path, run_record, save_run
 from autotune.rollout.target import Target
 from autotune.rollout.workload import Workload, rollout_key, work_items
 from autotune.telemetry import Sample, summarise
@@ -43,9 +40,6 @@ from autotune.telemetry.summary import COUNTER_SUFFIXES
 log = logging.getLogger("autotune")
 
 T = TypeVar("T")
-
-SIM_DEFAULT_ARGS = ("--time-scale", "1.0")
-RESULT_FILE = "collect.json"  # what `collect --report DIR` saves beside index.html
 
 
 class Progress(EngineObserver, Protocol):
@@ -96,7 +90,7 @@ async def _collect(
     live = config.live
     _check_expectation(monitor.expectation, parallelism)
     try:
-        async with open_pipeline(config, SIM_DEFAULT_ARGS, metered=live.enabled) as pipeline:
+        async with open_pipeline(config, metered=live.enabled) as pipeline:
             if config.output is not None:  # the model is known only now
                 run["model"] = pipeline.target.model
                 if config.resume:
@@ -105,6 +99,7 @@ async def _collect(
             if progress is not None:
                 progress.set_total(todo)
             slots = max(1, min(parallelism, todo))
+            groups = GroupTracker(repeats) if _tracks_groups(config) else None
             engine = Engine(
                 pipeline.backend,
                 pipeline.verifier,
@@ -113,7 +108,7 @@ async def _collect(
                 observer=monitor.observer(progress),
                 extra_row_fields={"simulated": True} if pipeline.target.simulated else None,
                 adaptive_concurrency=config.adaptive_concurrency and config.batch is None,
-                groups=GroupTracker(repeats) if _tracks_groups(config) else None,
+                groups=groups,
             )
             sources = Sources.of(engine, pipeline, todo)
             monitor.attach(sources, pipeline, slots)
@@ -141,7 +136,6 @@ async def _collect(
     finally:
         sink.close()
     summary = _summarise(sources, pipeline.target, config, skipped)
-    groups = engine.groups
     summary = replace(
         summary,
         replicas=replicas,
@@ -252,42 +246,6 @@ def _write_report(
         ) from None
 
 
-def write_outputs(result: CollectResult, directory: Path) -> list[Path]:
-    """collect.json, then index.html rebuilt from it (also what `autotune report` calls)."""
-    from autotune.report import collect_report
-
-    saved = save(result, directory / RESULT_FILE)
-    return [saved, collect_report.write(result, directory)]
-
-
-def run_record(config: CollectConfig) -> dict[str, Any]:
-    """What makes this run's rollouts what they are, saved beside its output so that
-    `--resume` can refuse another run's file (see store.check_run); the model is added
-    once the target has named it."""
-    tasks: dict[str, Any]
-    if config.input is not None:
-        tasks = input_identity(config.input)
-    else:
-        spec = config.synthetic
-        tasks = {
-            "synthetic": {
-                "seed": spec.seed,
-                "prompt_tokens": [spec.prompt_tokens_mean, spec.prompt_tokens_std],
-                "output_tokens": [spec.output_tokens_mean, spec.output_tokens_std],
-            }
-        }
-    shard = config.shard
-    return {
-        "tasks": tasks,
-        "input": str(config.input) if config.input is not None else None,
-        "synthetic_tasks": None if config.input is not None else config.synthetic.num_tasks,
-        "verifier": config.verifier,
-        "num_repeats": config.num_repeats,
-        "limit": config.limit,
-        "shard": f"{shard.index}/{shard.count}" if shard is not None else None,
-    }
-
-
 def failure_gate(summary: CollectSummary, max_failure_rate: float) -> str | None:
     """Why a finished run fails its gate (none succeeded, or a larger share failed than
     `max_failure_rate`), as one sentence; None when it passes."""
@@ -346,53 +304,6 @@ def _summarise(
         tool_errors=sources.counters.tool_errors,
         tool_errors_treatment=config.tool_errors if config.tools is not None else None,
     )
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Runs a coroutine on uvloop where available (a faster loop for the client).
-
-    SIGTERM ends it as Ctrl-C does: it cancels the coroutine, so every `finally` on the
-    way out runs (the rollout file synced, verifier workers and launched servers
-    stopped), and only then takes its course: the CLI's handler (exit status 143), else
-    Python's default (the process ends). A second SIGTERM does not cut that short.
-    """
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None
-    try:
-        import uvloop
-    except ImportError:
-        loop_factory = None
-    else:
-        loop_factory = uvloop.new_event_loop
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or previous in (
-        signal.SIG_IGN,
-        None,  # a handler installed outside Python: leave it alone
-    ):
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(coro)
-    terminated = False
-
-    async def cancelled_by_sigterm() -> T:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-
-        def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            nonlocal terminated
-            if not terminated:
-                terminated = True
-                loop.call_soon_threadsafe(task.cancel)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
-        return await coro
-
-    try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(cancelled_by_sigterm())
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if terminated:
-            signal.raise_signal(signal.SIGTERM)
 
 
 def run_collect(config: CollectConfig, progress: Progress | None = None) -> CollectSummary:

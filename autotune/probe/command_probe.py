@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import CollectionError
-from autotune.probe.window import ProbeSettings, steady_window
 from autotune.results.probes import ProbeResult
 from autotune.servers.command import POLL_S, command_argv, run_to_completion
 from autotune.servers.launcher import last_error_line
 from autotune.stats import batch_means_rate
 from autotune.telemetry import GpuSampler, TelemetryRecorder, summarise
+from autotune.window import ProbeSettings, steady_window
 
 log = logging.getLogger("autotune")
 
