@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 NEMO_GYM_DATA = REPO.parent / "shared" / "data" / "nemo-gym"
 # InferenceX's real serving runs (Data from InferenceX (SemiAnalysis), Apache-2.0).
 INFERENCEX_TABLE = REPO.parent / "shared" / "data" / "perf" / "inferencex_runs.csv"
+# Real RL runs' step telemetry, each file naming its source.
+RL_RUNS = REPO.parent / "shared" / "data" / "rlruns"
 
 
 @pytest.fixture
@@ -28,6 +30,13 @@ def nemo_gym_data() -> Path:
     if not NEMO_GYM_DATA.is_dir():
         pytest.skip("the shared NeMo Gym example data is not beside this checkout")
     return NEMO_GYM_DATA
+
+
+@pytest.fixture
+def rl_runs() -> Path:
+    if not RL_RUNS.is_dir():
+        pytest.skip("the shared RL runs' telemetry is not beside this checkout")
+    return RL_RUNS
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from autotune import __version__
-from autotune.cli import bench, collect, diagnose, loop, merge, report, sim, sweep
+from autotune.cli import bench, collect, diagnose, doctor, loop, merge, report, sim, sweep
 from autotune.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="job", required=True, metavar="COMMAND")
-    for command in (collect, diagnose, loop, sweep, report, merge, bench, sim):
+    for command in (collect, diagnose, loop, sweep, doctor, report, merge, bench, sim):
         command.add_parser(commands)
     return parser
 

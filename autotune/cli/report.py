@@ -36,8 +36,10 @@ def add_parser(commands: Any) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from autotune.report.collect_report import write_outputs as collect_outputs
     from autotune.report.diagnose_report import write_outputs as diagnose_outputs
+    from autotune.report.doctor_report import write_outputs as doctor_outputs
     from autotune.report.loop_report import write_outputs as loop_outputs
     from autotune.results.diagnosis import DiagnoseResult
+    from autotune.results.doctor import DoctorResult
     from autotune.results.runs import CollectResult, LoopResult
     from autotune.results.saved import load_result
     from autotune.sweep.sweep_job import write_outputs as sweep_outputs
@@ -53,6 +55,8 @@ def run_command(args: argparse.Namespace) -> int:
         written = collect_outputs(result, directory)
     elif isinstance(result, LoopResult):
         written = loop_outputs(result, directory)
+    elif isinstance(result, DoctorResult):
+        written = doctor_outputs(result, directory)
     else:
         written = sweep_outputs(result, directory)
     if args.json:

@@ -7,10 +7,11 @@ from pathlib import Path
 from autotune.errors import UsageError
 from autotune.results.codec import SCHEMA_VERSION, ResultFormatError, read_json
 from autotune.results.diagnosis import DiagnoseResult
+from autotune.results.doctor import DoctorResult
 from autotune.results.runs import CollectResult, LoopResult
 from autotune.results.trials import SweepResult
 
-Saved = DiagnoseResult | SweepResult | CollectResult | LoopResult
+Saved = DiagnoseResult | SweepResult | CollectResult | LoopResult | DoctorResult
 
 
 SAVED_KINDS: dict[str, type[Saved]] = {
@@ -18,6 +19,7 @@ SAVED_KINDS: dict[str, type[Saved]] = {
     "sweep": SweepResult,
     "collect": CollectResult,
     "loop": LoopResult,
+    "doctor": DoctorResult,
 }
 
 
@@ -25,8 +27,8 @@ SAVED_FILES = {kind: f"{kind}.json" for kind in SAVED_KINDS}
 
 
 def load_result(path: Path) -> Saved:
-    """A saved diagnose, sweep, collect or loop result (the JSON file, or the directory
-    holding it)."""
+    """A saved diagnose, sweep, collect, loop or doctor result (the JSON file, or the
+    directory holding it)."""
     files = ", ".join(SAVED_FILES.values())
     if path.is_dir():
         found = [path / name for name in SAVED_FILES.values() if (path / name).exists()]
@@ -37,8 +39,8 @@ def load_result(path: Path) -> Saved:
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in SAVED_KINDS:
         raise ResultFormatError(
-            f"{path} is not a saved autotune result (no diagnose, sweep, collect or loop "
-            f"kind); pass the {files.replace(', loop', ' or loop')} a job wrote."
+            f"{path} is not a saved autotune result (no diagnose, sweep, collect, loop or "
+            f"doctor kind); pass the {files.replace(', doctor', ' or doctor')} a job wrote."
         )
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:

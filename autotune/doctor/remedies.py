@@ -1,0 +1,210 @@
+"""What each remedy would make of a run's step, predicted as an interval from its phases:
+asynchronous training at a split of the GPUs, generation on more GPUs, partial rollouts
+against the tail, and a weight sync at its wire floor; each with its framework's lines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autotune.doctor.anatomy import UNACCOUNTED, Anatomy
+from autotune.results.doctor import Remedy
+
+BYTES_PER_PARAMETER = 2  # bf16 weights on the wire
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What the log does not say and a prediction needs (each optional)."""
+
+    gpus: int | None = None  # the run's GPUs, generation and training together
+    split: tuple[int, int] | None = None  # (generating, training) GPUs for async training
+    colocated: bool = True  # the run generates and trains on the same GPUs
+    generation_s: Mapping[int, float] | None = None  # measured generation time by GPU count
+    params_b: float | None = None  # the model's parameters, billions
+    link_gbps: float | None = None  # the weight transfer's link, gigabits a second
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    low: float
+    high: float
+
+
+def remedies(anatomy: Anatomy, setup: Setup) -> tuple[list[Remedy], list[str]]:
+    """The remedies that apply, best predicted gain first, and why the others do not."""
+    phases = {figure.phase: figure.mean_s for figure in anatomy.phases}
+    step = anatomy.step.mean_s
+    found: list[Remedy] = []
+    skipped: list[str] = []
+    for make in (_asynchronous, _more_generation, _partial_rollouts, _weight_sync_floor):
+        remedy, why_not = make(anatomy, phases, step, setup)
+        if remedy is not None:
+            found.append(remedy)
+        elif why_not:
+            skipped.append(why_not)
+    return sorted(found, key=lambda remedy: remedy.gain, reverse=True), skipped
+
+
+def _remedy(
+    name: str, step: float, predicted: Interval, basis: str, assumptions: list[str],
+    lines: dict[str, str],
+) -> Remedy:  # fmt: skip
+    middle = (predicted.low + predicted.high) / 2
+    return Remedy(
+        name=name, step_s=middle, low_s=predicted.low, high_s=predicted.high,
+        gain=step / middle, gain_low=step / predicted.high, gain_high=step / predicted.low,
+        basis=basis, assumptions=assumptions, lines=lines,
+    )  # fmt: skip
+
+
+def generation_at(
+    gpus_now: int, gpus_then: int, seconds_now: float, setup: Setup
+) -> tuple[Interval, str]:
+    """Generation's time on `gpus_then` GPUs: measured there when given, else between no
+    change and linear scaling of `seconds_now` on `gpus_now`."""
+    measured = (setup.generation_s or {}).get(gpus_then)
+    if measured is not None:
+        return Interval(measured, measured), f"measured on {gpus_then} GPUs (--generation-s)"
+    ratio = gpus_now / gpus_then
+    bounds = sorted((seconds_now, seconds_now * ratio))
+    return (
+        Interval(bounds[0], bounds[1]),
+        f"between no change and linear scaling from {gpus_now} to {gpus_then} GPUs (no "
+        "generation time measured there: pass --generation-s GPUS=SECONDS)",
+    )
+
+
+def _asynchronous(
+    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
+) -> tuple[Remedy | None, str]:
+    """One step off: the next batch generates on `generating` GPUs while the trainer
+    trains on the rest, so a step is the longer of the two lanes plus what neither hides."""
+    if setup.gpus is None:
+        return None, "asynchronous training: pass --gpus (and --split G:T) to predict it"
+    if phases.get("waiting", 0.0) > 0:
+        return None, "asynchronous training: the run already overlaps generation (it waits)"
+    total = setup.gpus
+    splits = [setup.split] if setup.split else [(g, total - g) for g in _splits(total)]
+    generation = anatomy.generation_alone_s or phases.get("generation", 0.0)
+    training = phases.get("training", 0.0) + phases.get("logprobs", 0.0)
+    switch = phases.get("generation", 0.0) - generation if setup.colocated else 0.0
+    exposed = sum(
+        phases.get(p, 0.0) for p in ("reward", "weight_sync", "checkpoint", "overhead", UNACCOUNTED)
+    )
+    best: tuple[Interval, tuple[int, int], str] | None = None
+    for generating, training_gpus in splits:
+        gpus_before = total if setup.colocated else generating
+        lane, basis = generation_at(gpus_before, generating, generation, setup)
+        trainer_before = total if setup.colocated else training_gpus
+        trainer = Interval(training, training * trainer_before / training_gpus)
+        predicted = Interval(
+            max(lane.low, trainer.low) + exposed, max(lane.high, trainer.high) + exposed
+        )
+        if best is None or predicted.low + predicted.high < best[0].low + best[0].high:
+            best = (predicted, (generating, training_gpus), basis)
+    assert best is not None
+    predicted, (generating, training_gpus), basis = best
+    assumptions = [
+        f"{generating} GPUs generate and {training_gpus} train, one step apart",
+        f"training and log-probs ({training:.3g} s) scale between no change and linearly "
+        f"with the GPUs ({total if setup.colocated else training_gpus} → {training_gpus})",
+        f"reward, weight sync, checkpoints and the unaccounted rest ({exposed:.3g} s) stay "
+        "on the step",
+    ]
+    if switch > 0:
+        assumptions.append(
+            f"the colocated engines' wake-up and resharding ({switch:.3g} s) is gone: "
+            "generation no longer shares the trainer's GPUs"
+        )
+    lines = {
+        "verl": f"one_step_off_policy recipe: rollout.n_gpus_per_node={generating} "
+        f"trainer.n_gpus_per_node={training_gpus}",
+        "slime": f"train_async.py --rollout-num-gpus {generating} --actor-num-gpus-per-node "
+        f"{training_gpus} (without --colocate)",
+        "nemo_rl": "grpo.async_grpo.enabled=true grpo.async_grpo.max_trajectory_age_steps=1 "
+        "policy.generation.colocated.enabled=false "
+        f"policy.generation.colocated.resources.gpus_per_node={generating}",
+        "openrlhf": f"--train.async_enable --train.async_queue_size 1 --actor.num_gpus_per_node "
+        f"{training_gpus} (without --train.colocate_all)",
+    }
+    return _remedy(
+        "asynchronous training, one step off", step, predicted, basis, assumptions, lines
+    ), ""
+
+
+def _splits(total: int) -> list[int]:
+    """Generating GPU counts tried when no split is given: an eighth to a half."""
+    return sorted({max(1, total * k // 8) for k in (1, 2, 3, 4)})
+
+
+def _more_generation(
+    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
+) -> tuple[Remedy | None, str]:
+    """Twice the rollout engines (on twice the generating GPUs)."""
+    generation = phases.get("generation", 0.0)
+    if generation <= 0 or generation < 0.2 * step:
+        return None, "more rollout engines: generation is under a fifth of the step"
+    gpus = setup.gpus or 1
+    lane, basis = generation_at(gpus, 2 * gpus, generation, setup)
+    predicted = Interval(step - generation + lane.low, step - generation + lane.high)
+    return _remedy(
+        "twice the rollout engines", step, predicted, basis,
+        [f"generation ({generation:.3g} s) on twice the GPUs; the other phases unchanged"],
+        {
+            "verl": "actor_rollout_ref.rollout.tensor_model_parallel_size: the engines are "
+            "the rollout GPUs over it",
+            "slime": "--rollout-num-gpus (with --rollout-num-gpus-per-engine)",
+            "nemo_rl": "policy.generation.colocated.resources.gpus_per_node",
+            "openrlhf": "--vllm.num_engines (with --vllm.tensor_parallel_size)",
+        },
+    ), ""  # fmt: skip
+
+
+def _partial_rollouts(
+    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
+) -> tuple[Remedy | None, str]:
+    """Partial rollouts (or over-sampling): a step's generation stops near the time the
+    mean response needs, the longest carried over to the next step."""
+    tail = anatomy.tail
+    ratio = tail.slowest_over_mean or tail.max_over_mean
+    generation = phases.get("generation", 0.0)
+    if ratio is None or ratio <= 1.0 or generation <= 0:
+        return None, "partial rollouts: the log has no response-length or slowest-sample figure"
+    figure = "slowest sample's generation" if tail.slowest_over_mean else "longest response"
+    predicted = Interval(step - generation + generation / ratio, step)
+    return _remedy(
+        "partial rollouts against the tail", step, predicted,
+        f"between no gain and generation ending with the mean sample ({figure} ×{ratio:.2f} "
+        "the mean)",
+        ["the carried-over samples cost the next step nothing it would not spend anyway"],
+        {
+            "verl": "async_training.partial_rollout=True (fully async trainer)",
+            "slime": "--partial-rollout --over-sampling-batch-size",
+            "openrlhf": "--train.async_enable --train.partial_rollout_enable",
+        },
+    ), ""  # fmt: skip
+
+
+def _weight_sync_floor(
+    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
+) -> tuple[Remedy | None, str]:
+    """The weight sync at its wire floor: the weights' bytes over the link."""
+    sync = phases.get("weight_sync", 0.0) + phases.get("sleep_wake", 0.0)
+    if sync <= 0:
+        return None, ""
+    if setup.params_b is None or setup.link_gbps is None:
+        return None, "a faster weight sync: pass --params-b and --link-gbps for its wire floor"
+    floor = setup.params_b * 1e9 * BYTES_PER_PARAMETER * 8 / (setup.link_gbps * 1e9)
+    if floor >= sync:
+        return None, f"a faster weight sync: it takes {sync:.3g} s, at its floor ({floor:.3g} s)"
+    predicted = Interval(step - sync + floor, step)
+    return _remedy(
+        "weight sync at its wire floor", step, predicted,
+        f"{setup.params_b:g}B parameters in bf16 over {setup.link_gbps:g} Gb/s: {floor:.3g} s",
+        ["between today's sync and the wire floor"],
+        {
+            "slime": "--update-weight-buffer-size (larger buckets)",
+            "openrlhf": "--vllm.sync_backend nccl",
+        },
+    ), ""  # fmt: skip
