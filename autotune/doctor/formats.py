@@ -8,15 +8,17 @@ import csv
 import math
 import re
 import struct
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from autotune.doctor.names import lookup
+from autotune.doctor.names import PREFIXES, lookup, metric_names
 from autotune.errors import UsageError
 
 KNOWN_FORMATS = (
@@ -28,13 +30,6 @@ KNOWN_FORMATS = (
 TABLE_PREFIXES = ("timing_s/", "perf/")
 STEP_KEYS = ("step", "_step", "Step", "global_step", "training/global_step", "train/global_step")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-# A metric and its value as logs print them: `name:1.5`, `'name': 1.5`, `name=1.5`,
-# `• Total step time: 66.55s`.
-_PAIR = re.compile(rf"['\"]?([A-Za-z][\w/.\-]*(?: [A-Za-z][\w/.\-]*)*)['\"]?\s*[:=]\s*({_NUMBER})")
-# Where a log says a new step begins: verl's `step:3 -`, NeMo RL's `Step 3/10`,
-# OpenRLHF's `Global step 3:`, and tqdm's `3/1000 [.., 281.24s/it]` (TRL).
-_STEP_MARK = re.compile(r"(?:^|[\s)|])(?:step:(\d+)\b|Step (\d+)/\d+|Global step (\d+))")
-_TQDM = re.compile(r"\b(\d+)/\d+ \[[^\]]*?(" + _NUMBER + r")s/it")
 
 
 @dataclass(slots=True)
@@ -177,42 +172,113 @@ def _number(raw: Any) -> float | None:
 
 
 def _console(text: str) -> list[Step]:
-    """A console log: each known `name: value` pair; a step begins at a step mark (verl,
-    NeMo RL, OpenRLHF, tqdm), or, in a log without marks, where a name comes again or
-    another framework's names begin (a log that quotes another run beside its own)."""
-    marked = any(_STEP_MARK.search(line) or _TQDM.search(line) for line in text.splitlines())
+    """A console log: each of the table's names followed by a value; a step begins at a
+    step mark (verl, NeMo RL, OpenRLHF, tqdm), or, in a log without marks, where a name
+    comes again or another framework's names begin (a log quoting another run beside its
+    own). Lines starting with `#` are comments."""
+    marked = False  # a log with step marks starts a step only at one
     steps: list[Step] = []
     current: Step | None = None
-    for line in text.splitlines():
-        if line.lstrip().startswith("#"):
-            continue
-        tqdm = _TQDM.search(line)
-        if tqdm is not None:  # TRL: the step's time is tqdm's seconds an iteration
-            index = int(tqdm.group(1))
+    for _, kind, index, name, value in _events(text):
+        if kind == "tqdm":  # TRL: the step's time is tqdm's seconds an iteration
+            marked = True
             if current is None or current.index != index:
                 current = Step(index)
                 steps.append(current)
-            current.values["train_runtime_per_step"] = float(tqdm.group(2))
+            current.values[name] = value
             continue
-        mark = _STEP_MARK.search(line)
-        if mark is not None:
-            current = Step(int(next(g for g in mark.groups() if g is not None)))
+        if kind == "mark":
+            marked = True
+            current = Step(index)
             steps.append(current)
-        for name, value in _PAIR.findall(line):
-            found = lookup(name.strip())
-            if found is None:
-                continue
-            if current is None or (
-                not marked
-                and (
-                    found.name in current.values
-                    or _framework(current) not in (None, found.framework)
-                )
-            ):
-                current = Step(steps[-1].index + 1 if steps else 1)
-                steps.append(current)
-            current.values[found.name] = float(value)
+            continue
+        found = lookup(name)
+        if found is None:
+            continue
+        if current is None or (
+            not marked
+            and (found.name in current.values or _framework(current) not in (None, found.framework))
+        ):
+            current = Step(steps[-1].index + 1 if steps else 1)
+            steps.append(current)
+        current.values[found.name] = value
     return [step for step in steps if step.values]
+
+
+Event = tuple[int, str, int, str, float]  # where, what, a step's index, a name, its value
+_MARKS = (  # where a step begins
+    re.compile(r"step:(\d+)\b"),  # verl
+    re.compile(r"Step (\d+)/\d+"),  # NeMo RL
+    re.compile(r"Global step (\d+)"),  # OpenRLHF
+)
+_TQDM = re.compile(rf"\b(\d+)/\d+ \[[^\]\n]*?({_NUMBER})s/it")  # TRL's step time
+_COMMENTS = re.compile(r"^[ \t]*#.*$", re.M)
+_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/.-")
+
+
+def _events(text: str) -> list[Event]:
+    """Every step mark and every table name with its value, in the text's order: one
+    pass of one pattern, the table's names as a trie (a long log is read at the pace of
+    the regex's first-character scan); a name at a word's start, or after a logger's
+    prefix, counts."""
+    found: list[Event] = [
+        (pair.start(), "pair", 0, pair[1], float(pair[2]))
+        for pair in _pairs().finditer(text)
+        if not pair.start() or text[pair.start() - 1] not in _WORD or _prefixed(text, pair.start())
+    ]
+    for pattern in _MARKS:
+        for mark in pattern.finditer(text):
+            if not mark.start() or text[mark.start() - 1] not in _WORD:
+                found.append((mark.start(), "mark", int(mark[1]), "", 0.0))
+    if "s/it" in text:
+        for bar in _TQDM.finditer(text):
+            found.append(
+                (bar.start(), "tqdm", int(bar[1]), "train_runtime_per_step", float(bar[2]))
+            )
+    found.sort()
+    if "#" in text:
+        comments = [(m.start(), m.end()) for m in _COMMENTS.finditer(text)]
+        starts = [start for start, _ in comments]
+        found = [event for event in found if not _inside(event[0], starts, comments)]
+    return found
+
+
+@cache
+def _pairs() -> re.Pattern[str]:
+    """A table name (the longest that fits) and the number after it: `name:1.5`,
+    `'name': 1.5`, `name=1.5`, `• Total step time: 66.55s`."""
+    return re.compile(rf"({_trie(list(metric_names()))})['\"]?[ \t]*[:=][ \t]*({_NUMBER})")
+
+
+def _trie(words: list[str]) -> str:
+    """A regex of `words` as a trie: alternatives share their prefixes, so a position
+    that starts none of them fails at its first character."""
+    children: dict[str, list[str]] = {}
+    ends = False
+    for word in words:
+        if word:
+            children.setdefault(word[0], []).append(word[1:])
+        else:
+            ends = True
+    branches = [re.escape(first) + _trie(rest) for first, rest in sorted(children.items())]
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+    return f"(?:{body})?" if ends else body
+
+
+def _prefixed(text: str, at: int) -> bool:
+    """Whether a logger's prefix (`train/`, `timing/train/`) at a word's start ends at `at`."""
+    for prefix in PREFIXES:
+        begins = at - len(prefix)
+        if begins >= 0 and text.startswith(prefix, begins):
+            return not begins or text[begins - 1] not in _WORD
+    return False
+
+
+def _inside(at: int, starts: list[int], spans: list[tuple[int, int]]) -> bool:
+    index = bisect_right(starts, at) - 1
+    return index >= 0 and spans[index][0] <= at < spans[index][1]
 
 
 def _framework(step: Step) -> str | None:
@@ -224,11 +290,12 @@ def _framework(step: Step) -> str | None:
 def _named(path: Path, kind: str, steps: list[Step]) -> ParsedRun:
     """The run with its framework, the one most of its steps belong to (the first of a
     tie); steps of another framework (a log quoting another run) are left out, and said."""
-    counts = Counter(_framework(step) for step in steps)
+    of_step = [_framework(step) for step in steps]
+    counts = Counter(of_step)
     framework = counts.most_common(1)[0][0] if counts else None
-    own = [step for step in steps if _framework(step) == framework]
+    own = [step for step, of in zip(steps, of_step, strict=True) if of == framework]
     run = ParsedRun(str(path), f"{framework} {kind}", framework or "unknown", own)
-    others = Counter(_framework(step) for step in steps if _framework(step) != framework)
+    others = Counter(of for of in of_step if of != framework)
     for other, count in others.items():
         run.notes.append(
             f"{count} step(s) of {other} figures in the same file left out: the file quotes "

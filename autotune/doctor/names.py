@@ -47,6 +47,7 @@ def metric_names() -> dict[str, MetricName]:
     return {row["name"]: MetricName(**row) for row in rows}  # type: ignore[arg-type]
 
 
+@cache
 def lookup(name: str) -> MetricName | None:
     """The table's row for a metric as a log spells it: itself, or without a logger's
     prefix (W&B's `train/`, NeMo RL's `timing/train/`)."""
