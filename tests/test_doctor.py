@@ -264,3 +264,26 @@ def test_follow_prints_a_line_a_step_as_the_log_grows(tmp_path: Path) -> None:
         out, err = follower.communicate(timeout=30)
     assert follower.returncode == 0, err
     assert "read as    verl console log, 3 step(s)" in out
+
+
+@pytest.mark.slow
+@pytest.mark.measures
+def test_the_loop_replays_a_parsed_run_and_its_what_if_agrees_with_the_doctor(
+    rl_runs: Path,
+) -> None:
+    """verl's synchronous FSDP2 run (749 s a step) replayed by the loop on the simulator,
+    then one step off on 4 + 12 GPUs at both ends of the doctor's interval."""
+    done = autotune(
+        "loop", "--replay", str(rl_runs / TABLE), "--run", "1", "--gpus", "16",
+        "--split", "4:12", "--generation-s", "4=458", "--json", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = orjson.loads(done.stdout)
+    assert figures["logged_step_s"] == 749
+    assert abs(figures["replayed_step_s"] / 749 - 1) <= 0.05, figures
+    what_if = figures["what_if"]
+    assert what_if["split"] == [4, 12]
+    for predicted, replayed in zip(what_if["predicted_s"], what_if["replayed_s"], strict=True):
+        assert abs(replayed / predicted - 1) <= 0.05, what_if
+    asynchronous = autotune("loop", "--replay", str(rl_runs / TABLE), "--run", "2")
+    assert "is an asynchronous run" in one_sentence_error(asynchronous)

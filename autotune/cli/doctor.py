@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.cli.common import add_json, add_output_dir, add_quiet, epilog, print_result
 from autotune.errors import AutotuneError, UsageError
+
+if TYPE_CHECKING:
+    from autotune.doctor.remedies import Setup
 
 
 def _split(text: str) -> tuple[int, int]:
@@ -54,27 +57,9 @@ def _count(text: str) -> int:
     return value
 
 
-def add_parser(commands: Any) -> None:
-    doctor = commands.add_parser(
-        "doctor",
-        help="read an RL run's own telemetry: where its step time goes, what would help",
-        epilog=epilog(),
-    )
-    doctor.add_argument(
-        "run",
-        type=Path,
-        metavar="RUN",
-        help="the run's console log, JSONL metrics, W&B export (CSV or JSON), TensorBoard "
-        "folder, or a Markdown table of runs",
-    )
-    doctor.add_argument(
-        "--run",
-        dest="run_index",
-        type=_count,
-        metavar="K",
-        help="which run of a table of runs (default: the first)",
-    )
-    setup = doctor.add_argument_group("the run's setup, for the remedies' predictions")
+def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a log does not say and a remedy's prediction needs (doctor, loop --replay)."""
+    setup = parser.add_argument_group("the run's setup, for the remedies' predictions")
     setup.add_argument(
         "--gpus",
         type=_count,
@@ -115,6 +100,48 @@ def add_parser(commands: Any) -> None:
         metavar="GBPS",
         help="the weight transfer's link, gigabits a second",
     )
+
+
+def setup_of(args: argparse.Namespace) -> Setup:
+    """The setup the flags describe; a split that needs more GPUs than --gpus is refused."""
+    from autotune.doctor.remedies import Setup
+
+    if args.split is not None and args.gpus is not None and sum(args.split) > args.gpus:
+        raise UsageError(
+            f"--split {args.split[0]}:{args.split[1]} needs {sum(args.split)} GPUs and "
+            f"--gpus is {args.gpus}; pass a split within them."
+        )
+    return Setup(
+        gpus=args.gpus,
+        split=args.split,
+        colocated=not args.separate,
+        generation_s=dict(args.generation_s),
+        params_b=args.params_b,
+        link_gbps=args.link_gbps,
+    )
+
+
+def add_parser(commands: Any) -> None:
+    doctor = commands.add_parser(
+        "doctor",
+        help="read an RL run's own telemetry: where its step time goes, what would help",
+        epilog=epilog(),
+    )
+    doctor.add_argument(
+        "run",
+        type=Path,
+        metavar="RUN",
+        help="the run's console log, JSONL metrics, W&B export (CSV or JSON), TensorBoard "
+        "folder, or a Markdown table of runs",
+    )
+    doctor.add_argument(
+        "--run",
+        dest="run_index",
+        type=_count,
+        metavar="K",
+        help="which run of a table of runs (default: the first)",
+    )
+    add_setup_arguments(doctor)
     doctor.add_argument(
         "--follow",
         action="store_true",
@@ -128,23 +155,10 @@ def add_parser(commands: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from autotune.doctor.doctor_job import doctor, follow, pick_run
-    from autotune.doctor.remedies import Setup
     from autotune.report.doctor_report import doctor_text, write_outputs
     from autotune.results.codec import to_json
 
-    setup = Setup(
-        gpus=args.gpus,
-        split=args.split,
-        colocated=not args.separate,
-        generation_s=dict(args.generation_s),
-        params_b=args.params_b,
-        link_gbps=args.link_gbps,
-    )
-    if args.split is not None and args.gpus is not None and sum(args.split) > args.gpus:
-        raise UsageError(
-            f"--split {args.split[0]}:{args.split[1]} needs {sum(args.split)} GPUs and "
-            f"--gpus is {args.gpus}; pass a split within them."
-        )
+    setup = setup_of(args)
     if args.follow:
         try:
             for _ in follow(args.run, lambda line: print_result(line)):

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from autotune.cli.common import (
@@ -19,6 +20,7 @@ from autotune.cli.common import (
     positive_int,
     print_result,
 )
+from autotune.cli.doctor import add_setup_arguments, setup_of
 from autotune.cli.options import add_options, spec_of
 from autotune.cli.run_args import (
     RUN_DEFAULTS,
@@ -64,6 +66,19 @@ def add_parser(commands: Any) -> None:
         "--no-output", action="store_true", help="measure only: keep no rollout (nothing written)"
     )
     add_metrics_arguments(run, "the loop")
+    replayed = loop.add_argument_group("a real run replayed (its lanes replace the above)")
+    replayed.add_argument(
+        "--replay",
+        type=Path,
+        metavar="RUN",
+        help="a run's log or metrics (as `autotune doctor` reads them): its synchronous "
+        "step replayed on the simulator, and with --gpus asynchronous training as a what-if",
+    )
+    replayed.add_argument(
+        "--run", dest="run_index", type=positive_int, metavar="K",
+        help="which run of a table of runs (default: the first)",
+    )  # fmt: skip
+    add_setup_arguments(loop)
     add_json(run, "the loop's summary")
     add_quiet(run)
     loop.set_defaults(
@@ -76,6 +91,8 @@ def add_parser(commands: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        return _replay(args)
     from autotune.report.loop_report import RESULT_FILE, write_outputs
     from autotune.report.terminal import loop_summary_text
     from autotune.rl.loop_job import run_loop
@@ -115,3 +132,81 @@ def run_command(args: argparse.Namespace) -> int:
         if args.output_dir is not None and not args.no_output and not args.quiet:
             print(f"files: {args.output_dir}/", file=sys.stderr)
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """The run's synchronous step replayed on the simulator by the loop's trainer stand-in,
+    and asynchronous training at --gpus' split as a what-if, each lane as the doctor
+    predicts it at both ends of its interval."""
+    from autotune.doctor.anatomy import dissect
+    from autotune.doctor.doctor_job import pick_run
+    from autotune.doctor.remedies import asynchronous_lanes, run_lanes
+    from autotune.processes.event_loop import run_async
+    from autotune.rl.replay import Lanes, calibrate, replay
+
+    setup = setup_of(args)
+    run, _ = pick_run(args.replay, args.run_index)
+    anatomy = dissect(run)
+    if any(figure.phase == "waiting" for figure in anatomy.phases):
+        raise UsageError(
+            f"{args.replay} is an asynchronous run (its trainer waits on generation): --replay "
+            "reproduces a synchronous one; pass its synchronous run."
+        )
+    today = Lanes(**run_lanes(anatomy))
+    what_if = asynchronous_lanes(anatomy, setup)
+
+    async def replays() -> dict[str, Any]:
+        batch_time = await calibrate()
+        replayed = await replay(today, batch_time)
+        figures: dict[str, Any] = {
+            "run": run.source,
+            "logged_step_s": anatomy.step.mean_s,
+            "replayed_step_s": replayed.step_s,
+        }
+        if not isinstance(what_if, str):
+            ends = [
+                await replay(
+                    Lanes(generation.low if low else generation.high, trainer, what_if.exposed_s),
+                    batch_time, "async", scale_from=today,
+                )
+                for low, generation, trainer in (
+                    (True, what_if.generation, what_if.trainer.low),
+                    (False, what_if.generation, what_if.trainer.high),
+                )
+            ]  # fmt: skip
+            figures["what_if"] = {
+                "name": "asynchronous training, one step off",
+                "split": list(what_if.split),
+                "predicted_s": [what_if.step.low, what_if.step.high],
+                "replayed_s": [end.step_s for end in ends],
+                "generation": what_if.basis,
+            }
+        return figures
+
+    figures = run_async(replays())
+    print_result(to_json(figures).decode() if args.json else _replay_text(figures, what_if))
+    return 0
+
+
+def _replay_text(figures: dict[str, Any], what_if: Any) -> str:
+    logged, replayed = figures["logged_step_s"], figures["replayed_step_s"]
+    lines = [
+        f"run        {figures['run']}",
+        f"replayed   synchronous: {replayed:.4g} s a step on the simulator against the log's "
+        f"{logged:.4g} s ({replayed / logged - 1:+.1%})",
+    ]
+    if "what_if" in figures:
+        found = figures["what_if"]
+        (low, high), (ran_low, ran_high) = found["predicted_s"], found["replayed_s"]
+        middle, ran = (low + high) / 2, (ran_low + ran_high) / 2
+        generating, training = found["split"]
+        lines += [
+            f"what-if    {found['name']}, {generating} generating and {training} training GPUs:",
+            f"           the doctor predicts {low:.4g}–{high:.4g} s (midpoint {middle:.4g}); "
+            f"the loop ran {ran_low:.4g}–{ran_high:.4g} s (midpoint {ran:.4g}, "
+            f"{ran / middle - 1:+.1%})",
+            f"           generation: {found['generation']}",
+        ]
+    else:
+        lines.append(f"note: {what_if}")
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotune.doctor.anatomy import UNACCOUNTED, Anatomy
+from autotune.doctor.anatomy import Anatomy
 from autotune.results.doctor import Remedy
 
 BYTES_PER_PARAMETER = 2  # bf16 weights on the wire
@@ -75,44 +75,82 @@ def generation_at(
     )
 
 
-def _asynchronous(
-    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
-) -> tuple[Remedy | None, str]:
-    """One step off: the next batch generates on `generating` GPUs while the trainer
-    trains on the rest, so a step is the longer of the two lanes plus what neither hides."""
+@dataclass(frozen=True, slots=True)
+class AsyncLanes:
+    """Asynchronous training at a split: each lane's seconds a step at the interval's two
+    ends (the generating GPUs' and the trainer's), and what neither hides."""
+
+    split: tuple[int, int]
+    generation: Interval
+    trainer: Interval
+    exposed_s: float
+    basis: str
+
+    @property
+    def step(self) -> Interval:
+        low = max(self.generation.low, self.trainer.low) + self.exposed_s
+        return Interval(low, max(self.generation.high, self.trainer.high) + self.exposed_s)
+
+
+def asynchronous_lanes(anatomy: Anatomy, setup: Setup) -> AsyncLanes | str:
+    """One step off: the next batch generates on G GPUs while the trainer trains on the
+    other T, so a step is the longer lane plus what neither hides; the best split when
+    none is given. A string: why it does not apply."""
+    phases = {figure.phase: figure.mean_s for figure in anatomy.phases}
+    today = run_lanes(anatomy)
     if setup.gpus is None:
-        return None, "asynchronous training: pass --gpus (and --split G:T) to predict it"
+        return "asynchronous training: pass --gpus (and --split G:T) to predict it"
     if phases.get("waiting", 0.0) > 0:
-        return None, "asynchronous training: the run already overlaps generation (it waits)"
+        return "asynchronous training: the run already overlaps generation (it waits)"
     total = setup.gpus
     splits = [setup.split] if setup.split else [(g, total - g) for g in _splits(total)]
     generation = anatomy.generation_alone_s or phases.get("generation", 0.0)
-    training = phases.get("training", 0.0) + phases.get("logprobs", 0.0)
-    switch = phases.get("generation", 0.0) - generation if setup.colocated else 0.0
-    exposed = sum(
-        phases.get(p, 0.0) for p in ("reward", "weight_sync", "checkpoint", "overhead", UNACCOUNTED)
-    )
-    best: tuple[Interval, tuple[int, int], str] | None = None
+    trainer = today["trainer_s"]
+    # Apart, the engines no longer sleep and wake for the trainer.
+    exposed = today["exposed_s"] - (phases.get("sleep_wake", 0.0) if setup.colocated else 0.0)
+    best: AsyncLanes | None = None
     for generating, training_gpus in splits:
         gpus_before = total if setup.colocated else generating
         lane, basis = generation_at(gpus_before, generating, generation, setup)
         trainer_before = total if setup.colocated else training_gpus
-        trainer = Interval(training, training * trainer_before / training_gpus)
-        predicted = Interval(
-            max(lane.low, trainer.low) + exposed, max(lane.high, trainer.high) + exposed
-        )
-        if best is None or predicted.low + predicted.high < best[0].low + best[0].high:
-            best = (predicted, (generating, training_gpus), basis)
+        trainer_lane = Interval(trainer, trainer * trainer_before / training_gpus)
+        lanes = AsyncLanes((generating, training_gpus), lane, trainer_lane, exposed, basis)
+        if best is None or lanes.step.low + lanes.step.high < best.step.low + best.step.high:
+            best = lanes
     assert best is not None
-    predicted, (generating, training_gpus), basis = best
+    return best
+
+
+def run_lanes(anatomy: Anatomy) -> dict[str, float]:
+    """The run's step as three lanes: generation, the trainer's passes (training and
+    log-probs), and what neither hides (the step less both)."""
+    phases = {figure.phase: figure.mean_s for figure in anatomy.phases}
+    generation = phases.get("generation", 0.0) + phases.get("waiting", 0.0)
+    trainer = phases.get("training", 0.0) + phases.get("logprobs", 0.0)
+    return {
+        "generation_s": generation,
+        "trainer_s": trainer,
+        "exposed_s": anatomy.step.mean_s - generation - trainer,
+    }
+
+
+def _asynchronous(
+    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
+) -> tuple[Remedy | None, str]:
+    lanes = asynchronous_lanes(anatomy, setup)
+    if isinstance(lanes, str):
+        return None, lanes
+    today = run_lanes(anatomy)
+    (generating, training_gpus), trainer = lanes.split, today["trainer_s"]
+    switch = today["generation_s"] - (anatomy.generation_alone_s or today["generation_s"])
     assumptions = [
         f"{generating} GPUs generate and {training_gpus} train, one step apart",
-        f"training and log-probs ({training:.3g} s) scale between no change and linearly "
-        f"with the GPUs ({total if setup.colocated else training_gpus} → {training_gpus})",
-        f"reward, weight sync, checkpoints and the unaccounted rest ({exposed:.3g} s) stay "
-        "on the step",
+        f"training and log-probs ({trainer:.3g} s) scale between no change and linearly "
+        f"with the GPUs ({setup.gpus if setup.colocated else training_gpus} → {training_gpus})",
+        f"reward, weight sync, checkpoints and the unaccounted rest ({lanes.exposed_s:.3g} s) "
+        "stay on the step; a colocated engine's sleep and wake-up go",
     ]
-    if switch > 0:
+    if setup.colocated and switch > 0:
         assumptions.append(
             f"the colocated engines' wake-up and resharding ({switch:.3g} s) is gone: "
             "generation no longer shares the trainer's GPUs"
@@ -128,9 +166,8 @@ def _asynchronous(
         "openrlhf": f"--train.async_enable --train.async_queue_size 1 --actor.num_gpus_per_node "
         f"{training_gpus} (without --train.colocate_all)",
     }
-    return _remedy(
-        "asynchronous training, one step off", step, predicted, basis, assumptions, lines
-    ), ""
+    name = "asynchronous training, one step off"
+    return _remedy(name, step, lanes.step, lanes.basis, assumptions, lines), ""
 
 
 def _splits(total: int) -> list[int]:

@@ -1,0 +1,111 @@
+"""A real run's step replayed by the RL loop on the simulator: its generation, its trainer's
+passes and what neither hides, in time compressed to a second or two a step; and what-ifs
+(asynchronous training at another split of the GPUs) run in the same lanes."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
+from autotune.config.rl_specs import LoopMode, LoopSpec
+from autotune.results.runs import LoopSummary
+from autotune.rl.loop_job import loop
+from autotune.servers.launcher import ServerSpec
+
+GROUPS, SAMPLES, TOKENS = 4, 4, 64  # a step's batch: B groups of n samples, fixed lengths
+STEP_S = 1.5  # a replayed step lasts about this long
+CALIBRATION_SCALES = (0.1, 0.4)  # the simulator's time scales a batch is timed at
+STEPS = 6
+
+
+BatchTime = tuple[float, float]  # a batch's seconds per unit of time scale, a fixed part
+
+
+@dataclass(frozen=True, slots=True)
+class Lanes:
+    """One step of a run, seconds: its generation, its trainer's passes (training and
+    log-probs), and what neither hides (reward, weight sync, checkpoints, the rest)."""
+
+    generation_s: float
+    trainer_s: float
+    exposed_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.generation_s + self.trainer_s + self.exposed_s
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    mode: LoopMode
+    lanes: Lanes
+    step_s: float  # the loop's median step, in the run's seconds
+    summary: LoopSummary
+
+
+async def replay(
+    lanes: Lanes, batch_time: BatchTime, mode: LoopMode = "sync", scale_from: Lanes | None = None
+) -> Replayed:
+    """The lanes run by the loop's trainer stand-in on a fresh simulator, `mode` (async: one
+    step ahead); its median step back in the run's seconds. `scale_from`: the lanes whose
+    step sets the compression (a what-if is compressed as the run it changes)."""
+    compress = STEP_S / (scale_from or lanes).step_s
+    per_scale, overhead = batch_time
+    scale = max(1e-4, (lanes.generation_s * compress - overhead) / per_scale)
+    spec = LoopSpec.model_validate(
+        {
+            "mode": mode,
+            "batch_groups": GROUPS,
+            "steps": STEPS,
+            "train_s": ("fixed", lanes.trainer_s * compress, 0.0),
+            "sync_s": ("fixed", lanes.exposed_s * compress, 0.0),
+            **({"max_ahead": GROUPS} if mode == "async" else {}),
+        }
+    )
+    async with _simulator(scale) as base_url:
+        summary = await loop(_config(base_url), spec)
+    return Replayed(mode, lanes, _period(summary) / compress, summary)
+
+
+async def calibrate() -> BatchTime:
+    """A batch's generation time as seconds per unit of time scale and a fixed part (the
+    client's and the server's own work), from batches timed at two time scales."""
+    times = []
+    for scale in CALIBRATION_SCALES:
+        async with _simulator(scale) as base_url:
+            summary = await loop(
+                _config(base_url),
+                LoopSpec(batch_groups=GROUPS, steps=4, train_s=("fixed", 0.0, 0.0)),
+            )
+        times.append(statistics.median(step.wait_s for step in summary.steps[1:]))
+    (low, high), (t_low, t_high) = CALIBRATION_SCALES, times
+    per_scale = max(1e-6, (t_high - t_low) / (high - low))
+    return per_scale, max(0.0, t_low - per_scale * low)
+
+
+@asynccontextmanager
+async def _simulator(time_scale: float) -> AsyncIterator[str]:
+    spec = ServerSpec.sim(["--time-scale", f"{time_scale:.6g}"], startup_timeout_s=30.0)
+    async with spec.process():
+        yield spec.base_url or ""
+
+
+def _config(base_url: str) -> CollectConfig:
+    return CollectConfig(
+        target=TargetConfig(base_url=base_url),
+        synthetic=SyntheticWorkload(num_tasks=64, output_tokens_mean=TOKENS, output_tokens_std=0),
+        num_repeats=SAMPLES,
+        verifier="synthetic",
+        progress=False,
+    )
+
+
+def _period(summary: LoopSummary) -> float:
+    """The median time from one step's training start to the next's, the first two left
+    out (the asynchronous queue fills)."""
+    starts = [step.train_start for step in summary.steps]
+    return statistics.median(b - a for a, b in itertools.pairwise(starts[2:]))
