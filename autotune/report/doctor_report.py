@@ -135,7 +135,7 @@ def _remedy_parts(remedies: list[Remedy]) -> list[str]:
     if not remedies:
         return [html.paragraph("No remedy applies with what the log and the flags say.")]
     table = html.table(
-        ["remedy", "step s", "95% low", "95% high", "gain", "generation predicted"],
+        ["remedy", "step s", "95% low", "95% high", "gain", "predicted from"],
         [[r.name, r.step_s, r.low_s, r.high_s, f"×{r.gain:.2f}", r.basis] for r in remedies],
     )
     details = [
