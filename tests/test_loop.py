@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import re
 import statistics
 import sys
@@ -27,6 +26,7 @@ from autotune.config.collection import CollectConfig, LiveConfig, SyntheticWorkl
 from autotune.config.rl_specs import LoopSpec
 from autotune.results.runs import LoopSummary
 from autotune.rl.loop_job import loop
+from autotune.rl.replay import step_period
 from autotune.rl.trainer import LEDGER_FILE
 from tests.helpers import SimProcess, autotune, free_port, one_sentence_error
 
@@ -43,13 +43,6 @@ def _config(base_url: str, output: Path | None = None) -> CollectConfig:
         output=output,
         progress=False,
     )
-
-
-def _period(summary: LoopSummary, skip: int = 1) -> float:
-    """The median time from one step's training start to the next's, after `skip` steps
-    that fill the queue."""
-    starts = [step.train_start for step in summary.steps]
-    return statistics.median(b - a for a, b in itertools.pairwise(starts[skip:]))
 
 
 def _lines(path: Path) -> list[dict]:
@@ -76,10 +69,12 @@ async def test_a_synchronous_step_takes_generation_plus_training_plus_sync(
         generation = await _generation_s(sim.base_url)
         summary = await _loop(sim.base_url, train_s=0.6, sync_s=0.3)
     assert 0.5 < generation < 1.0
-    assert _period(summary, skip=0) == pytest.approx(generation + 0.6 + 0.3, rel=0.05)
+    assert step_period(summary, skip=0) == pytest.approx(generation + 0.6 + 0.3, rel=0.05)
     assert summary.trained_samples == 6 * GROUPS * SAMPLES
     assert set(summary.staleness_histogram) == {"0"}  # on-policy: every sample version 0 behind
-    assert summary.trainer_idle_share == pytest.approx(generation / _period(summary, 0), rel=0.1)
+    assert summary.trainer_idle_share == pytest.approx(
+        generation / step_period(summary, 0), rel=0.1
+    )
 
 
 @pytest.mark.slow
@@ -97,7 +92,7 @@ async def test_the_asynchronous_mode_runs_at_the_pace_of_the_slower_side(
         summary = await _loop(sim.base_url, mode="async", train_s=train_s, sync_s=0.2, steps=7)
     slower = max(generation, train_s)
     assert (generation < train_s) == (bound == "training")
-    assert _period(summary) == pytest.approx(slower + 0.2, rel=0.05)
+    assert step_period(summary, skip=1) == pytest.approx(slower + 0.2, rel=0.05)
     rate = GROUPS * SAMPLES / (slower + 0.2)
     steady = [s for s in summary.steps if s.index >= 1]
     measured = sum(s.samples for s in steady[1:]) / (steady[-1].train_start - steady[0].train_start)

@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.common import add_json, add_output_dir, add_quiet, epilog, print_result
+from autotune.cli.common import (
+    add_json,
+    add_output_dir,
+    add_quiet,
+    epilog,
+    positive,
+    positive_int,
+    print_result,
+)
 from autotune.errors import AutotuneError, UsageError
 
 if TYPE_CHECKING:
@@ -37,32 +45,12 @@ def _generation(text: str) -> tuple[int, float]:
     return measured
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
 def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     """What a log does not say and a remedy's prediction needs (doctor, loop --replay)."""
     setup = parser.add_argument_group("the run's setup, for the remedies' predictions")
     setup.add_argument(
         "--gpus",
-        type=_count,
+        type=positive_int,
         metavar="N",
         help="the GPUs the run uses, generation and training together",
     )
@@ -90,13 +78,13 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     )
     setup.add_argument(
         "--params-b",
-        type=_positive,
+        type=positive,
         metavar="B",
         help="the model's parameters, billions (the weight sync's wire floor)",
     )
     setup.add_argument(
         "--link-gbps",
-        type=_positive,
+        type=positive,
         metavar="GBPS",
         help="the weight transfer's link, gigabits a second",
     )
@@ -137,7 +125,7 @@ def add_parser(commands: Any) -> None:
     doctor.add_argument(
         "--run",
         dest="run_index",
-        type=_count,
+        type=positive_int,
         metavar="K",
         help="which run of a table of runs (default: the first)",
     )

@@ -68,7 +68,7 @@ async def replay(
     )
     async with _simulator(scale) as base_url:
         summary = await loop(_config(base_url), spec)
-    return Replayed(mode, lanes, _period(summary) / compress, summary)
+    return Replayed(mode, lanes, step_period(summary) / compress, summary)
 
 
 async def calibrate() -> BatchTime:
@@ -104,8 +104,8 @@ def _config(base_url: str) -> CollectConfig:
     )
 
 
-def _period(summary: LoopSummary) -> float:
-    """The median time from one step's training start to the next's, the first two left
-    out (the asynchronous queue fills)."""
+def step_period(summary: LoopSummary, skip: int = 2) -> float:
+    """The median time from one step's training start to the next's, after `skip` steps
+    (while the asynchronous queue fills)."""
     starts = [step.train_start for step in summary.steps]
-    return statistics.median(b - a for a, b in itertools.pairwise(starts[2:]))
+    return statistics.median(b - a for a, b in itertools.pairwise(starts[skip:]))
