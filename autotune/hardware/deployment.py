@@ -73,9 +73,10 @@ class _Parser(argparse.ArgumentParser):
 SHORT_FLAGS = {"tensor_parallel_size": "-tp"}  # vLLM's short spellings
 
 
-def add_knob_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per server knob, as ServerKnobs declares it (type, default, meaning)."""
-    for name in SERVER_KNOBS:
+def add_knob_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """One flag per server knob of `names`, as ServerKnobs declares it (type, default,
+    meaning)."""
+    for name in names:
         spelled = [flag_name(name), *([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])]
         default, help = getattr(KNOBS, name), knob(name).help
         kind = ServerKnobs.model_fields[name].annotation
@@ -113,7 +114,14 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         help="step with the coefficients `autotune sim calibrate` fitted to measured runs "
         "(its GPU and model unless --gpu and --model name the same)",
     )
-    add_knob_flags(p)
+    # The engines' layout, the cache, memory and batching (a knob declared later too),
+    # then the context, as these flags have always been listed; each made from ServerKnobs.
+    layout, cache, context = (
+        ("tensor_parallel_size",),
+        ("enable_prefix_caching",),
+        ("max_model_len",),
+    )
+    add_knob_flags(p, layout)
     p.add_argument(
         "--data-parallel-size",
         "-dp",
@@ -122,7 +130,10 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         help="engines of --tensor-parallel-size GPUs each behind this one server "
         "(requests go to the least loaded)",
     )
+    add_knob_flags(p, cache)
+    add_knob_flags(p, [name for name in SERVER_KNOBS if name not in (*layout, *cache, *context)])
     p.add_argument("--block-size", type=int, default=16, help="KV cache block, in tokens")
+    add_knob_flags(p, context)
     p.add_argument("--host", default="127.0.0.1", help="the interface to listen on")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument(

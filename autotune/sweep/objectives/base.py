@@ -94,6 +94,9 @@ class EngineObjective(Generic[S]):
     # study's `objective` bound the recommendation states ("max_step_s").
     recommended_figures: ClassVar[tuple[str, ...]]
     bound: ClassVar[str]
+    # The validation run as the report says it: what ran again, its value's unit, and
+    # the limits it must also keep.
+    rerun: ClassVar[tuple[str, str, str]]
 
     async def measure(self, probe: EngineProbe, study: Study, knobs: dict[str, Any]) -> S:
         raise NotImplementedError
@@ -284,6 +287,13 @@ class EngineObjective(Generic[S]):
         summary: S | None = getattr(outcome, self.summary_field)
         assert summary is not None
         return self.figures_text(outcome.value or 0.0, summary)
+
+    def validation_note(self, verdict: str) -> str:
+        what, unit, limits = self.rerun
+        return (
+            f"The recommended {what} ran again on a fresh server before it was recommended; "
+            f"the run {verdict}. It must keep 80% of the trial's {unit}, {limits}."
+        )
 
     def summary_lines(self, result: SweepResult, recommended: Any) -> list[str]:
         """The best configuration, what was recommended on it, the validation and the

@@ -54,6 +54,7 @@ class GoodputObjective(EngineObjective[BatchSummary]):
         "tail_share", "staleness_mean", "cancelled_tokens",
     )  # fmt: skip
     bound = "max_step_s"
+    rerun = "configuration's training steps", "informative groups/s", "and meet the step-time SLO"
 
     async def measure(
         self, probe: EngineProbe, study: Study, knobs: dict[str, Any]
@@ -123,41 +124,6 @@ class GoodputObjective(EngineObjective[BatchSummary]):
     ) -> StepsRecommendation:
         return StepsRecommendation(**common, step_p95_s=step_p95(summary))
 
-    def snippets(
-        self, model: str | None, server: dict[str, Any], group_size: int, summary: BatchSummary
-    ) -> StepSnippets:
-        """Groups a step, group size, over-sampling (a larger generation batch and a filter
-        that drops groups of equal rewards) and carry-over (partial rollouts), per framework."""
-        groups = summary.batch_groups
-        launched = launched_groups(groups, summary.over_sample)
-        openrlhf = [
-            f"--rollout.n_samples_per_prompt {group_size}",
-            f"--rollout.batch_size {groups}",
-        ]
-        verl = [f"actor_rollout_ref.rollout.n={group_size}", f"data.train_batch_size={groups}"]
-        slime = [f"--n-samples-per-prompt {group_size}", f"--rollout-batch-size {groups}"]
-        collect = ["autotune collect", f"--num-repeats {group_size}", f"--batch-groups {groups}"]
-        if summary.over_sample > 0:
-            openrlhf.append("--algo.dynamic_filtering_enable")
-            verl += [
-                "algorithm.filter_groups.enable=True",
-                "algorithm.filter_groups.metric=acc",
-                f"data.gen_batch_size={launched}",
-            ]
-            slime += [
-                f"--over-sampling-batch-size {launched}",
-                "--dynamic-sampling-filter-path "
-                "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
-            ]
-            collect.append(f"--over-sample {summary.over_sample:g}")
-        if summary.carry_over:
-            openrlhf += ["--train.async_enable", "--train.partial_rollout_enable"]
-            verl.append("async_training.partial_rollout=True")
-            slime.append("--partial-rollout")
-            collect.append("--carry-over")
-        lines = joined(openrlhf=openrlhf, verl=verl, slime=slime, autotune=collect)
-        return StepSnippets(**lines, vllm=vllm_serve_line(model, server))
-
     def figures_text(self, value: float, summary: BatchSummary) -> str:
         return (
             f"{value:.3g} informative groups/s, p95 step {seconds_text(summary.step_s.p95)}, "
@@ -193,9 +159,37 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             ("staleness (steps, mean)", figure_text(rec.staleness_mean)),
         ]
 
-    def validation_note(self, verdict: str) -> str:
-        return (
-            f"The recommended configuration's training steps ran again on a fresh "
-            f"server before it was recommended; the run {verdict}. It must keep 80% "
-            "of the trial's informative groups/s, and meet the step-time SLO."
-        )
+    def snippets(
+        self, model: str | None, server: dict[str, Any], group_size: int, summary: BatchSummary
+    ) -> StepSnippets:
+        """Groups a step, group size, over-sampling (a larger generation batch and a filter
+        that drops groups of equal rewards) and carry-over (partial rollouts), per framework."""
+        groups = summary.batch_groups
+        launched = launched_groups(groups, summary.over_sample)
+        openrlhf = [
+            f"--rollout.n_samples_per_prompt {group_size}",
+            f"--rollout.batch_size {groups}",
+        ]
+        verl = [f"actor_rollout_ref.rollout.n={group_size}", f"data.train_batch_size={groups}"]
+        slime = [f"--n-samples-per-prompt {group_size}", f"--rollout-batch-size {groups}"]
+        collect = ["autotune collect", f"--num-repeats {group_size}", f"--batch-groups {groups}"]
+        if summary.over_sample > 0:
+            openrlhf.append("--algo.dynamic_filtering_enable")
+            verl += [
+                "algorithm.filter_groups.enable=True",
+                "algorithm.filter_groups.metric=acc",
+                f"data.gen_batch_size={launched}",
+            ]
+            slime += [
+                f"--over-sampling-batch-size {launched}",
+                "--dynamic-sampling-filter-path "
+                "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+            ]
+            collect.append(f"--over-sample {summary.over_sample:g}")
+        if summary.carry_over:
+            openrlhf += ["--train.async_enable", "--train.partial_rollout_enable"]
+            verl.append("async_training.partial_rollout=True")
+            slime.append("--partial-rollout")
+            collect.append("--carry-over")
+        lines = joined(openrlhf=openrlhf, verl=verl, slime=slime, autotune=collect)
+        return StepSnippets(**lines, vllm=vllm_serve_line(model, server))

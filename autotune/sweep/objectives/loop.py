@@ -44,6 +44,7 @@ class LoopObjective(EngineObjective[LoopSummary]):
         "trainer_idle_share", "generator_idle_share", "sync_share",
     )  # fmt: skip
     bound = "staleness_limit"
+    rerun = "loop", "trained samples/s", "within the failure and staleness limits"
 
     async def measure(self, probe: EngineProbe, study: Study, knobs: dict[str, Any]) -> LoopSummary:
         return await probe.loop(loop_spec(study.workload.loop, knobs), study.workload.num_repeats)
@@ -106,6 +107,51 @@ class LoopObjective(EngineObjective[LoopSummary]):
             gain_over_modes=gains,
         )
 
+    def figures_text(self, value: float, summary: LoopSummary) -> str:
+        return (
+            f"{value:.3g} trained samples/s ({summary.mode}), staleness max "
+            f"{summary.staleness_max}, trainer idle {share_text(summary.trainer_idle_share)}"
+        )
+
+    def recommendation_lines(self, rec: LoopRecommendation) -> list[str]:
+        bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
+        if rec.max_staleness is not None:
+            bound += f", older than {rec.max_staleness} versions dropped"
+        gains = ", ".join(f"×{g:.2f} {mode}" for mode, g in sorted(rec.gain_over_modes.items()))
+        return [
+            f"loop                 {rec.mode}: {rec.batch_groups} groups of {rec.group_size} a "
+            f"step{bound}; pause {rec.pause_mode}",
+            f"trained              {rec.trained_samples_per_s:.3g} samples/s"
+            + (f" ({gains} the best of each other mode)" if gains else ""),
+            f"staleness            p95 {rec.staleness_p95}, max {rec.staleness_max}"
+            + (f" (limit {rec.staleness_limit})" if rec.staleness_limit is not None else ""),
+        ]
+
+    def recommendation_text(self, rec: LoopRecommendation) -> str:
+        bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
+        if rec.max_staleness is not None:
+            bound += f", groups older than {rec.max_staleness} versions dropped"
+        return (
+            f"Recommended: the {rec.mode} loop, {rec.batch_groups} groups of {rec.group_size} a "
+            f"step{bound}, pause {rec.pause_mode}, with {knobs_text(rec.server)} — measured "
+            f"{quantity(rec.trained_samples_per_s)} trained samples/s."
+        )
+
+    def recommendation_facts(self, rec: LoopRecommendation) -> list[tuple[str, str]]:
+        gains = [
+            (f"× the best {mode} trial", f"{gain:.2f}")
+            for mode, gain in sorted(rec.gain_over_modes.items())
+        ]
+        return [
+            *gains,
+            ("staleness p95 / max (versions)", f"{figure_text(rec.staleness_p95)} / "
+             f"{rec.staleness_max}"),
+            ("staleness limit", str(rec.staleness_limit)),
+            ("trainer idle", share_text(rec.trainer_idle_share)),
+            ("generator idle", share_text(rec.generator_idle_share)),
+            ("paused for syncs", share_text(rec.sync_share)),
+        ]  # fmt: skip
+
     def snippets(
         self, model: str | None, server: dict[str, Any], group_size: int, summary: LoopSummary
     ) -> LoopSnippets:
@@ -157,55 +203,3 @@ class LoopObjective(EngineObjective[LoopSummary]):
             nemo_rl.append(f"policy.generation.vllm_cfg.gpu_memory_utilization={memory}")
         lines = joined(openrlhf=openrlhf, verl=verl, nemo_rl=nemo_rl, autotune=autotune)
         return LoopSnippets(**lines, vllm=vllm_serve_line(model, server))
-
-    def figures_text(self, value: float, summary: LoopSummary) -> str:
-        return (
-            f"{value:.3g} trained samples/s ({summary.mode}), staleness max "
-            f"{summary.staleness_max}, trainer idle {share_text(summary.trainer_idle_share)}"
-        )
-
-    def recommendation_lines(self, rec: LoopRecommendation) -> list[str]:
-        bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
-        if rec.max_staleness is not None:
-            bound += f", older than {rec.max_staleness} versions dropped"
-        gains = ", ".join(f"×{g:.2f} {mode}" for mode, g in sorted(rec.gain_over_modes.items()))
-        return [
-            f"loop                 {rec.mode}: {rec.batch_groups} groups of {rec.group_size} a "
-            f"step{bound}; pause {rec.pause_mode}",
-            f"trained              {rec.trained_samples_per_s:.3g} samples/s"
-            + (f" ({gains} the best of each other mode)" if gains else ""),
-            f"staleness            p95 {rec.staleness_p95}, max {rec.staleness_max}"
-            + (f" (limit {rec.staleness_limit})" if rec.staleness_limit is not None else ""),
-        ]
-
-    def recommendation_text(self, rec: LoopRecommendation) -> str:
-        bound = f", at most {rec.max_ahead} groups ahead" if rec.max_ahead is not None else ""
-        if rec.max_staleness is not None:
-            bound += f", groups older than {rec.max_staleness} versions dropped"
-        return (
-            f"Recommended: the {rec.mode} loop, {rec.batch_groups} groups of {rec.group_size} a "
-            f"step{bound}, pause {rec.pause_mode}, with {knobs_text(rec.server)} — measured "
-            f"{quantity(rec.trained_samples_per_s)} trained samples/s."
-        )
-
-    def recommendation_facts(self, rec: LoopRecommendation) -> list[tuple[str, str]]:
-        gains = [
-            (f"× the best {mode} trial", f"{gain:.2f}")
-            for mode, gain in sorted(rec.gain_over_modes.items())
-        ]
-        return [
-            *gains,
-            ("staleness p95 / max (versions)", f"{figure_text(rec.staleness_p95)} / "
-             f"{rec.staleness_max}"),
-            ("staleness limit", str(rec.staleness_limit)),
-            ("trainer idle", share_text(rec.trainer_idle_share)),
-            ("generator idle", share_text(rec.generator_idle_share)),
-            ("paused for syncs", share_text(rec.sync_share)),
-        ]  # fmt: skip
-
-    def validation_note(self, verdict: str) -> str:
-        return (
-            f"The recommended loop ran again on a fresh server before it was "
-            f"recommended; the run {verdict}. It must keep 80% of the trial's trained "
-            "samples/s, within the failure and staleness limits."
-        )
