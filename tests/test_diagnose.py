@@ -311,7 +311,8 @@ def test_five_diagnoses_of_one_setup_give_one_verdict(expected: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.measures
+@pytest.mark.alone  # a 20x-accelerated diagnose against a real-time collect: beside another
+# measuring test a CI run's accelerated client fell 10% behind (9.35 against 10.39 rollouts/s)
 def test_diagnose_reports_what_collect_measures_on_the_same_simulator(tmp_path: Path) -> None:
     """`autotune diagnose` with no target runs the simulator 20× faster than real time and
     converts back: its probe at parallelism 20 agrees with `autotune collect

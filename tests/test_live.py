@@ -525,8 +525,8 @@ def test_collect_report_renders_offline_without_errors_or_sideways_scroll(
 # -- a slowdown planted halfway warns in time; a healthy run never (must-show 2) -------------
 
 
-@pytest.mark.measures
-@pytest.mark.slow
+@pytest.mark.alone  # a healthy run must match its sweep's prediction: beside another measuring
+@pytest.mark.slow  # test a CI run's healthy collect ran 7% below it and the watch (rightly) warned
 def test_planted_slowdown_warns_in_time_and_a_healthy_run_does_not(tmp_path: Path) -> None:
     """One seed of benchmarks/drift.py (the benchmark runs 20): a sweep's recommendation,
     then its own `autotune` line pasted with --expect and --fail-on drift: a collect whose
