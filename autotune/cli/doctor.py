@@ -4,6 +4,7 @@ bound, and what each remedy would gain."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,11 +149,8 @@ def run_command(args: argparse.Namespace) -> int:
 
     setup = setup_of(args)
     if args.follow:
-        try:
-            for _ in follow(args.run, lambda line: print_result(line)):
-                pass
-        except KeyboardInterrupt:
-            pass
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the following
+            follow(args.run, print_result)
     run, notes = pick_run(args.run, args.run_index)
     result = doctor(run, setup, notes)
     print_result(to_json(result).decode() if args.json else doctor_text(result))

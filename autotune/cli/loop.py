@@ -142,7 +142,7 @@ def _replay(args: argparse.Namespace) -> int:
     from autotune.doctor.doctor_job import pick_run
     from autotune.doctor.remedies import asynchronous_lanes, run_lanes
     from autotune.processes.event_loop import run_async
-    from autotune.rl.replay import Lanes, calibrate, replay
+    from autotune.rl.replay import calibrate, replay
 
     setup = setup_of(args)
     run, _ = pick_run(args.replay, args.run_index)
@@ -152,33 +152,26 @@ def _replay(args: argparse.Namespace) -> int:
             f"{args.replay} is an asynchronous run (its trainer waits on generation): --replay "
             "reproduces a synchronous one; pass its synchronous run."
         )
-    today = Lanes(**run_lanes(anatomy))
+    today = run_lanes(anatomy)
     what_if = asynchronous_lanes(anatomy, setup)
 
     async def replays() -> dict[str, Any]:
         batch_time = await calibrate()
-        replayed = await replay(today, batch_time)
         figures: dict[str, Any] = {
             "run": run.source,
             "logged_step_s": anatomy.step.mean_s,
-            "replayed_step_s": replayed.step_s,
+            "replayed_step_s": await replay(today, batch_time),
         }
         if not isinstance(what_if, str):
             ends = [
-                await replay(
-                    Lanes(generation.low if low else generation.high, trainer, what_if.exposed_s),
-                    batch_time, "async", scale_from=today,
-                )
-                for low, generation, trainer in (
-                    (True, what_if.generation, what_if.trainer.low),
-                    (False, what_if.generation, what_if.trainer.high),
-                )
-            ]  # fmt: skip
+                await replay(lanes, batch_time, "async", scale_from=today)
+                for lanes in what_if.ends()
+            ]
             figures["what_if"] = {
                 "name": "asynchronous training, one step off",
                 "split": list(what_if.split),
                 "predicted_s": [what_if.step.low, what_if.step.high],
-                "replayed_s": [end.step_s for end in ends],
+                "replayed_s": ends,
                 "generation": what_if.basis,
             }
         return figures

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.doctor.formats import ParsedRun, Step
 from autotune.doctor.names import PHASES, lookup
@@ -47,14 +47,20 @@ class Anatomy:
     notes: list[str]
     generation_alone_s: float | None  # the engines' generation without a switch's cost
 
+    def seconds(self, *phases: str) -> float:
+        """The mean seconds a steady step spends in `phases`, together."""
+        return sum(figure.mean_s for figure in self.phases if figure.phase in phases)
+
 
 def dissect(run: ParsedRun) -> Anatomy:
     """The run's steps by phase, its steady state and its bound."""
-    steps = _warm_up([_phases(step) for step in run.steps])
+    names: dict[str, list[str]] = {}
+    read = [_read(step, names) for step in run.steps]
+    steps = _warm_up([phased for phased, _ in read])
     steady = [step for step in steps if step.steady]
+    steady_roles = [roles for (_, roles), step in zip(read, steps, strict=True) if step.steady]
     step_times = [step.step_s for step in steady]
     mean_step = statistics.fmean(step_times)
-    names = _names_by_phase(run.steps)
     phases = [
         _figure(phase, [step.phases.get(phase, 0.0) for step in steady], mean_step, names)
         for phase in (*PHASES, UNACCOUNTED)
@@ -65,9 +71,9 @@ def dissect(run: ParsedRun) -> Anatomy:
         notes.append("no step time logged: a step is the sum of its phases, none unaccounted")
     if any(step.phases.get(UNACCOUNTED, 0.0) < -0.02 * step.step_s for step in steady):
         notes.append("the phases add to more than the step: some of them overlap")
-    tail = _tail([s for s, phased in zip(run.steps, steps, strict=True) if phased.steady])
+    tail = _tail(steady_roles)
     verdict, confidence, evidence = _bound(steady, tail)
-    alone = _mean_of(run.steps, steps, "generation_alone")
+    alone = _role_values(steady_roles, "generation_alone")
     return Anatomy(
         steps=steps,
         step=_figure("step", step_times, mean_step, {}),
@@ -77,25 +83,34 @@ def dissect(run: ParsedRun) -> Anatomy:
         confidence=confidence,
         evidence=evidence,
         notes=notes,
-        generation_alone_s=alone,
+        generation_alone_s=statistics.fmean(alone) if alone else None,
     )
 
 
-def _phases(step: Step) -> StepPhases:
+def _read(step: Step, names: dict[str, list[str]]) -> tuple[StepPhases, dict[str, float]]:
+    """One pass over a step's figures: its phases (the step less them unaccounted), and
+    its other roles' figures (the first name of each role it has); each phase's names are
+    added to `names`."""
     phases: dict[str, float] = {}
+    roles: dict[str, float] = {}
     total = None
     for name, value in step.values.items():
         row = lookup(name)
         if row is None:
             continue
-        if row.role == "step" and total is None:
-            total = value
-        elif row.role == "phase":
+        if row.role == "phase":
             phases[row.phase] = phases.get(row.phase, 0.0) + value
+            if name not in names.setdefault(row.phase, []):
+                names[row.phase].append(name)
+        elif row.role == "step":
+            total = value if total is None else total
+        else:
+            roles.setdefault(row.role, value)
     accounted = sum(phases.values())
     if total is None:
-        return StepPhases(step.index, accounted, phases, True, step_logged=False)
-    return StepPhases(step.index, total, {**phases, UNACCOUNTED: total - accounted}, True)
+        return StepPhases(step.index, accounted, phases, True, step_logged=False), roles
+    whole = StepPhases(step.index, total, {**phases, UNACCOUNTED: total - accounted}, True)
+    return whole, roles
 
 
 def _warm_up(steps: list[StepPhases]) -> list[StepPhases]:
@@ -105,20 +120,7 @@ def _warm_up(steps: list[StepPhases]) -> list[StepPhases]:
     warm = 1
     while warm < max(1, len(steps) // 10) and steps[warm].step_s > WARMUP_SLOWER * median:
         warm += 1
-    return [
-        StepPhases(s.index, s.step_s, s.phases, i >= warm, s.step_logged)
-        for i, s in enumerate(steps)
-    ]
-
-
-def _names_by_phase(steps: Sequence[Step]) -> dict[str, list[str]]:
-    names: dict[str, list[str]] = {}
-    for step in steps:
-        for name in step.values:
-            row = lookup(name)
-            if row is not None and row.role == "phase" and name not in names.get(row.phase, []):
-                names.setdefault(row.phase, []).append(name)
-    return names
+    return [replace(step, steady=i >= warm) for i, step in enumerate(steps)]
 
 
 def _figure(
@@ -136,24 +138,12 @@ def _figure(
     )
 
 
-def _role_values(steps: Sequence[Step], role: str) -> list[float]:
-    """Each step's figure of the role (the first of its names the step has)."""
-    found = []
-    for step in steps:
-        for name, value in step.values.items():
-            row = lookup(name)
-            if row is not None and row.role == role:
-                found.append(value)
-                break
-    return found
+def _role_values(roles: Sequence[dict[str, float]], role: str) -> list[float]:
+    """Each step's figure of the role, for the steps that have one."""
+    return [figures[role] for figures in roles if role in figures]
 
 
-def _mean_of(steps: Sequence[Step], phased: Sequence[StepPhases], role: str) -> float | None:
-    values = _role_values([s for s, p in zip(steps, phased, strict=True) if p.steady], role)
-    return statistics.fmean(values) if values else None
-
-
-def _tail(steady: Sequence[Step]) -> TailFigures:
+def _tail(steady: Sequence[dict[str, float]]) -> TailFigures:
     means, maxima = _role_values(steady, "length_mean"), _role_values(steady, "length_max")
     clips = _role_values(steady, "clip_ratio")
     sample_means, sample_maxima = (

@@ -4,7 +4,7 @@ predicted, as a `DoctorResult`; `follow` reads a log still being written, a step
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from autotune.doctor.anatomy import WARMUP_RULE, dissect
@@ -58,27 +58,22 @@ def _warmup_said(steps: list[StepPhases]) -> str:
     return f"{WARMUP_RULE}: {which}, {kept} steady step(s)"
 
 
-def follow(
-    path: Path, say: Callable[[str], None], stop: Callable[[], bool] = lambda: False
-) -> Iterator[ParsedRun]:
-    """The run again each time its log grows by a whole step, until `stop` says so or the
-    reader interrupts; a step is told once the next one begins (the last may be partial)."""
+def follow(path: Path, say: Callable[[str], None]) -> None:
+    """Each step of a log still being written told once the next one begins (the last may
+    be partial), the log read again whenever it grows; until the reader interrupts."""
     told = 0
     size = -1
-    while not stop():
+    while True:
         current = path.stat().st_size if path.exists() else -1
         if current != size:
             size = current
             try:
-                run = read_run(path)
+                whole = read_run(path).steps[:-1]
             except UsageError:
-                run = None  # nothing whole yet: wait for more
-            whole = run.steps[:-1] if run is not None else []
-            if run is not None and len(whole) > told:
-                for step in whole[told:]:
-                    say(step_line(step.index, step.values))
-                told = len(whole)
-                yield run
+                whole = []  # nothing whole yet: wait for more
+            for step in whole[told:]:
+                say(step_line(step.index, step.values))
+            told = max(told, len(whole))
         time.sleep(FOLLOW_POLL_S)
 
 

@@ -83,11 +83,11 @@ def read_run(path: Path) -> ParsedRun:
 def _read_text(path: Path, text: str) -> tuple[list[Step], str]:
     stripped = text.lstrip()
     if path.suffix == ".csv":
-        return _records(_csv_rows(path, text), path), "W&B history export (CSV)"
+        return _records(_csv_rows(path, text)), "W&B history export (CSV)"
     if stripped.startswith("[") or (path.suffix == ".json" and stripped.startswith("{")):
-        return _records(_json_rows(path, stripped), path), "W&B history export (JSON)"
+        return _records(_json_rows(path, stripped)), "W&B history export (JSON)"
     if stripped.startswith("{") and _is_jsonl(stripped):
-        return _records(_jsonl_rows(path, text), path), "JSONL metrics"
+        return _records(_jsonl_rows(path, text)), "JSONL metrics"
     return _console(text), "console log"
 
 
@@ -142,7 +142,7 @@ def _csv_rows(path: Path, text: str) -> Iterator[dict[str, Any]]:
         yield {name: value for name, value in zip(names, row, strict=True) if value != ""}
 
 
-def _records(rows: Iterable[dict[str, Any]], path: Path) -> list[Step]:
+def _records(rows: Iterable[dict[str, Any]]) -> list[Step]:
     """Metrics files: one row a step (its step key, else its position)."""
     steps: dict[int, Step] = {}
     for position, row in enumerate(rows):
@@ -192,9 +192,7 @@ def _console(text: str) -> list[Step]:
             current = Step(index)
             steps.append(current)
             continue
-        found = lookup(name)
-        if found is None:
-            continue
+        found = metric_names()[name]  # the pattern matches the table's names only
         if current is None or (
             not marked
             and (found.name in current.values or _framework(current) not in (None, found.framework))

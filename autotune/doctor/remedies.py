@@ -33,12 +33,10 @@ class Interval:
 
 def remedies(anatomy: Anatomy, setup: Setup) -> tuple[list[Remedy], list[str]]:
     """The remedies that apply, best predicted gain first, and why the others do not."""
-    phases = {figure.phase: figure.mean_s for figure in anatomy.phases}
-    step = anatomy.step.mean_s
     found: list[Remedy] = []
     skipped: list[str] = []
     for make in (_asynchronous, _more_generation, _partial_rollouts, _weight_sync_floor):
-        remedy, why_not = make(anatomy, phases, step, setup)
+        remedy, why_not = make(anatomy, setup)
         if remedy is not None:
             found.append(remedy)
         elif why_not:
@@ -47,15 +45,21 @@ def remedies(anatomy: Anatomy, setup: Setup) -> tuple[list[Remedy], list[str]]:
 
 
 def _remedy(
-    name: str, step: float, predicted: Interval, basis: str, assumptions: list[str],
+    name: str, anatomy: Anatomy, predicted: Interval, basis: str, assumptions: list[str],
     lines: dict[str, str],
 ) -> Remedy:  # fmt: skip
-    middle = (predicted.low + predicted.high) / 2
+    step, middle = anatomy.step.mean_s, (predicted.low + predicted.high) / 2
     return Remedy(
         name=name, step_s=middle, low_s=predicted.low, high_s=predicted.high,
         gain=step / middle, gain_low=step / predicted.high, gain_high=step / predicted.low,
         basis=basis, assumptions=assumptions, lines=lines,
     )  # fmt: skip
+
+
+def _replaced(anatomy: Anatomy, seconds: float, by: Interval) -> Interval:
+    """Today's step with `seconds` of it taking `by` instead, the rest unchanged."""
+    rest = anatomy.step.mean_s - seconds
+    return Interval(rest + by.low, rest + by.high)
 
 
 def generation_at(
@@ -76,6 +80,26 @@ def generation_at(
 
 
 @dataclass(frozen=True, slots=True)
+class Lanes:
+    """One step of a run, seconds: its generation, its trainer's passes (training and
+    log-probs), and what neither hides (reward, weight sync, checkpoints, the rest)."""
+
+    generation_s: float
+    trainer_s: float
+    exposed_s: float
+
+    @property
+    def step_s(self) -> float:
+        """The step when nothing overlaps (synchronous)."""
+        return self.generation_s + self.trainer_s + self.exposed_s
+
+    @property
+    def overlapped_s(self) -> float:
+        """The step when generation and the trainer overlap (one step off)."""
+        return max(self.generation_s, self.trainer_s) + self.exposed_s
+
+
+@dataclass(frozen=True, slots=True)
 class AsyncLanes:
     """Asynchronous training at a split: each lane's seconds a step at the interval's two
     ends (the generating GPUs' and the trainer's), and what neither hides."""
@@ -86,28 +110,34 @@ class AsyncLanes:
     exposed_s: float
     basis: str
 
+    def ends(self) -> tuple[Lanes, Lanes]:
+        """The lanes at the interval's low end and at its high end."""
+        return (
+            Lanes(self.generation.low, self.trainer.low, self.exposed_s),
+            Lanes(self.generation.high, self.trainer.high, self.exposed_s),
+        )
+
     @property
     def step(self) -> Interval:
-        low = max(self.generation.low, self.trainer.low) + self.exposed_s
-        return Interval(low, max(self.generation.high, self.trainer.high) + self.exposed_s)
+        low, high = self.ends()
+        return Interval(low.overlapped_s, high.overlapped_s)
 
 
 def asynchronous_lanes(anatomy: Anatomy, setup: Setup) -> AsyncLanes | str:
     """One step off: the next batch generates on G GPUs while the trainer trains on the
     other T, so a step is the longer lane plus what neither hides; the best split when
     none is given. A string: why it does not apply."""
-    phases = {figure.phase: figure.mean_s for figure in anatomy.phases}
     today = run_lanes(anatomy)
     if setup.gpus is None:
         return "asynchronous training: pass --gpus (and --split G:T) to predict it"
-    if phases.get("waiting", 0.0) > 0:
+    if anatomy.seconds("waiting") > 0:
         return "asynchronous training: the run already overlaps generation (it waits)"
     total = setup.gpus
     splits = [setup.split] if setup.split else [(g, total - g) for g in _splits(total)]
-    generation = anatomy.generation_alone_s or phases.get("generation", 0.0)
-    trainer = today["trainer_s"]
+    generation = anatomy.generation_alone_s or anatomy.seconds("generation")
+    trainer = today.trainer_s
     # Apart, the engines no longer sleep and wake for the trainer.
-    exposed = today["exposed_s"] - (phases.get("sleep_wake", 0.0) if setup.colocated else 0.0)
+    exposed = today.exposed_s - (anatomy.seconds("sleep_wake") if setup.colocated else 0.0)
     best: AsyncLanes | None = None
     for generating, training_gpus in splits:
         gpus_before = total if setup.colocated else generating
@@ -121,28 +151,21 @@ def asynchronous_lanes(anatomy: Anatomy, setup: Setup) -> AsyncLanes | str:
     return best
 
 
-def run_lanes(anatomy: Anatomy) -> dict[str, float]:
-    """The run's step as three lanes: generation, the trainer's passes (training and
-    log-probs), and what neither hides (the step less both)."""
-    phases = {figure.phase: figure.mean_s for figure in anatomy.phases}
-    generation = phases.get("generation", 0.0) + phases.get("waiting", 0.0)
-    trainer = phases.get("training", 0.0) + phases.get("logprobs", 0.0)
-    return {
-        "generation_s": generation,
-        "trainer_s": trainer,
-        "exposed_s": anatomy.step.mean_s - generation - trainer,
-    }
+def run_lanes(anatomy: Anatomy) -> Lanes:
+    """The run's step as three lanes: generation (its trainer's wait included), the
+    trainer's passes, and what neither hides (the step less both)."""
+    generation = anatomy.seconds("generation", "waiting")
+    trainer = anatomy.seconds("training", "logprobs")
+    return Lanes(generation, trainer, anatomy.step.mean_s - generation - trainer)
 
 
-def _asynchronous(
-    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
-) -> tuple[Remedy | None, str]:
+def _asynchronous(anatomy: Anatomy, setup: Setup) -> tuple[Remedy | None, str]:
     lanes = asynchronous_lanes(anatomy, setup)
     if isinstance(lanes, str):
         return None, lanes
     today = run_lanes(anatomy)
-    (generating, training_gpus), trainer = lanes.split, today["trainer_s"]
-    switch = today["generation_s"] - (anatomy.generation_alone_s or today["generation_s"])
+    (generating, training_gpus), trainer = lanes.split, today.trainer_s
+    switch = today.generation_s - (anatomy.generation_alone_s or today.generation_s)
     assumptions = [
         f"{generating} GPUs generate and {training_gpus} train, one step apart",
         f"training and log-probs ({trainer:.3g} s) scale between no change and linearly "
@@ -167,7 +190,7 @@ def _asynchronous(
         f"{training_gpus} (without --train.colocate_all)",
     }
     name = "asynchronous training, one step off"
-    return _remedy(name, step, lanes.step, lanes.basis, assumptions, lines), ""
+    return _remedy(name, anatomy, lanes.step, lanes.basis, assumptions, lines), ""
 
 
 def _splits(total: int) -> list[int]:
@@ -175,18 +198,15 @@ def _splits(total: int) -> list[int]:
     return sorted({max(1, total * k // 8) for k in (1, 2, 3, 4)})
 
 
-def _more_generation(
-    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
-) -> tuple[Remedy | None, str]:
+def _more_generation(anatomy: Anatomy, setup: Setup) -> tuple[Remedy | None, str]:
     """Twice the rollout engines (on twice the generating GPUs)."""
-    generation = phases.get("generation", 0.0)
-    if generation <= 0 or generation < 0.2 * step:
+    generation = anatomy.seconds("generation")
+    if generation <= 0 or generation < 0.2 * anatomy.step.mean_s:
         return None, "more rollout engines: generation is under a fifth of the step"
     gpus = setup.gpus or 1
     lane, basis = generation_at(gpus, 2 * gpus, generation, setup)
-    predicted = Interval(step - generation + lane.low, step - generation + lane.high)
     return _remedy(
-        "twice the rollout engines", step, predicted, basis,
+        "twice the rollout engines", anatomy, _replaced(anatomy, generation, lane), basis,
         [f"generation ({generation:.3g} s) on twice the GPUs; the other phases unchanged"],
         {
             "verl": "actor_rollout_ref.rollout.tensor_model_parallel_size: the engines are "
@@ -198,20 +218,18 @@ def _more_generation(
     ), ""  # fmt: skip
 
 
-def _partial_rollouts(
-    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
-) -> tuple[Remedy | None, str]:
+def _partial_rollouts(anatomy: Anatomy, setup: Setup) -> tuple[Remedy | None, str]:
     """Partial rollouts (or over-sampling): a step's generation stops near the time the
     mean response needs, the longest carried over to the next step."""
     tail = anatomy.tail
     ratio = tail.slowest_over_mean or tail.max_over_mean
-    generation = phases.get("generation", 0.0)
+    generation = anatomy.seconds("generation")
     if ratio is None or ratio <= 1.0 or generation <= 0:
         return None, "partial rollouts: the log has no response-length or slowest-sample figure"
     figure = "slowest sample's generation" if tail.slowest_over_mean else "longest response"
-    predicted = Interval(step - generation + generation / ratio, step)
+    predicted = _replaced(anatomy, generation, Interval(generation / ratio, generation))
     return _remedy(
-        "partial rollouts against the tail", step, predicted,
+        "partial rollouts against the tail", anatomy, predicted,
         f"between no gain and generation ending with the mean sample ({figure} ×{ratio:.2f} "
         "the mean)",
         ["the carried-over samples cost the next step nothing it would not spend anyway"],
@@ -223,11 +241,9 @@ def _partial_rollouts(
     ), ""  # fmt: skip
 
 
-def _weight_sync_floor(
-    anatomy: Anatomy, phases: dict[str, float], step: float, setup: Setup
-) -> tuple[Remedy | None, str]:
+def _weight_sync_floor(anatomy: Anatomy, setup: Setup) -> tuple[Remedy | None, str]:
     """The weight sync at its wire floor: the weights' bytes over the link."""
-    sync = phases.get("weight_sync", 0.0) + phases.get("sleep_wake", 0.0)
+    sync = anatomy.seconds("weight_sync", "sleep_wake")
     if sync <= 0:
         return None, ""
     if setup.params_b is None or setup.link_gbps is None:
@@ -235,9 +251,9 @@ def _weight_sync_floor(
     floor = setup.params_b * 1e9 * BYTES_PER_PARAMETER * 8 / (setup.link_gbps * 1e9)
     if floor >= sync:
         return None, f"a faster weight sync: it takes {sync:.3g} s, at its floor ({floor:.3g} s)"
-    predicted = Interval(step - sync + floor, step)
+    predicted = _replaced(anatomy, sync, Interval(floor, sync))
     return _remedy(
-        "weight sync at its wire floor", step, predicted,
+        "weight sync at its wire floor", anatomy, predicted,
         f"{setup.params_b:g}B parameters in bf16 over {setup.link_gbps:g} Gb/s: {floor:.3g} s",
         ["between today's sync and the wire floor"],
         {

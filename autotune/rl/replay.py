@@ -8,10 +8,10 @@ import itertools
 import statistics
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.config.rl_specs import LoopMode, LoopSpec
+from autotune.doctor.remedies import Lanes
 from autotune.results.runs import LoopSummary
 from autotune.rl.loop_job import loop
 from autotune.servers.launcher import ServerSpec
@@ -25,34 +25,13 @@ STEPS = 6
 BatchTime = tuple[float, float]  # a batch's seconds per unit of time scale, a fixed part
 
 
-@dataclass(frozen=True, slots=True)
-class Lanes:
-    """One step of a run, seconds: its generation, its trainer's passes (training and
-    log-probs), and what neither hides (reward, weight sync, checkpoints, the rest)."""
-
-    generation_s: float
-    trainer_s: float
-    exposed_s: float
-
-    @property
-    def step_s(self) -> float:
-        return self.generation_s + self.trainer_s + self.exposed_s
-
-
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    mode: LoopMode
-    lanes: Lanes
-    step_s: float  # the loop's median step, in the run's seconds
-    summary: LoopSummary
-
-
 async def replay(
     lanes: Lanes, batch_time: BatchTime, mode: LoopMode = "sync", scale_from: Lanes | None = None
-) -> Replayed:
-    """The lanes run by the loop's trainer stand-in on a fresh simulator, `mode` (async: one
-    step ahead); its median step back in the run's seconds. `scale_from`: the lanes whose
-    step sets the compression (a what-if is compressed as the run it changes)."""
+) -> float:
+    """The lanes (doctor.remedies' model of a step) run by the loop's trainer stand-in on a
+    fresh simulator, `mode` (async: one step ahead): its median step back in the run's
+    seconds. `scale_from`: the lanes whose step sets the compression (a what-if is
+    compressed as the run it changes)."""
     compress = STEP_S / (scale_from or lanes).step_s
     per_scale, overhead = batch_time
     scale = max(1e-4, (lanes.generation_s * compress - overhead) / per_scale)
@@ -68,7 +47,7 @@ async def replay(
     )
     async with _simulator(scale) as base_url:
         summary = await loop(_config(base_url), spec)
-    return Replayed(mode, lanes, step_period(summary) / compress, summary)
+    return step_period(summary) / compress
 
 
 async def calibrate() -> BatchTime:
