@@ -29,6 +29,8 @@ import orjson
 import pytest
 
 from autotune.bench import compare_files
+from autotune.bench.ab import _merged
+from autotune.bench.records import load, save
 from tests.helpers import autotune
 
 SCALE = 0.2
@@ -83,16 +85,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _join_rounds(run: Path) -> None:
-    """A run's results.json: its first round's results with every round's repetitions."""
-    rounds = [orjson.loads(path.read_bytes()) for path in sorted(run.glob("round*/results.json"))]
-    joined = rounds[0]
-    (case,) = joined["cases"]
-    for other in rounds[1:]:
-        (more,) = other["cases"]
-        for metric, figures in case["metrics"].items():
-            figures["samples"] += more["metrics"][metric]["samples"]
-        case["details"] += more["details"]
-    (run / "results.json").write_bytes(orjson.dumps(joined))
+    """A run's results.json: its rounds joined in order, as `bench ab` joins its pairs."""
+    rounds = [load(run / f"round{round_}" / "results.json") for round_ in range(ROUNDS)]
+    save(_merged(rounds), run / "results.json")
 
 
 def verdicts(comparison_json: str) -> dict[str, dict[str, object]]:
