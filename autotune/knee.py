@@ -86,8 +86,8 @@ class Landmarks:
     peak_throughput: float
     inside: bool  # the fitted peak lies inside the measured range
     knee_parallelism: float
-    recommended_parallelism: int
-    at_ceiling: bool = False  # the curve is level at the server's ceiling: run it full
+    recommended_parallelism: int  # 80% of the peak's
+    at_ceiling: bool = False  # the curve is level at the server's ceiling: its peak is there
 
 
 def landmarks(
@@ -97,23 +97,21 @@ def landmarks(
     ceiling: int | None = None,
 ) -> Landmarks:
     """The peak (fitted inside the range, else the best measured point: no extrapolation),
-    the knee and the parallelism to run at: 80% of the peak's, or the server's `ceiling`
-    (the most requests it runs at once) where the curve reached it (the caller passes the
-    ceiling only where the curve is level there: not clearly below its best point).
-
-    Why the ceiling takes no headroom: the guide's 20% keeps a client off the far side of
-    a peak, where throughput falls. A curve level at the server's own admission limit
-    (max_num_seqs, or what its KV cache holds) has no far side: past the limit requests
-    wait in the server's queue and throughput stays level, while 80% of the limit leaves
-    a fifth of the batch empty."""
+    the knee and the parallelism to run at: 80% of the peak's. Where the curve reached
+    the server's `ceiling` (the most requests it runs at once; the caller passes it only
+    where the curve is level there: not clearly below its best point) the peak is the
+    ceiling: past it requests only wait in the server's queue, so the curve cannot rise
+    further, and the peak is known inside the range without a fitted turn."""
     best_index = max(range(len(throughput)), key=lambda i: throughput[i])
     best_n, best_x = int(parallelism[best_index]), float(throughput[best_index])
     fitted_peak = fit.peak_parallelism
     at_ceiling = ceiling is not None and max(parallelism) >= ceiling
-    # A peak past the largest parallelism tried was never measured: no extrapolation. A
-    # fitted turn below a best point at the ceiling is the fit bending into the limit.
-    inside = fitted_peak is not None and fitted_peak <= max(parallelism) and not at_ceiling
-    if inside and fitted_peak is not None:
+    # A peak past the largest parallelism tried was never measured: no extrapolation. At
+    # the ceiling a fitted turn below it is the fit bending into the limit: the peak is it.
+    inside = at_ceiling or (fitted_peak is not None and fitted_peak <= max(parallelism))
+    if at_ceiling and ceiling is not None:
+        peak_n, peak_x = float(ceiling), max(best_x, fit.throughput(ceiling))
+    elif inside and fitted_peak is not None:
         peak_n, peak_x = fitted_peak, fit.throughput(fitted_peak)
     else:
         peak_n, peak_x = float(best_n), max(best_x, fit.throughput(best_n))
@@ -121,9 +119,8 @@ def landmarks(
     # Below the smallest parallelism measured the fit extrapolates: a curve already level
     # there (a client or a rate limit capping it) has its knee at that point, not at 0.
     knee = max(knee, float(min(parallelism)))
-    if at_ceiling and ceiling is not None:
-        return Landmarks(peak_n, peak_x, inside, knee, ceiling, at_ceiling=True)
-    return Landmarks(peak_n, peak_x, inside, knee, max(1, math.floor(HEADROOM * peak_n)))
+    recommended = max(1, math.floor(HEADROOM * peak_n))
+    return Landmarks(peak_n, peak_x, inside, knee, recommended, at_ceiling=at_ceiling)
 
 
 def summarise_curve(
@@ -141,7 +138,7 @@ def summarise_curve(
         fit = None
     if fit is None:
         at_ceiling = ceiling is not None and max(parallelism) >= ceiling
-        recommended = ceiling if at_ceiling and ceiling else max(1, math.floor(HEADROOM * best_n))
+        recommended = max(1, math.floor(HEADROOM * best_n))
         return CurveSummary(
             None,
             best_n,
@@ -158,14 +155,13 @@ def summarise_curve(
         )
     marks = landmarks(fit, parallelism, throughput, ceiling)
     peak_n, peak_x = marks.peak_parallelism, marks.peak_throughput
-    if marks.inside:
-        note = f"throughput peaks at parallelism {peak_n:.0f} (fitted)"
-    elif marks.at_ceiling:
+    if marks.at_ceiling:
         note = (
-            f"the curve reaches the server's ceiling ({ceiling} requests at once) without "
-            "turning down: past it requests only wait in the server's queue, so the "
-            "recommendation is the ceiling itself (headroom is kept from a peak that falls)"
+            f"the curve runs level to the server's ceiling ({ceiling} requests at once): "
+            "past it requests only wait in the server's queue, so the peak is there"
         )
+    elif marks.inside:
+        note = f"throughput peaks at parallelism {peak_n:.0f} (fitted)"
     else:
         note = (
             f"no peak inside the searched range: the fitted curve does not turn down by "
@@ -225,10 +221,8 @@ class CurveBootstrap:
 
     @property
     def recommended_parallelism(self) -> Interval:
-        """Open above where draws put the peak past the range, unless at the ceiling
-        (the server's limit is known, not extrapolated)."""
-        open_above = [not d.inside and not d.at_ceiling for d in self.draws]
-        return self.interval([d.recommended_parallelism for d in self.draws], open_above)
+        """Open above where draws put the peak past the range."""
+        return self.interval([d.recommended_parallelism for d in self.draws], self._past_range())
 
     @property
     def peak_parallelism(self) -> Interval:

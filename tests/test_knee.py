@@ -99,22 +99,26 @@ def _capped(n: int) -> float:
     return 12.0 * min(n, 64)
 
 
-def test_a_curve_best_at_the_servers_ceiling_runs_there_not_at_80_percent() -> None:
+def test_a_curve_level_at_the_servers_ceiling_peaks_there_and_keeps_the_headroom() -> None:
+    """The ceiling is the peak, known inside the range (past it requests only queue), and
+    the parallelism to run at is 80% of it, as anywhere else."""
     summary = summarise_curve(CAPPED, [_capped(n) for n in CAPPED], ceiling=64)
-    assert summary.recommended_parallelism == 64 and summary.server_ceiling == 64
-    assert not summary.peak_inside_range
+    assert summary.server_ceiling == 64 and summary.peak_parallelism == 64
+    assert summary.peak_inside_range
+    assert summary.recommended_parallelism == math.floor(HEADROOM * 64)
     assert "server's ceiling (64 requests at once)" in summary.note
-    # Without the ceiling known, the same points keep the 80% rule.
+    # Without the ceiling known, the same points are a curve that never turned down.
     unknown = summarise_curve(CAPPED, [_capped(n) for n in CAPPED])
-    assert unknown.recommended_parallelism == math.floor(HEADROOM * 64)
-    assert unknown.server_ceiling is None
+    assert not unknown.peak_inside_range and unknown.server_ceiling is None
 
 
-def test_the_ceiling_rules_bootstrap_interval_is_closed_at_the_ceiling() -> None:
+def test_the_ceilings_bootstrap_interval_is_closed_above() -> None:
+    """Every draw puts the peak at the known ceiling, so 80% of it has no open end; with
+    no ceiling known a curve still rising at its top one does."""
     throughput = [_capped(n) for n in CAPPED]
     errors = [0.02 * x for x in throughput]
     boot = bootstrap_curve(CAPPED, throughput, errors, seed=1, ceiling=64)
     assert boot is not None
-    assert boot.recommended_parallelism == (64, 64)
+    assert boot.recommended_parallelism == (51, 51)
     open_ended = bootstrap_curve(CAPPED, throughput, errors, seed=1)
     assert open_ended is not None and math.isinf(open_ended.recommended_parallelism[1])

@@ -15,12 +15,13 @@ from autotune.cli.run_args import run_config
 from autotune.config.flags import server_flags
 from autotune.config.study import ObjectiveSpec
 from autotune.knee import summarise_curve
-from autotune.report.sweep_report import interval_bands, interval_text
+from autotune.report.sweep_report import interval_bands, interval_text, knee_marks
 from autotune.results.probes import CurvePoint
 from autotune.results.runs import WorkloadRecord
 from autotune.results.stages import LATENCY_SLOS
 from autotune.results.trials import (
     CEILING_RULE,
+    HEADROOM_RULE,
     CurveSummary,
     SweepResult,
     TrialOutcome,
@@ -341,24 +342,49 @@ def test_a_peak_at_the_top_of_the_range_has_intervals_open_above() -> None:
     assert low < high < math.inf  # a peak inside the range keeps both ends
 
 
-def test_a_curve_best_at_the_servers_ceiling_is_recommended_at_it() -> None:
-    """A server that runs at most 128 requests at once, still scaling up to them: 80% of
-    128 would leave a fifth of its batch empty (the rate there is 80% of the best), while
-    past 128 requests only queue. The recommendation is the ceiling, its interval closed."""
+def test_a_curve_level_at_the_servers_ceiling_is_recommended_at_80_percent_of_it() -> None:
+    """A server that runs at most 128 requests at once, still scaling up to them: its
+    peak is the ceiling, and the recommendation is the guide's 80% of it (102), with the
+    ceiling beside it as the alternative and what running full would gain."""
     capped = ladder_trial({n: 0.5 * n for n in (16, 32, 64, 128)}, ceiling=128)
     rec = recommendation(sweep(capped))
+    assert rec is not None
+    assert rec.peak.parallelism == 128 and rec.peak.inside_searched_range
+    assert rec.recommended.parallelism == 102 and rec.recommended.bound_by == HEADROOM_RULE
+    assert rec.snippets.nemo_gym == "+num_samples_in_parallel=102"
+    assert rec.alternative is not None
+    assert rec.alternative.parallelism == 128 and rec.alternative.bound_by == CEILING_RULE
+    # A linear curve: the batch's last fifth is a quarter more throughput.
+    gain = rec.alternative.predicted_throughput / rec.recommended.predicted_throughput
+    assert gain == pytest.approx(128 / 102, rel=0.02)
+    assert "instead: parallelism 128 = the server's ceiling" in " ".join(knee_marks(rec)[0])
+    # A curve that turns down below any ceiling has one answer, and no alternative.
+    turning = ladder_trial({n: usl(n, 1.0, 0.02, 0.0005) for n in (4, 8, 16, 32, 64, 128)})
+    assert (plain := recommendation(sweep(turning))) is not None and plain.alternative is None
+
+
+def test_recommend_ceiling_runs_a_level_curve_full() -> None:
+    """`recommend: ceiling` swaps the two: the ceiling, its interval closed, with 80% of
+    it as the alternative; an SLO still binds from the ceiling down."""
+    capped = ladder_trial({n: 0.5 * n for n in (16, 32, 64, 128)}, ceiling=128)
+    full = dataclasses.replace(sweep(capped), spec={"recommend": "ceiling"})
+    rec = recommendation(full)
     assert rec is not None
     assert rec.recommended.parallelism == 128 and rec.recommended.bound_by == CEILING_RULE
     assert "server's ceiling (128 requests at once" in rec.recommended.rule
     assert rec.recommended.parallelism_interval == (128, 128)
     assert interval_text(rec.recommended.parallelism_interval) == "128 in every bootstrap draw"
     assert not any(band.startswith("recommended") for band in interval_bands(rec))
-    assert rec.snippets.nemo_gym == "+num_samples_in_parallel=128"
+    assert rec.alternative is not None and rec.alternative.parallelism == 102
+    assert rec.alternative.bound_by == HEADROOM_RULE
     # A latency SLO still binds, from the ceiling down: 0.1 s a unit, 10% inside 10 s.
-    bound = recommendation(dataclasses.replace(sweep(capped), p95_latency_slo_s=10.0))
+    bound = recommendation(dataclasses.replace(full, p95_latency_slo_s=10.0))
     assert bound is not None and bound.recommended.bound_by == "p95 latency SLO"
     assert bound.recommended.parallelism == 90
     assert "at or under the server's ceiling (128)" in bound.recommended.rule
+    headroom = recommendation(dataclasses.replace(sweep(capped), p95_latency_slo_s=10.0))
+    assert headroom is not None and headroom.recommended.parallelism == 90
+    assert "at or under 80% of the peak (102)" in headroom.recommended.rule
 
 
 def test_the_latency_margin_is_what_the_measured_p95_is_known_to() -> None:

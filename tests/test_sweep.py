@@ -82,10 +82,12 @@ def test_sweep_writes_report_and_recommendation(tmp_path: Path) -> None:
     )
     assert "--max-num-seqs" in recommendation["snippets"]["vllm"]
     assert yaml.safe_load((out / "recommendation.yaml").read_text()) == recommendation
-    assert len((out / "trials.csv").read_text().splitlines()) == 1 + 3
+    rows = list(csv.DictReader((out / "trials.csv").read_text().splitlines()))
+    assert len([row for row in rows if not row["copy_of"]]) == 3  # copies are not trials
     saved = load_result(out / "sweep.json")
     assert isinstance(saved, SweepResult)
-    assert len(saved.completed) + len(saved.pruned) == 3 and saved.simulated
+    finished = [*saved.completed, *saved.pruned]
+    assert len([t for t in finished if t.copied_from is None]) == 3 and saved.simulated
     page = render(out / "index.html", tmp_path / "sweep.png")
     assert page.console_errors == [] and page.failed_or_external_requests == []
     assert "Recommended: parallelism" in page.text and "SIMULATED" in page.text
@@ -130,7 +132,8 @@ def test_killed_sweep_resumes_and_leaves_no_server(tmp_path: Path) -> None:
     saved = load_result(tmp_path / "reports" / "killed" / "sweep.json")
     assert isinstance(saved, SweepResult)
     assert saved.trials_reused >= 1
-    assert len(saved.completed) + len(saved.pruned) == 4
+    finished = [*saved.completed, *saved.pruned]
+    assert len([t for t in finished if t.copied_from is None]) == 4
     assert servers_alive(marker) == []
 
 
@@ -167,7 +170,8 @@ def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_pat
             return await run_sweep(study, launcher, storage=url)
 
     result = run_async(sweep())
-    assert len(result.completed) == 3  # the study went on after the refusal
+    # The study went on after the refusal, and stopped once both choices were tried.
+    assert len(result.completed) == 2
     refused = [t for t in result.completed if t.knobs == {"tensor_parallel_size": 1}]
     assert refused and not refused[0].feasible
     assert refused[0].infeasible_reason is not None  # known before launch: never started
@@ -366,14 +370,14 @@ async def test_a_configuration_proposed_again_is_copied_marked_and_counted_as_re
                 "target": {"kind": "sim", "args": ["--model", "llama-3.1-8b"]},
                 "search_space": {
                     "parallelism": {"low": 4, "high": 256},
-                    "max_num_seqs": {"choices": [8, 64]},
+                    "max_num_seqs": {"choices": [8, 64, 128, 256]},
                 },
                 "budget": {"trials": trials, "validate_rollouts": 0},
             }
         )
 
     url = f"sqlite:///{tmp_path / 'reuse.db'}"
-    for seqs in (64, 8, 64):  # the last again: copied from the first
+    for seqs in (64, 8, 64, 128):  # the third again: copied from the first
         open_study(spec(3), url).enqueue_trial({"max_num_seqs": seqs})
     launcher = SeqsLauncher()
     lines: list[str] = []
@@ -383,21 +387,53 @@ async def test_a_configuration_proposed_again_is_copied_marked_and_counted_as_re
         launcher=launcher,
         on_trial=lambda n, o: lines.append(trial_line(n, o, objective_for("rollouts_per_s"))),
     )
-    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8]
-    assert [t.state for t in first.trials] == ["COMPLETE", "PRUNED", "COMPLETE"]
-    assert [t.copied_from for t in first.trials] == [None, None, 0]
+    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8, 128]
+    assert [t.state for t in first.trials][:3] == ["COMPLETE", "PRUNED", "COMPLETE"]
+    assert [t.copied_from for t in first.trials] == [None, None, 0, None]
     assert first.trials[2].value == first.trials[0].value
     assert first.trials_reused == 1
     assert lines[2].endswith("(a copy of trial 0)") and "(0.0 s)" not in lines[2]
     table = write_trials_csv(first, tmp_path / "trials.csv").read_text()
     csv_rows = list(csv.DictReader(table.splitlines()))
-    assert [row["copy_of"] for row in csv_rows] == ["", "", "0"]
+    assert [row["copy_of"] for row in csv_rows] == ["", "", "0", ""]
     assert csv_rows[2]["value"] == csv_rows[0]["value"] != ""
 
     open_study(spec(4), url).enqueue_trial({"max_num_seqs": 8})  # copied from the pruned one
     resumed = await run_sweep(spec(4), storage=url, launcher=launcher)
-    assert len(launcher.started) == 2  # nothing launched again
-    copy = resumed.trials[3]
+    # Nothing launched again: only the choice not tried yet, for the fourth trial.
+    assert [knobs["max_num_seqs"] for knobs in launcher.started[3:]] == [256]
+    copy = resumed.trials[4]
     assert copy.state == "PRUNED" and copy.copied_from == 1
     assert copy.value is not None and copy.value == resumed.trials[1].value
-    assert resumed.trials_reused == 3 + 1  # three finished before, one copied now
+    copied_now = [t for t in resumed.trials[4:] if t.copied_from is not None]
+    assert resumed.trials_reused == 4 + len(copied_now)  # four finished before, and copies
+
+
+async def test_a_copy_counts_towards_neither_the_budget_nor_patience(tmp_path: Path) -> None:
+    """A copy costs nothing and is not a trial: a budget of two measures two
+    configurations however many copies the sampler proposes between them, and a space
+    whose every configuration was tried stops the study."""
+    study = Study.model_validate(
+        {
+            "name": "copies",
+            "target": {"kind": "sim", "args": ["--model", "llama-3.1-8b"]},
+            "search_space": {
+                "parallelism": {"low": 4, "high": 256},
+                "max_num_seqs": {"choices": [8, 64, 128]},
+            },
+            "budget": {"trials": 2, "validate_rollouts": 0},
+        }
+    )
+    url = f"sqlite:///{tmp_path / 'copies.db'}"
+    for seqs in (64, 64, 64, 8):  # two copies of the first before a second configuration
+        open_study(study, url).enqueue_trial({"max_num_seqs": seqs})
+    launcher = SeqsLauncher()
+    result = await run_sweep(study, storage=url, launcher=launcher)
+    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8]
+    assert [t.copied_from for t in result.trials] == [None, 0, 0, None]
+    # Every configuration tried (measured or copied): the study stops, whatever its budget.
+    whole = study.model_copy(update={"budget": study.budget.model_copy(update={"trials": 30})})
+    open_study(whole, url).enqueue_trial({"max_num_seqs": 128})
+    finished = await run_sweep(whole, storage=url, launcher=launcher)
+    assert [knobs["max_num_seqs"] for knobs in launcher.started] == [64, 8, 128]
+    assert len(finished.trials) == 5  # the four before and 128: nothing left to try

@@ -66,7 +66,7 @@ async def test_pruned_and_rejected_trials_are_recorded_and_never_launched_again(
         {"tensor_parallel_size": 1, "max_num_seqs": 8},
     ]
     states = [t.state.name for t in optuna_study.get_trials()]
-    assert states == ["COMPLETE", "PRUNED", "PRUNED", "COMPLETE"]
+    assert states[:4] == ["COMPLETE", "PRUNED", "PRUNED", "COMPLETE"]
     pruned = optuna_study.get_trials()[1]
     assert pruned.intermediate_values == {0: 4.0}  # each rung reported to Optuna
     records = trial_records(optuna_study)
@@ -78,6 +78,11 @@ async def test_pruned_and_rejected_trials_are_recorded_and_never_launched_again(
     rejected = records[3]
     assert not rejected.feasible and rejected.probe_s == 0.0 and rejected.points == []
     assert rejected.infeasible_reason is not None
+    # The copy is not a trial of the budget (4): the search went on until every
+    # configuration was tried (the one left has TP 3: rejected too), then stopped.
+    tried = {(r.knobs["tensor_parallel_size"], r.knobs["max_num_seqs"]) for r in records}
+    assert tried == {(1, 8), (1, 64), (3, 8), (3, 64)}
+    assert len([r for r in records if r.copied_from is None]) == 4
     assert rejected.infeasible_reason.startswith("Total number of attention heads (32)")
     assert rejected.infeasible_reason.endswith("(known before launch: not started)")
 

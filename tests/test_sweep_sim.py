@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from autotune.config.study import Study
+from autotune.config.study import Study, load_study
 from autotune.probe import ProbeSettings
 from autotune.probe.virtual import VirtualProbe, VirtualSimLauncher
 from autotune.results.probes import ProbeResult
 from autotune.results.trials import CEILING_RULE, HEADROOM_RULE, Recommendation, SweepResult
 from autotune.sweep.recommend import recommendation
 from autotune.sweep.sweep_job import run_sweep, write_outputs
+from tests.helpers import REPO
 
 ARGS = ["--gpu", "h100-80gb", "--model", "llama-3.1-8b", "--max-num-seqs", "128"]
 PROMPT, OUTPUT = (256, 64), (128, 32)
@@ -94,6 +95,38 @@ async def test_a_tighter_p95_slo_lowers_the_parallelism_and_is_named_as_the_rule
     page = (tmp_path / "report" / "index.html").read_text()
     assert "the largest parallelism within the p95 latency SLO" in page
     assert re.search(rf"p95 rollout latency stays \d+% within {slo:g} s \(what the", page)
+
+
+async def test_the_demo_study_recommends_80_percent_of_a_peak_inside_its_range(
+    tmp_path: Path,
+) -> None:
+    """`make demo`'s study (studies/demo.yaml, its fixed seed), in virtual time: the best
+    curve runs level to its server's ceiling, so the peak is there, inside the searched
+    range; the recommendation is 80% of it, and the ceiling stands beside it with what
+    running full would gain, in recommendation.json and the report."""
+    spec = load_study(REPO / "studies" / "demo.yaml")
+    synthetic = spec.workload.synthetic
+    launcher = VirtualSimLauncher(
+        spec.target.args,
+        ProbeSettings.of(spec.probe, 1),
+        synthetic.prompt_tokens,
+        synthetic.output_tokens,
+        spec.seed,
+    )
+    result, found = await sweep(tmp_path, spec, launcher)
+    peak, rec, instead = found.peak, found.recommended, found.alternative
+    space = spec.search_space.parallelism
+    assert peak.inside_searched_range and space.low < peak.parallelism < space.high
+    assert rec.bound_by == HEADROOM_RULE and rec.parallelism == int(0.8 * peak.parallelism)
+    assert space.low < found.knee_parallelism <= peak.parallelism
+    assert instead is not None and instead.bound_by == CEILING_RULE
+    assert instead.parallelism == found.server["max_num_seqs"] == peak.parallelism
+    assert instead.predicted_throughput > rec.predicted_throughput
+    write_outputs(result, tmp_path / "report")
+    saved = json.loads((tmp_path / "report" / "recommendation.json").read_text())
+    assert saved["alternative"]["predicted_throughput"] == instead.predicted_throughput
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert f"parallelism {instead.parallelism}, the server&#x27;s ceiling" in page
 
 
 @dataclasses.dataclass

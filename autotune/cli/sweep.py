@@ -112,7 +112,8 @@ def run_command(args: argparse.Namespace) -> int:
         def on_trial(number: int, outcome: TrialOutcome) -> None:
             if not args.quiet:
                 bar.write(trial_line(number, outcome, objective))
-            bar.rollout_done({}, 0)  # after its line, so that a log reads in order
+            if outcome.copied_from is None:  # a copy is not a trial of the budget
+                bar.rollout_done({}, 0)  # after its line, so that a log reads in order
 
         async def sweep() -> SweepResult:
             async with study_launcher(study, args.studies_dir) as launcher:

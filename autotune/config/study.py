@@ -199,6 +199,9 @@ class Study(SpecModel):
     probe: ProbeSpec = ProbeSpec()
     resources: ResourcesSpec | None = None
     prior: PriorSpec | None = None
+    # The parallelism to recommend on a curve that runs level to its server's ceiling:
+    # 80% of the peak (the NeMo Gym guide's headroom), or the ceiling itself.
+    recommend: Literal["headroom", "ceiling"] = "headroom"
     seed: int = 0
 
     @model_validator(mode="after")

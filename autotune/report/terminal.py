@@ -24,6 +24,7 @@ from autotune.report.diagnose_report import (
 from autotune.report.sweep_report import (
     SPLIT_COLUMNS,
     ValidationWording,
+    alternative_text,
     gpu_rows,
     share_text,
     split_rows,
@@ -455,6 +456,11 @@ def curve_lines(result: SweepResult, rec: Recommendation) -> list[str]:
         f"recommended          parallelism {rec.recommended.parallelism} "
         f"({rec.recommended.bound_by}) → {rec.recommended.predicted_throughput:.3g} "
         "predicted",
+        *(
+            [f"instead              {alternative}"]
+            if (alternative := alternative_text(rec, lambda x: f"{x:.3g}"))
+            else []
+        ),
         *(f"{name:<21}{text}" for name, text in gpu_rows(rec)),
         f"validated            {validated_text(rec, TERMINAL_VALIDATION)}",
         f"knee                 parallelism {rec.knee_parallelism:.0f}; 80% of peak "

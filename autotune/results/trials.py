@@ -24,13 +24,13 @@ class CurveSummary(Record):
     peak_inside_range: bool
     best_measured_parallelism: int
     best_measured_throughput: float
-    recommended_parallelism: int  # 80% of the peak parallelism, or the server's ceiling
+    recommended_parallelism: int  # 80% of the peak parallelism
     recommended_throughput: float  # what the fitted curve predicts there
     knee_parallelism: float  # where linear scaling (λN) meets the peak throughput
     smallest_parallelism_at_80pct: int  # smallest N whose fitted throughput ≥ 80% of peak
     note: str
-    # The server's ceiling (most requests at once) where the best point reached it: the
-    # recommendation runs it full instead of at 80% (knee.landmarks). None otherwise.
+    # The server's ceiling (most requests at once) where the curve ran level to it: its
+    # peak, and where `recommend: ceiling` runs it (knee.landmarks). None otherwise.
     server_ceiling: int | None = None
 
 
@@ -292,6 +292,9 @@ class Recommendation(Record):
     smallest_parallelism_at_80pct_of_peak_throughput: int
     note: str
     snippets: Snippets
+    # The rule the study did not choose (80% of the peak, or the server's ceiling) where
+    # the curve has both, with its predicted throughput: what the headroom costs.
+    alternative: Recommended | None = None
     knee_interval: tuple[float, float] | None = None  # 95%, bootstrap of the fit
     p95_latency_slo_s: float | None = None
     p95_ttft_slo_s: float | None = None

@@ -1,7 +1,7 @@
-"""The recommendation: the best configuration at 80% of its peak parallelism (or at the
-server's ceiling), lower where an SLO or a failed validation run says so, with 95%
-intervals and lines for NeMo Gym, `vllm serve` and OpenRLHF. Pure: computed from a saved
-SweepResult alone. The rules: docs/design/sweep.md.
+"""The recommendation: the best configuration at 80% of its peak parallelism (or, with
+`recommend: ceiling`, at the server's ceiling), lower where an SLO or a failed validation
+run says so, with 95% intervals and lines for NeMo Gym, `vllm serve` and OpenRLHF. Pure:
+computed from a saved SweepResult alone. The rules: docs/design/sweep.md.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ OPENRLHF_FLAGS = {
 }
 CACHING = "enable_prefix_caching"
 RULE = "80% of the peak parallelism (the NeMo Gym guide's headroom for stability)"
+CEILING = "ceiling"  # the study's `recommend:` that runs a level curve at its ceiling
 VALIDATION_RULE = "validation"
 # An expected latency must sit inside its SLO by what it is known to: a plan right at
 # the SLO would fail its validation run half the time. A rollout latency's p95 or p99 is
@@ -215,27 +216,44 @@ def _within_slos(
     return 1
 
 
-def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -> Plan:
-    """80% of the peak (or the server's ceiling), lowered to the SLOs where they bind,
-    with the 95% interval of the rule that bound it (the rule applied to every bootstrap
-    draw)."""
+def runs_full(result: SweepResult, trial: TrialRecord) -> bool:
+    """Whether the study's rule (`recommend: ceiling`) runs this curve at its server's
+    ceiling: only a curve level there has one."""
+    ceiling = trial.curve.server_ceiling if trial.curve else None
+    return ceiling is not None and result.spec.get("recommend") == CEILING
+
+
+def rule_plan(trial: TrialRecord, boot: CurveBootstrap | None, full: bool) -> Plan:
+    """What a rule alone gives, before any SLO: 80% of the peak parallelism, or (`full`)
+    the server's ceiling."""
     assert trial.curve is not None
-    curve = trial.curve
-    headroom = int(curve.recommended_parallelism)
+    if full and trial.curve.server_ceiling is not None:
+        ceiling = trial.curve.server_ceiling
+        return Plan(ceiling, CEILING_RULE, _ceiling_rule(ceiling), (ceiling, ceiling))
+    interval = boot.recommended_parallelism if boot else None
+    return Plan(trial.curve.recommended_parallelism, HEADROOM_RULE, RULE, interval)
+
+
+def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -> Plan:
+    """The study's rule (80% of the peak, or the server's ceiling), lowered to the SLOs
+    where they bind, with the 95% interval of the rule that bound it (the rule applied to
+    every bootstrap draw)."""
+    assert trial.curve is not None
+    full = runs_full(result, trial)
+    by_rule = rule_plan(trial, boot, full)
+    headroom = by_rule.parallelism
     points = usable_points(result, trial)
     parallelism = _within_slos(points, headroom, result)
     if parallelism == headroom:
-        interval = boot.recommended_parallelism if boot else None
-        if curve.server_ceiling is not None:
-            return Plan(headroom, CEILING_RULE, _ceiling_rule(headroom), interval)
-        return Plan(headroom, HEADROOM_RULE, RULE, interval)
+        return by_rule
     missed = _slo_misses(points, headroom, result)
     interval = None
     fitted = _fit(trial)
     if boot is not None and fitted is not None:
+        starts = [headroom if full else mark.recommended_parallelism for mark in boot.draws]
         draws = [
-            _within_slos(points, mark.recommended_parallelism, result, _scale(fitted, fit))
-            for fit, mark in zip(boot.fits, boot.draws, strict=True)
+            _within_slos(points, start, result, _scale(fitted, fit))
+            for fit, start in zip(boot.fits, starts, strict=True)
         ]
         interval = boot.interval(draws)
     slos = []
@@ -252,7 +270,7 @@ def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -
             f"{name} rollout latency stays {margin:.0%} within {slo:g} s "
             f"(what the measured {name} is known to, 95%)"
         )
-    start = "the server's ceiling" if curve.server_ceiling is not None else "80% of the peak"
+    start = "the server's ceiling" if full else "80% of the peak"
     rule = (
         f"the largest parallelism at or under {start} ({headroom}) whose expected "
         f"{' and '.join(slos)} (the study's SLO: at {headroom} it would not)"
@@ -263,9 +281,31 @@ def plan(result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None) -
 def _ceiling_rule(ceiling: int) -> str:
     return (
         f"the server's ceiling ({ceiling} requests at once: max_num_seqs, or what its KV "
-        "cache holds): the curve is best there and does not turn down, since past it "
-        "requests only wait in the server's queue; 80% of it would leave a fifth of the "
-        "batch empty"
+        "cache holds; the study's recommend: ceiling): the curve is level there, and past "
+        "it requests only wait in the server's queue"
+    )
+
+
+def alternative(
+    result: SweepResult, trial: TrialRecord, boot: CurveBootstrap | None
+) -> Recommended | None:
+    """The rule the study did not choose, where the curve has both (it ran level to its
+    server's ceiling): its parallelism and predicted throughput, so what the headroom
+    costs (or what running full would gain) is read beside the recommendation."""
+    if trial.curve is None or trial.curve.server_ceiling is None:
+        return None
+    other = rule_plan(trial, boot, not runs_full(result, trial))
+    predicted, interval = predicted_at(result, trial, boot, other.parallelism)
+    points = usable_points(result, trial)
+    return Recommended(
+        other.parallelism,
+        predicted,
+        other.rule,
+        bound_by=other.bound_by,
+        parallelism_interval=other.parallelism_interval,
+        throughput_interval=interval,
+        p95_latency_s=expected_latency(points, other.parallelism, "p95_latency_s"),
+        p95_ttft_s=expected_latency(points, other.parallelism, "p95_ttft_s"),
     )
 
 
@@ -357,6 +397,7 @@ def recommendation(result: SweepResult) -> Recommendation | None:
             ),
             autotune=collect_line(result, parallelism, knobs),
         ),
+        alternative=alternative(result, best, boot),
         knee_interval=boot.knee_parallelism if boot else None,
         p95_latency_slo_s=result.p95_latency_slo_s,
         p95_ttft_slo_s=result.p95_ttft_slo_s,

@@ -44,6 +44,8 @@ log = logging.getLogger("autotune")
 IMPROVEMENT = 0.01  # patience counts trials that did not beat the best by 1%
 EFFECTIVE = "effective_knobs"  # a trial's user attribute: the knobs that change its batches
 COPIED = "copied_from"  # a trial's user attribute: the trial whose figures it reuses
+# Proposals in a row that were all copies: the sampler has nothing new left to try.
+COPIES_IN_A_ROW = 5
 HEARTBEAT_INTERVAL_S = 10  # a shared study's running trial records a heartbeat this often
 GRACE_PERIOD_S = 30  # and the next worker to start fails it once it is this stale
 
@@ -69,6 +71,24 @@ def suggest_knobs(trial: Any, study: Study, gpu_count: int) -> dict[str, Any]:
             value = trial.suggest_float(name, space.low, space.high, step=step, log=space.log)
             params[name] = round(value, 6)
     return knobs_of(params)
+
+
+def space_size(study: Study, gpu_count: int) -> int | None:
+    """How many configurations the sampler can draw; None where a knob is continuous."""
+    size = 1
+    for space in parameters(study, gpu_count).values():
+        finite = isinstance(space, ChoiceSpace) or (
+            not space.log and (isinstance(space, IntSpace) or space.step is not None)
+        )
+        if not finite:
+            return None
+        size *= len(grid_values(space))
+    return size
+
+
+def _covered(done: list[Any], size: int | None) -> bool:
+    """Every configuration of a finite space has a finished trial (measured, or copied)."""
+    return size is not None and len({tuple(sorted(t.params.items())) for t in done}) >= size
 
 
 def grid_values(space: IntSpace | FloatSpace | ChoiceSpace) -> list[Any]:
@@ -245,11 +265,11 @@ async def optimise(
     prior: Prior | None = None,
     prune: bool = True,
 ) -> None:
-    """Run trials until the budget (finished trials, time, patience) is spent; a new
-    study's first trial is the `prior`'s best configuration, else fit.seed_configuration
-    unless `seed_first` is off (a benchmark of the sampler alone). A configuration the
-    prior rules out is recorded PRUNED without a launch; `prune` off measures every
-    curve whole (the prior's own run)."""
+    """Run trials until the budget (finished trials that are not copies, time, patience)
+    is spent or the space is covered; a new study's first trial is the `prior`'s best
+    configuration, else fit.seed_configuration unless `seed_first` is off (a benchmark of
+    the sampler alone). A configuration the prior rules out is recorded PRUNED without a
+    launch; `prune` off measures every curve whole (the prior's own run)."""
     from optuna.trial import TrialState
 
     budget = study.budget
@@ -260,12 +280,26 @@ async def optimise(
             first = seed_configuration(study, gpu_count)
         if first is not None:
             optuna_study.enqueue_trial(first)
+    copies_in_a_row = 0
     while True:
         done = finished_trials(optuna_study)
-        if len(done) >= budget.trials or time.monotonic() >= deadline:
+        # A copy measures nothing and costs nothing: it counts towards neither the budget
+        # nor patience.
+        judged = [t for t in done if COPIED not in t.user_attrs]
+        if len(judged) >= budget.trials or time.monotonic() >= deadline:
             return
-        if budget.patience and _stalled(done, budget.patience, startup_trials(study)):
+        if budget.patience and _stalled(judged, budget.patience, startup_trials(study)):
             log.info("no 1%% gain in the last %d trials: stopping early", budget.patience)
+            return
+        if _covered(done, space_size(study, gpu_count)):
+            log.info("every configuration of the search space was tried: stopping")
+            return
+        if copies_in_a_row >= COPIES_IN_A_ROW:
+            log.info(
+                "the sampler proposed %d configurations in a row that were measured already: "
+                "the search space looks covered, stopping",
+                copies_in_a_row,
+            )
             return
         best = _best(done)
         with warnings.catch_warnings():  # ask/tell is fine: _heartbeat records it
@@ -291,6 +325,7 @@ async def optimise(
             optuna_study.tell(trial, state=TrialState.PRUNED)
         else:
             optuna_study.tell(trial, _values(outcome, study))
+        copies_in_a_row = copies_in_a_row + 1 if outcome.copied_from is not None else 0
         if on_trial is not None:
             on_trial(trial.number, outcome)
 
