@@ -120,6 +120,9 @@ def assert_one_reading(summary: dict[str, Any], last: dict[str, Any], scraped: S
         "cancelled": scraped["autotune_rollouts_cancelled_total"][()],
         "groups_complete": scraped.get("autotune_groups_completed_total", {}).get(()),
         "groups_informative": scraped.get("autotune_groups_informative_total", {}).get(()),
+        "groups_informative_tokens": scraped.get(
+            "autotune_groups_informative_output_tokens_total", {}
+        ).get(()),
     }
     assert set(served) == {field.name for field in dataclasses.fields(Totals)}
     for name, value in served.items():
@@ -129,6 +132,14 @@ def assert_one_reading(summary: dict[str, Any], last: dict[str, Any], scraped: S
     groups = summary.get("groups") or {}
     assert groups.get("complete") == served["groups_complete"]
     assert groups.get("informative") == served["groups_informative"]
+    if groups:  # the group figures where rollouts are counted, not only their counts
+        share = groups["informative"] / groups["complete"]
+        assert scraped["autotune_groups_informative_share"][()] == share
+        assert last["groups_informative_share"] == groups["informative_share"] == share
+        tokens = served["groups_informative_tokens"]
+        assert groups["informative_tokens_per_s"] == tokens / summary["elapsed_s"]
+        count = scraped["autotune_group_straggler_ratio_count"][()]
+        assert count == groups["complete"] == groups["straggler_ratio"]["count"]
     assert last["summary"] == summary
     assert last["t_s"] == summary["elapsed_s"]
     assert summary["rollouts_per_s"] == summary["completed"] / summary["elapsed_s"]
@@ -224,7 +235,7 @@ def test_every_total_non_zero_agrees_in_the_summary_the_stats_line_and_a_scrape(
     groups = GroupTracker(2)
     for task, rewards in enumerate([(1.0, 0.0), (1.0, 1.0), (0.0, 1.0)]):
         for reward in rewards:
-            groups.ended(task, 100.0, 101.0, reward)
+            groups.ended(task, 100.0, 101.0 + reward, reward, output_tokens=10)
     sources = Sources(stats, counters, limiter, pool, planned=80, groups=groups)
     target = cast(Target, SimpleNamespace(model="m", base_url="http://h/v1", simulated=True))
     config = cast(CollectConfig, SimpleNamespace(parallelism=16, output=None, tools=None))

@@ -5,6 +5,7 @@ Why: docs/design/live.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,14 @@ class Totals:
     cancelled: int = 0  # samples a batch step's end cancelled (--over-sample)
     groups_complete: int | None = None  # GRPO groups (--num-repeats above 1)
     groups_informative: int | None = None
+    groups_informative_tokens: int | None = None  # the informative groups' output tokens
+
+    @property
+    def informative_share(self) -> float | None:
+        """Informative groups ÷ complete ones (None before the first closes)."""
+        if not self.groups_complete:
+            return None
+        return (self.groups_informative or 0) / self.groups_complete
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +102,15 @@ class Sources:
             cancelled=stats.cancelled,
             groups_complete=self.groups.complete if self.groups is not None else None,
             groups_informative=self.groups.informative if self.groups is not None else None,
+            groups_informative_tokens=(
+                self.groups.informative_tokens if self.groups is not None else None
+            ),
         )
+
+    def straggler_ratios(self) -> Sequence[float]:
+        """Each complete group's slowest sample ÷ its median one, in the order they
+        closed (none when rollouts are not grouped)."""
+        return self.groups.straggler_ratios if self.groups is not None else ()
 
     @property
     def draining(self) -> bool:

@@ -87,6 +87,18 @@ class RunCollector(Collector):
                 "Completed groups whose rewards differ (RL goodput counts these).",
                 value=totals.groups_informative or 0,
             )
+            yield CounterMetricFamily(
+                "autotune_groups_informative_output_tokens",
+                "Output tokens of the informative groups (RL goodput in tokens).",
+                value=totals.groups_informative_tokens or 0,
+            )
+            share = totals.informative_share
+            yield GaugeMetricFamily(
+                "autotune_groups_informative_share",
+                "Informative groups ÷ completed groups (NaN before the first completes).",
+                value=math.nan if share is None else share,
+            )
+            yield straggler_histogram(sources.straggler_ratios())
         yield CounterMetricFamily(
             "autotune_input_tokens", "Prompt tokens of completed rollouts.", totals.input_tokens
         )
@@ -138,6 +150,25 @@ class RunCollector(Collector):
             counts, total = histograms.cumulative(stage)
             latency.add_metric([stage], list(zip(bounds, counts, strict=True)), sum_value=total)
         yield latency
+
+
+# A group's slowest sample ÷ its median one: 1 is no straggler, 10 a tenfold tail.
+STRAGGLER_BUCKETS = (1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+def straggler_histogram(ratios: Sequence[float]) -> HistogramMetricFamily:
+    """Every complete group's straggler ratio, as a cumulative histogram."""
+    import numpy as np  # only a run serving /metrics pays for the import
+
+    ordered = np.sort(np.asarray(ratios, dtype=np.float64))
+    counts = np.searchsorted(ordered, STRAGGLER_BUCKETS, side="right").tolist()
+    family = HistogramMetricFamily(
+        "autotune_group_straggler_ratio",
+        "Each completed group's slowest sample time ÷ its median one (1: no straggler).",
+    )
+    buckets = [(repr(b), int(c)) for b, c in zip(STRAGGLER_BUCKETS, counts, strict=True)]
+    family.add_metric([], [*buckets, ("+Inf", len(ordered))], sum_value=float(ordered.sum()))
+    return family
 
 
 Figure = tuple[str, str, str, float]  # name, "counter" or "gauge", help, value

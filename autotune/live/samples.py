@@ -30,6 +30,8 @@ class Sampler:
         self._last_completed = 0
         self._last_output_tokens = 0
         self._last_informative = 0
+        self._last_informative_tokens = 0
+        self._stragglers_cut = 0
 
     def take(
         self,
@@ -48,6 +50,9 @@ class Sampler:
         for stage, values in stats.samples.samples.items():
             latency[stage] = StageLatency.of(values[self._cuts[stage] :])
             self._cuts[stage] = len(values)
+        ratios = self._sources.straggler_ratios()
+        stragglers = StageLatency.of(ratios[self._stragglers_cut :])
+        self._stragglers_cut = len(ratios)
         sample = LiveSample(
             at=self._at0 + t,
             t_s=t,
@@ -71,15 +76,22 @@ class Sampler:
             cancelled=totals.cancelled,
             groups_complete=totals.groups_complete,
             groups_informative=totals.groups_informative,
+            groups_informative_tokens=totals.groups_informative_tokens,
+            groups_informative_share=totals.informative_share,
             window_informative_groups_per_s=None
             if totals.groups_informative is None
             else (totals.groups_informative - self._last_informative) / window,
+            window_informative_tokens_per_s=None
+            if totals.groups_informative_tokens is None
+            else (totals.groups_informative_tokens - self._last_informative_tokens) / window,
+            window_straggler_ratio=None if totals.groups_complete is None else stragglers,
             drift=drift,
             summary=summary,
         )
         self._last_t, self._last_completed = t, totals.completed
         self._last_output_tokens = totals.output_tokens
         self._last_informative = totals.groups_informative or 0
+        self._last_informative_tokens = totals.groups_informative_tokens or 0
         return sample
 
 

@@ -284,7 +284,12 @@ class LiveSample(Record):
     cancelled: int = 0  # samples a batch step's end cancelled (--over-sample)
     groups_complete: int | None = None  # GRPO groups (--num-repeats above 1)
     groups_informative: int | None = None
+    groups_informative_tokens: int | None = None  # the informative groups' output tokens
+    groups_informative_share: float | None = None  # of the complete groups, so far
     window_informative_groups_per_s: float | None = None  # RL goodput since the last sample
+    window_informative_tokens_per_s: float | None = None  # ... in their output tokens
+    # Slowest sample ÷ median one of the groups closed since the last sample.
+    window_straggler_ratio: StageLatency | None = None
     drift: DriftWarning | None = None  # on the first sample after the warning
     summary: CollectSummary | None = None  # the last sample only
 

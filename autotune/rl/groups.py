@@ -82,7 +82,7 @@ class GroupTracker:
         self.incomplete = 0
         self.informative_tokens = 0
         self._completion = array("d")
-        self._stragglers = array("d")
+        self.straggler_ratios = array("d")  # one a complete group, in the order they closed
         self.on_close: Callable[[ClosedGroup], None] | None = None  # a batch step's runner
 
     def ended(
@@ -125,7 +125,7 @@ class GroupTracker:
         self.complete += 1
         self._completion.append(took)
         straggler = straggler_ratio(group.durations)
-        self._stragglers.append(straggler)
+        self.straggler_ratios.append(straggler)
         informative = is_informative(group.rewards)
         if informative:
             self.informative += 1
@@ -144,7 +144,7 @@ class GroupTracker:
             informative_groups_per_s=self.informative / elapsed,
             informative_tokens_per_s=self.informative_tokens / elapsed,
             completion_s=StageLatency.of(self._completion),
-            straggler_ratio=StageLatency.of(self._stragglers),
+            straggler_ratio=StageLatency.of(self.straggler_ratios),
         )
 
 

@@ -51,6 +51,12 @@ class GroupObserver(Protocol):
 
     complete: int
     informative: int
+    informative_tokens: int  # the informative groups' output tokens
+
+    @property
+    def straggler_ratios(self) -> Sequence[float]:
+        """Each complete group's, in the order they closed."""
+        ...
 
     def ended(
         self,
