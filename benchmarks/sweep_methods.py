@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config.study import PriorSpec, Study
+from autotune.errors import UsageError
 from autotune.hardware.measured import (
     MeasuredBlock,
     SurfaceError,
@@ -333,6 +334,9 @@ def study_spec(ground: Ground, trials: int, seed: int) -> Study:
                 **({ground.slo.field: ground.slo.seconds} if ground.slo else {}),
             },
             "budget": {"trials": trials, "patience": 6},
+            # Every method is scored at the best point it found: the study's too (its
+            # default keeps 20% headroom below a ceiling, which no rival here does).
+            "recommend": "ceiling",
             "seed": seed,
         }
     )  # fmt: skip
@@ -349,7 +353,8 @@ async def study_method(
         records = trial_records(optuna_study)
     result = SweepResult(
         study=spec.name, created_at=0.0, started_at=0.0, simulated=True, storage="",
-        trials_reused=0, metric="rollouts_per_s", max_error_rate=0.05, model=None, spec={},
+        trials_reused=0, metric="rollouts_per_s", max_error_rate=0.05, model=None,
+        spec={"recommend": spec.recommend},
         trials=records, importances={}, machine={},
         **({ground.slo.field: ground.slo.seconds} if ground.slo else {}),
     )  # fmt: skip
@@ -546,8 +551,12 @@ async def run_block(ground: Ground, seeds: int) -> list[harness.Target]:
         f"best feasible: {knobs['num_engines']} engines × TP {knobs['tensor_parallel_size']} at "
         f"parallelism {parallelism}, {best:.3g} rollouts/s (start-up {ground.launch_s:g} s)"
     )
+    why_not = "no block of another engine image to calibrate on"
     with tempfile.TemporaryDirectory() as folder:
-        found = await calibrated_prior(ground, Path(folder))
+        try:
+            found = await calibrated_prior(ground, Path(folder))
+        except (UsageError, SurfaceError) as error:  # a GPU or model autotune has no profile of
+            found, why_not = None, f"cannot calibrate one ({error})"
     prior = found[0] if found else None
     if found is not None:
         ranked = ", ".join(f"{found[0].values[key]:.3g}" for key in sorted(found[0].values))
@@ -556,7 +565,7 @@ async def run_block(ground: Ground, seeds: int) -> list[harness.Target]:
             f"ranked in {found[0].seconds:.0f} CPU-s (rollouts/s {ranked})"
         )
     else:
-        print("prior: no block of another engine image to calibrate on; no prior row")
+        print(f"prior: {why_not}; no prior row, every other method scored")
     by_method: dict[str, list[tuple[Answer, Score]]] = {}
     for seed in range(seeds):
         for answer in await every_method(ground, seed, prior):

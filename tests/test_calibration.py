@@ -16,6 +16,7 @@ from autotune.hardware.calibrated import load_profile
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.memory import weights_bytes_per_gpu
 from autotune.hardware.profiles import GPUS, MODELS, GiB, StepCoefficients
+from autotune.sweep.calibration import table_hardware
 from tests.helpers import autotune, one_sentence_error
 
 H100 = "hw=h100,model=gpt-oss-120b,image=v0.13.0,isl=1024,osl=1024"
@@ -77,6 +78,11 @@ def test_calibrating_a_measured_block_meets_the_error_targets_on_the_engine(
     assert len(rows) == len(profile.points)
     assert f"throughput error median {summary.throughput_median:.1%}" in lines[-2]
     assert lines[-1].endswith(f"`autotune sim serve --profile {path}`")
+    # -q: the summary and where the profile went, not each point's error.
+    quiet = autotune(
+        "sim", "calibrate", "-q", str(table), "--where", H100, "--output-dir", str(tmp_path)
+    )  # fmt: skip
+    assert quiet.returncode == 0 and quiet.stdout.splitlines() == lines[-2:], quiet.stderr
     # A sim serve with the profile steps with its coefficients, on its GPU and model.
     config = SimConfig.from_args(["--profile", str(path)])
     assert config.coefficients == profile.coefficients
@@ -138,3 +144,31 @@ def test_a_profile_for_other_hardware_or_no_profile_is_refused_at_launch(tmp_pat
     assert SimConfig.from_args(["--profile", str(made)]).gpu.name == "h200"
     with pytest.raises(SimConfigError, match=re.escape("for llama-3.1-8b on h200, not")):
         SimConfig.from_args(["--profile", str(made), "--gpu", "h100-80gb"])
+
+
+@pytest.mark.parametrize(
+    ("hw", "profile", "bf16_tflops", "fp8_tflops", "memory_gb", "tb_per_s"),
+    [
+        ("B200", "b200", 2250, 4500, 180, 8.0),
+        ("GB200", "gb200", 2500, 5000, 186, 8.0),
+        ("MI300X", "mi300x", 1307.4, 2614.9, 192, 5.3),
+        ("MI355X", "mi355x", 2516.6, 5033.2, 288, 8.0),
+    ],
+)
+def test_the_gpus_users_have_are_profiles_a_table_names(
+    hw: str,
+    profile: str,
+    bf16_tflops: float,
+    fp8_tflops: float,
+    memory_gb: int,
+    tb_per_s: float,
+) -> None:
+    """A table's `hw` finds its profile (the calibration's lookup), with the datasheet's
+    dense figures; a one-byte model computes at the fp8 peak, a two-byte one at bf16's."""
+    block = type("Block", (), {"key": {"hw": hw, "model": "meta-llama/Llama-3.1-8B-Instruct"}})
+    gpu, _ = table_hardware(block, None)  # type: ignore[arg-type]  # only its key is read
+    assert gpu is GPUS[profile]
+    assert gpu.bf16_flops == pytest.approx(bf16_tflops * 1e12)
+    assert gpu.dense_flops(1) == pytest.approx(fp8_tflops * 1e12)
+    assert gpu.dense_flops(2) == gpu.bf16_flops
+    assert gpu.memory_bytes == memory_gb * 10**9 and gpu.hbm_bytes_per_s == tb_per_s * 1e12

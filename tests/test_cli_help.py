@@ -7,6 +7,8 @@ import argparse
 import select
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -117,3 +119,28 @@ def test_sim_serve_takes_host() -> None:
         finally:
             server.terminate()
     assert server.returncode == 0
+
+
+def test_sim_serve_quiet_serves_without_its_start_up_lines() -> None:
+    """`-q`: the server answers, and prints nothing but warnings and errors."""
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "-m", "autotune", "sim", "serve", "-q", "--port", str(port),
+         "--time-scale", "0.01"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as server:  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                        break
+                except OSError:
+                    assert time.monotonic() < deadline, "no /health answer within 30 s"
+                    time.sleep(0.1)
+        finally:
+            server.terminate()
+        out, err = server.communicate(timeout=30)
+    assert server.returncode == 0 and out == "" and err == ""

@@ -21,6 +21,7 @@ from autotune.config.collection import (
 )
 from autotune.config.fields import SpecModel, option, unwrap
 from autotune.config.knobs import KNOBS, SERVER_KNOBS, SearchSpace
+from autotune.config.rl_specs import BatchSpec, LoopSpec
 from autotune.config.study import Study, load_study
 from autotune.errors import UsageError
 from autotune.hardware.deployment import build_parser as build_sim_parser
@@ -62,6 +63,11 @@ SHARED: dict[tuple[type[SpecModel], str], tuple[str, str | None, str | None]] = 
     (ServerFields, "api_key_env"): ("collect", "target.api_key_env", "target.api_key_env"),
     (ProbeSpec, "min_s"): ("diagnose", "probe.min_s", "probe.min_s"),
     (ProbeSpec, "max_s"): ("diagnose", "probe.max_s", "probe.max_s"),
+    **{
+        (BatchSpec, name): ("collect", f"workload.batch.{name}", None)
+        for name in BatchSpec.model_fields
+    },
+    **{(LoopSpec, name): ("loop", f"workload.loop.{name}", None) for name in LoopSpec.model_fields},
 }
 
 
@@ -86,7 +92,16 @@ def _file_default(model: type[SpecModel], dotted: str) -> Any:
 
 
 def _declared_fields() -> set[tuple[type[SpecModel], str]]:
-    specs = (SyntheticSpec, WorkloadSpec, VerifierFields, RequestFields, ServerFields, ProbeSpec)
+    specs = (
+        SyntheticSpec,
+        WorkloadSpec,
+        VerifierFields,
+        RequestFields,
+        ServerFields,
+        ProbeSpec,
+        BatchSpec,
+        LoopSpec,
+    )
     declared = set()
     for spec in specs:
         for name, field in spec.model_fields.items():

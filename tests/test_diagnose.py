@@ -210,17 +210,18 @@ def test_a_speedup_exactly_at_the_threshold_is_inconclusive_and_one_clear_of_it_
 def test_rollouts_too_long_to_time_by_completions_are_timed_in_tokens(
     tmp_path: Path, sim_args: tuple[str, ...], expected: str
 ) -> None:
-    """Rollouts of 4,000 output tokens (about 30 simulated seconds each, 50 when queued)
-    against probes capped at 6 s of wall clock (120 simulated): a slot finishes a few in
-    the cap, too few for a window of completions. The probes time output tokens instead,
-    and each setup gets its verdict, sure of it."""
-    long = ("--max-s", "6", "--output-tokens", "4000,200", "--synthetic", "200")
-    result = run_diagnose(tmp_path, *long, *sim_args, "--verifier", "synthetic")
+    """Rollouts of 8,000 output tokens (about 60 simulated seconds each, longer when
+    queued) against probes capped at 6 s of wall clock (120 simulated): a slot finishes
+    one or two in the cap, too few for a window of completions. The probes time output
+    tokens instead, and each setup gets its verdict, sure of it."""
+    long = ("--max-s", "6", "--output-tokens", "8000,200", "--synthetic", "200")
+    context = "--sim-arg=--max-model-len=16384"  # the prompt and 8,000 tokens: past 8,192
+    result = run_diagnose(tmp_path, *long, context, *sim_args, "--verifier", "synthetic")
     verdict = result.verdict
     assert verdict.verdict == expected and verdict.clear_of_threshold, verdict.confidence
     for probe in result.probes:
         p50 = probe.latency_s["total"].p50
-        assert p50 is not None and p50 > 20  # simulated seconds a rollout
+        assert p50 is not None and p50 > 50  # simulated seconds a rollout
         assert probe.stop_reason.endswith("(in tokens)"), probe.stop_reason
         assert probe.measured_s <= 6 / 0.05  # the cap, in simulated seconds
         assert all(block.output_tokens_per_s for block in probe.blocks)

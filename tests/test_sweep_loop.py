@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from autotune.config.study import load_study
 from autotune.results.trials import LoopRecommendation, SweepResult
+from autotune.sweep.feasibility import prelaunch
 from autotune.sweep.sweep_job import recommend
 from tests.helpers import autotune, one_sentence_error
 from tests.test_sweep_steps import run_enqueued
@@ -56,9 +58,13 @@ def test_a_loop_study_recommends_the_async_mode_and_validates_it(tmp_path: Path)
         {"mode": "async", "ahead_steps": 1, "gpu_memory_utilization": 0.9},
         {"mode": "async", "ahead_steps": 2, "gpu_memory_utilization": 0.9},
     ]
-    done, result, reports = run_enqueued(study_file(tmp_path), tmp_path, knobs)
+    # Four trials enqueued, then the search chooses until five are not copies.
+    study = study_file(tmp_path, budget={"trials": 5})
+    done, result, reports = run_enqueued(study, tmp_path, knobs)
     trials = {t.number: t for t in result.trials}
     assert [trials[n].loop.mode for n in range(4)] == ["sync", "colocated", "async", "async"]
+    chosen = [t for t in result.trials[4:] if t.copied_from is None]
+    assert len(chosen) == 1 and (chosen[0].loop is not None or chosen[0].infeasible_reason)
     two_ahead = trials[3]
     assert not two_ahead.feasible and "staleness_limit of 1" in (two_ahead.infeasible_reason or "")
     assert two_ahead.loop.staleness_max == 2  # measured, then refused
@@ -107,3 +113,21 @@ def test_a_loop_study_that_cannot_run_is_one_sentence(
     path = study_file(tmp_path, **overrides)
     error = one_sentence_error(autotune("sweep", str(path), "--studies-dir", str(tmp_path)))
     assert message in error
+
+
+def test_a_colocated_trial_leaves_the_trainer_its_share_of_the_gpus(tmp_path: Path) -> None:
+    """A colocated engine shares its GPUs with the trainer: above half their memory it is
+    infeasible before launch, in one sentence; the other modes have the GPUs to
+    themselves."""
+    study = load_study(study_file(tmp_path))
+    crowded = prelaunch(study, {"mode": "colocated", "gpu_memory_utilization": 0.9})
+    assert crowded.problem == (
+        "colocated, the engine shares its GPUs with the trainer: gpu_memory_utilization 0.9 "
+        "leaves the trainer 10% of their memory, and a colocated engine takes at most 0.5 "
+        "(OpenRLHF's hybrid engine gives vLLM half)"
+    )
+    assert prelaunch(study, {"mode": "colocated", "gpu_memory_utilization": 0.45}).problem is None
+    assert prelaunch(study, {"mode": "sync", "gpu_memory_utilization": 0.9}).problem is None
+    # Not searched: the target's own flag, else vLLM's default (0.9), is what it would take.
+    fixed = load_study(study_file(tmp_path, search_space={"mode": {"choices": ["colocated"]}}))
+    assert "gpu_memory_utilization 0.9 " in (prelaunch(fixed, {"mode": "colocated"}).problem or "")

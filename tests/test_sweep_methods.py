@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 from pathlib import Path
 
 import pytest
@@ -21,19 +22,18 @@ def per_gpu(tp: int, conc: int) -> float:
     return {1: 40.0, 2: 60.0, 4: 45.0}[tp] * conc**0.8
 
 
-def write_table(path: Path) -> Path:
+def write_table(path: Path, images: tuple[str, ...] = ("vllm:v1",)) -> Path:
     columns = [*KEY_COLUMNS, "conc", "median_tpot", "median_ttft", "is_multinode", "disagg",
                "spec_decoding", "output_tput_per_gpu", "median_e2el", "p99_e2el"]  # fmt: skip
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, columns)
         writer.writeheader()
-        for tp in (1, 2, 4):
-            for conc in CONCURRENCY:
-                median = 10.0 + conc  # seconds a rollout
-                writer.writerow(
+        for image, tp, conc in itertools.product(images, (1, 2, 4), CONCURRENCY):
+            median = 10.0 + conc  # seconds a rollout
+            writer.writerow(
                     {
                         "hw": "gpu-x", "model": "org/model-y", "framework": "vllm",
-                        "precision": "fp8", "image": "vllm:v1", "isl": 512, "osl": 256,
+                        "precision": "fp8", "image": image, "isl": 512, "osl": 256,
                         "tp": tp, "ep": 1, "conc": conc, "median_tpot": 0.02,
                         "median_ttft": 0.1, "is_multinode": "False", "disagg": "False",
                         "spec_decoding": "none", "output_tput_per_gpu": per_gpu(tp, conc),
@@ -106,3 +106,19 @@ def test_a_block_the_table_lacks_is_one_sentence(tmp_path: Path) -> None:
     args = argparse.Namespace(table=write_table(tmp_path / "runs.csv"), gpus=4, launch_s=1.0)
     with pytest.raises(SurfaceError, match="with the rest of the key it has hw gpu-x"):
         methods.ground_of("test", "hw=gpu-z,model=model-y", None, args)
+
+
+async def test_a_block_whose_prior_cannot_be_calibrated_scores_every_other_method(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sibling block to calibrate on, on a GPU and a model autotune has no profile of:
+    one line says why there is no prior row, and every other method is scored."""
+    table = write_table(tmp_path / "runs.csv", images=("vllm:v1", "vllm:v2"))
+    args = argparse.Namespace(table=table, gpus=4, launch_s=100.0)
+    on = methods.ground_of("test", "hw=gpu-x,model=model-y,image=vllm:v2", None, args)
+    await methods.run_block(on, seeds=1)
+    printed = capsys.readouterr().out
+    why = next(line for line in printed.splitlines() if line.startswith("prior:"))
+    assert "cannot calibrate one (the table's hw 'gpu-x' names no one GPU profile" in why
+    assert why.endswith("no prior row, every other method scored")
+    assert "study, no seed" in printed and "bisection (most engines)" in printed

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.cli.common import REPORTS, add_json, add_output_dir, epilog, print_result
+from autotune.cli.common import (
+    REPORTS,
+    add_json,
+    add_output_dir,
+    add_quiet,
+    epilog,
+    print_result,
+)
+
+if TYPE_CHECKING:
+    from autotune.hardware.calibrated import CalibratedProfile
 
 PROFILE_FILE = "profile.json"
 
@@ -51,6 +61,7 @@ def add_parser(commands: Any) -> None:
     )
     add_output_dir(calibrate, f"{REPORTS / 'calibrate'}; the profile goes to DIR/{PROFILE_FILE}")
     add_json(calibrate, "the profile with its error at each point")
+    add_quiet(calibrate, "not each point's error: only the fit's summary and where it went")
     calibrate.set_defaults(handler=run_calibrate)
 
 
@@ -83,6 +94,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print_result(path.read_text())
         return 0
     summary = profile.summary()
+    lines = [] if args.quiet else _point_lines(profile)
+    lines.append(
+        f"{profile.model.name} on {profile.gpu.name}, {summary.points} points: throughput "
+        f"error median {summary.throughput_median:.1%}, worst {summary.throughput_worst:.1%}; "
+        f"TPOT error median {summary.tpot_median:.1%}, worst {summary.tpot_worst:.1%}"
+    )
+    lines.append(f"wrote {path}: serve it with `autotune sim serve --profile {path}`")
+    print_result("\n".join(lines))
+    return 0
+
+
+def _point_lines(profile: CalibratedProfile) -> list[str]:
+    """The table of each measured point against the simulator's, and their errors."""
     lines = [
         f"{'TP':>3} {'conc':>5} {'tokens/s/GPU measured':>22} {'simulated':>10} {'error':>7}"
         f" {'TPOT ms measured':>17} {'simulated':>10} {'error':>7}"
@@ -94,14 +118,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             f" {1e3 * point.measured_tpot_s:>17.2f} {1e3 * point.simulated_tpot_s:>10.2f}"
             f" {point.tpot_error:>+7.1%}"
         )
-    lines.append(
-        f"{profile.model.name} on {profile.gpu.name}, {summary.points} points: throughput "
-        f"error median {summary.throughput_median:.1%}, worst {summary.throughput_worst:.1%}; "
-        f"TPOT error median {summary.tpot_median:.1%}, worst {summary.tpot_worst:.1%}"
-    )
-    lines.append(f"wrote {path}: serve it with `autotune sim serve --profile {path}`")
-    print_result("\n".join(lines))
-    return 0
+    return lines
 
 
 def split_sim_serve(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -50,7 +50,8 @@ def step_time_s(
         4 * model.kv_layers * model.attention_heads * model.head_dim / tp * context_tokens
     )
     memory_time = bytes_moved / (gpu.hbm_bytes_per_s * coefficients.memory_efficiency)
-    compute_time = flops / (gpu.bf16_flops * coefficients.compute_efficiency)
+    peak = gpu.dense_flops(model.bytes_per_param)
+    compute_time = flops / (peak * coefficients.compute_efficiency)
     return (
         coefficients.step_overhead_s
         + max(memory_time, compute_time)

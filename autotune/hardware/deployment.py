@@ -137,6 +137,9 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
     p.add_argument("--host", default="127.0.0.1", help="the interface to listen on")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument(
+        "--quiet", "-q", action="store_true", help="no start-up lines: only warnings and errors"
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -298,6 +301,7 @@ class SimConfig:
     max_model_len: int
     host: str
     port: int
+    quiet: bool
     time_scale: float
     seed: int
     natural_output_tokens: int
@@ -469,6 +473,7 @@ class SimConfig:
             max_model_len=ns.max_model_len,
             host=ns.host,
             port=ns.port,
+            quiet=ns.quiet,
             time_scale=ns.time_scale,
             seed=ns.seed,
             natural_output_tokens=ns.natural_output_tokens,

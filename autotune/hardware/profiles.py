@@ -12,7 +12,7 @@ GiB = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class GpuProfile:
-    """One accelerator: memory, bandwidths and peak dense bf16 compute."""
+    """One accelerator: memory, bandwidths and peak dense bf16 (and fp8) compute."""
 
     name: str
     memory_bytes: int
@@ -20,6 +20,14 @@ class GpuProfile:
     bf16_flops: float  # dense (no sparsity)
     interconnect_bytes_per_s: float  # GPU-to-GPU, both directions together, as datasheets quote
     source: str
+    fp8_flops: float | None = None  # dense; None: no fp8 tensor cores
+
+    def dense_flops(self, bytes_per_param: float) -> float:
+        """The matrix units' peak for weights of this width: fp8's for one-byte weights
+        where the GPU has it, else bf16's."""
+        if bytes_per_param <= 1 and self.fp8_flops is not None:
+            return self.fp8_flops
+        return self.bf16_flops
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +112,7 @@ GPUS: dict[str, GpuProfile] = {
         memory_bytes=80 * GiB,
         hbm_bytes_per_s=3.35e12,
         bf16_flops=989.4e12,  # datasheet: 1,979 TFLOPS with sparsity
+        fp8_flops=1978.9e12,  # datasheet: 3,958 TFLOPS with sparsity
         interconnect_bytes_per_s=900e9,  # NVLink 4
         source="NVIDIA H100 Tensor Core GPU datasheet, SXM column "
         "(https://www.nvidia.com/en-us/data-center/h100/)",
@@ -113,6 +122,7 @@ GPUS: dict[str, GpuProfile] = {
         memory_bytes=141 * GiB,
         hbm_bytes_per_s=4.8e12,
         bf16_flops=989.4e12,  # datasheet: 1,979 TFLOPS with sparsity
+        fp8_flops=1978.9e12,  # datasheet: 3,958 TFLOPS with sparsity
         interconnect_bytes_per_s=900e9,  # NVLink 4
         source="NVIDIA H200 Tensor Core GPU datasheet, SXM column "
         "(https://www.nvidia.com/en-us/data-center/h200/)",
@@ -132,8 +142,53 @@ GPUS: dict[str, GpuProfile] = {
         memory_bytes=48 * GiB,
         hbm_bytes_per_s=864e9,  # GDDR6
         bf16_flops=362.05e12,  # datasheet: 733 TFLOPS with sparsity
+        fp8_flops=733e12,  # datasheet: 1,466 TFLOPS with sparsity
         interconnect_bytes_per_s=64e9,  # no NVLink: PCIe Gen4 x16
         source="NVIDIA L40S datasheet (https://www.nvidia.com/en-us/data-center/l40s/)",
+    ),
+    # Blackwell: the datasheets quote an 8-GPU board (HGX B200) or a 72-GPU rack (GB200
+    # NVL72) with sparsity; one GPU's dense figure is the total ÷ GPUs ÷ 2.
+    "b200": GpuProfile(
+        name="b200",  # HGX B200, one of its 8 GPUs
+        memory_bytes=180 * 10**9,  # 1,440 GB in all
+        hbm_bytes_per_s=8e12,  # 64 TB/s in all
+        bf16_flops=2.25e15,  # 36 PFLOPS with sparsity in all
+        fp8_flops=4.5e15,  # 72 PFLOPS with sparsity in all
+        interconnect_bytes_per_s=1.8e12,  # NVLink 5
+        source="NVIDIA HGX B200 and DGX B200 datasheets, 8-GPU totals "
+        "(https://www.nvidia.com/en-us/data-center/hgx/)",
+    ),
+    "gb200": GpuProfile(
+        name="gb200",  # GB200 NVL72, one of its 72 Blackwell GPUs
+        memory_bytes=186 * 10**9,  # 13.4 TB in all
+        hbm_bytes_per_s=8e12,  # 576 TB/s in all
+        bf16_flops=2.5e15,  # 360 PFLOPS with sparsity in all
+        fp8_flops=5e15,  # 720 PFLOPS with sparsity in all
+        interconnect_bytes_per_s=1.8e12,  # NVLink 5 (130 TB/s in all)
+        source="NVIDIA GB200 NVL72 specifications, rack totals "
+        "(https://www.nvidia.com/en-us/data-center/gb200-nvl72/)",
+    ),
+    # AMD quotes one accelerator, dense and with sparsity; its Infinity Fabric links (7 to
+    # the other GPUs of an 8-GPU platform) together.
+    "mi300x": GpuProfile(
+        name="mi300x",
+        memory_bytes=192 * 10**9,  # HBM3
+        hbm_bytes_per_s=5.3e12,
+        bf16_flops=1307.4e12,
+        fp8_flops=2614.9e12,
+        interconnect_bytes_per_s=896e9,  # 7 Infinity Fabric links of 128 GB/s
+        source="AMD Instinct MI300X accelerator data sheet "
+        "(https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html)",
+    ),
+    "mi355x": GpuProfile(
+        name="mi355x",
+        memory_bytes=288 * 10**9,  # HBM3E
+        hbm_bytes_per_s=8e12,
+        bf16_flops=2516.6e12,
+        fp8_flops=5033.2e12,  # 256 CUs × 8,192 fp8 FLOPs a clock × 2.4 GHz
+        interconnect_bytes_per_s=1075.2e9,  # 7 Infinity Fabric links of 153.6 GB/s
+        source="AMD Instinct MI355X accelerator data sheet "
+        "(https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html)",
     ),
 }
 

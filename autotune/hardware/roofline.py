@@ -63,13 +63,14 @@ def roofline(
             )
     flops_per_token = 2 * model.active_params / tp
     context = batch * (prompt_tokens + output_tokens / 2)
-    prefill_s = flops_per_token * (1 - cached_prompt_share) * prompt_tokens * batch / gpu.bf16_flops
+    peak = gpu.dense_flops(model.bytes_per_param)
+    prefill_s = flops_per_token * (1 - cached_prompt_share) * prompt_tokens * batch / peak
     step_bytes = (
         model.weight_bytes_read(batch) / tp + kv_bytes_per_token_per_gpu(model, tp) * context
     )
     attention = 4 * model.kv_layers * model.attention_heads * model.head_dim / tp * context
     memory_s = step_bytes / gpu.hbm_bytes_per_s
-    compute_s = (flops_per_token * batch + attention) / gpu.bf16_flops
+    compute_s = (flops_per_token * batch + attention) / peak
     step_s = max(memory_s, compute_s)
     return Roofline(
         output_tokens_per_s=engines * batch * output_tokens / (prefill_s + output_tokens * step_s),

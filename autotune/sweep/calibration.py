@@ -31,7 +31,9 @@ WINDOW_LATENCIES = 24.0  # a point's probe runs at most this many request latenc
 WARMUP_LATENCIES = 2.0
 
 
-def _hardware(block: MeasuredBlock, gpu_name: str | None) -> tuple[GpuProfile, ModelProfile]:
+def table_hardware(block: MeasuredBlock, gpu_name: str | None) -> tuple[GpuProfile, ModelProfile]:
+    """The GPU (`gpu_name`, else the one the block's `hw` names) and model profiles of a
+    block; UsageError, in one sentence, for one autotune has no profile of."""
     hw = block.key.get("hw", "")
     if gpu_name is not None:
         gpu = GPUS.get(gpu_name)
@@ -140,7 +142,7 @@ def fit_profile(
         block = load_block(table, where, FLAGS)
     except SurfaceError as error:
         raise UsageError(f"{error}.") from None
-    gpu, model = _hardware(block, gpu_name)
+    gpu, model = table_hardware(block, gpu_name)
     coefficients = fit(Engine(gpu, model, max_num_batched_tokens), _points(block))
     return CalibratedProfile(gpu, model, coefficients, table.name, dict(block.key)), block
 

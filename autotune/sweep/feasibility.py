@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config.flags import flag_values
-from autotune.config.knobs import ENGINES, SERVER_KNOBS, SPLIT, ChoiceSpace, FloatSpace, IntSpace
-from autotune.config.study import Study, server_part
+from autotune.config.knobs import (
+    ENGINES,
+    KNOBS,
+    SERVER_KNOBS,
+    SPLIT,
+    ChoiceSpace,
+    FloatSpace,
+    IntSpace,
+)
+from autotune.config.study import TRAINED, Study, loop_spec, server_part
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimArgs, SimConfig, SimConfigError, hardware_names
 from autotune.hardware.fit import (
@@ -33,6 +41,10 @@ from autotune.hardware.roofline import roofline
 from autotune.results.probes import CurvePoint
 
 Space = IntSpace | FloatSpace | ChoiceSpace
+# A colocated engine shares its GPUs with the trainer, whose weights, gradients and
+# optimiser state stay there: OpenRLHF's hybrid engine gives vLLM half of their memory
+# (`--vllm_gpu_memory_utilization 0.5`), and a colocated trial takes no more.
+COLOCATED_MEMORY_SHARE = 0.5
 
 
 def hardware(study: Study) -> tuple[GpuProfile | None, ModelProfile | None]:
@@ -159,12 +171,33 @@ def effective_knobs(knobs: Mapping[str, Any], known: Batch) -> dict[str, Any]:
 def prelaunch(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None = None) -> Batch:
     """Whether the configuration can start and how many requests it can run at once
     (every engine's together). The batch settings are the trainer's: no server sees them."""
+    shared = colocated_problem(study, knobs)
+    if shared is not None:
+        return Batch(shared, None)
     knobs = server_part(knobs)
     engines = int(knobs.get(ENGINES, 1))
     one = _one_engine(study, {k: v for k, v in knobs.items() if k != ENGINES}, gpu_memory)
     if one.ceiling is None or engines == 1:
         return one
     return replace(one, ceiling=one.ceiling * engines)
+
+
+def colocated_problem(study: Study, knobs: Mapping[str, Any]) -> str | None:
+    """Why a colocated loop trial's engine takes more of its shared GPUs than the trainer
+    leaves it (COLOCATED_MEMORY_SHARE); None for any other trial."""
+    if study.objective.metric != TRAINED:
+        return None
+    if loop_spec(study.workload.loop, knobs).mode != "colocated":
+        return None
+    fixed = flag_values(study.target.args).get("gpu_memory_utilization")
+    share = float(knobs.get("gpu_memory_utilization", fixed or KNOBS.gpu_memory_utilization))
+    if share <= COLOCATED_MEMORY_SHARE:
+        return None
+    return (
+        f"colocated, the engine shares its GPUs with the trainer: gpu_memory_utilization "
+        f"{share:g} leaves the trainer {1 - share:.0%} of their memory, and a colocated engine "
+        f"takes at most {COLOCATED_MEMORY_SHARE:g} (OpenRLHF's hybrid engine gives vLLM half)"
+    )
 
 
 def _one_engine(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | None) -> Batch:

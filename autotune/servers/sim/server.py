@@ -572,6 +572,9 @@ async def _serve_forever(config: ServerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with _serving(config) as port:
+            if config.quiet:
+                await stop.wait()
+                return 0
             print(
                 f"INFO: simulated vLLM-like server (SIMULATED, {config.gpu.name}, "
                 f"{config.model.name}, tp={config.tensor_parallel_size}, "
