@@ -16,7 +16,15 @@ import pytest
 from autotune.collector.collect_job import collect
 from autotune.config.collection import CollectConfig, SyntheticWorkload, TargetConfig
 from autotune.hardware.deployment import SimConfig, SimConfigError
-from autotune.hardware.measured import SurfaceError, load_surface, parse_key
+from autotune.hardware.measured import (
+    REPLAY_FLAGS,
+    SurfaceError,
+    load_block,
+    load_surface,
+    parse_key,
+)
+from autotune.probe.virtual import VirtualSimLauncher
+from autotune.window import ProbeSettings
 from tests.helpers import SimProcess, read_rows
 
 H100_TP2 = "hw=h100,isl=1024,osl=1024,image=v0.13.0"
@@ -111,3 +119,46 @@ async def test_a_client_at_a_measured_concurrency_sees_the_measured_time_per_tok
     replayed = statistics.median(per_token)
     print(f"concurrency {concurrency}: {replayed:.5f} s a token, InferenceX {measured:.5f}")
     assert replayed == pytest.approx(measured, rel=0.10)
+
+
+# One block a local engine of the table runs on one node (the table's TensorRT-LLM runs are
+# all disaggregated or multi-node: the replay does not take them).
+WHOLE_BLOCKS = {
+    "vllm": "hw=h100,isl=1024,osl=1024,image=v0.13.0",
+    "sglang": "hw=h200,model=deepseek-ai/DeepSeek-R1-0528,framework=sglang,isl=1024,osl=1024",
+    "atom": "hw=mi355x,model=amd/DeepSeek-R1-0528-MXFP4-Preview,framework=atom,isl=1024,osl=1024",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", list(WHOLE_BLOCKS))
+async def test_the_replay_gives_every_measured_point_of_a_block_back(
+    table: Path, engine: str
+) -> None:
+    """At every TP and concurrency the block measured, the replay (its engine in virtual
+    time, lengths spread ±10% as a benchmark's random lengths keep requests out of step)
+    makes the measured output tokens/s a GPU and median time per output token, within 5%."""
+    where = WHOLE_BLOCKS[engine]
+    block = load_block(table, parse_key(where), REPLAY_FLAGS)
+    isl, osl = block.input_tokens, block.output_tokens
+    settings = ProbeSettings(1, min_s=60.0, max_s=3000.0, target_halfwidth=0.01)
+    checked = []
+    for tp, points in block.points.items():
+        args = [
+            "--replay-table", str(table), "--replay-where", where, "--model", "llama-3.2-1b",
+            "--max-model-len", str(2 * (isl + osl)), "--max-num-seqs", str(max(points)),
+        ]  # fmt: skip
+        launcher = VirtualSimLauncher(args, settings, (isl, isl // 10), (osl, osl // 10))
+        async with launcher.running({"tensor_parallel_size": tp}) as probe:
+            for concurrency, point in points.items():
+                result = await probe.measure(concurrency)
+                total, ttft = result.latency_s["total"].p50, result.latency_s["ttft"].p50
+                assert total is not None and ttft is not None
+                tokens = result.output_tokens_per_s / tp
+                tpot = (total - ttft) / (osl - 1)
+                measured = point.output_tokens_per_s_per_gpu, point.median_tpot_s
+                checked.append((tp, concurrency, tokens / measured[0], tpot / measured[1]))
+    for tp, concurrency, tokens, tpot in checked:
+        print(f"{engine} TP {tp} at {concurrency}: tokens/s ×{tokens:.3f}, TPOT ×{tpot:.3f}")
+    assert all(abs(tokens - 1) <= 0.05 and abs(tpot - 1) <= 0.05 for *_, tokens, tpot in checked)
+    assert len(checked) == sum(len(points) for points in block.points.values()) >= 5
