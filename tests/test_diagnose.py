@@ -220,8 +220,11 @@ def test_rollouts_too_long_to_time_by_completions_are_timed_in_tokens(
     verdict = result.verdict
     assert verdict.verdict == expected and verdict.clear_of_threshold, verdict.confidence
     for probe in result.probes:
+        # Simulated seconds a rollout of 8,000 tokens takes at the rate its slot made them
+        # (queueing included); one that ended inside the window says the same.
+        assert 8000 / (probe.output_tokens_per_s / probe.parallelism) > 50
         p50 = probe.latency_s["total"].p50
-        assert p50 is not None and p50 > 50  # simulated seconds a rollout
+        assert p50 is None or p50 > 50  # none may end inside a window of under two
         assert probe.stop_reason.endswith("(in tokens)"), probe.stop_reason
         assert probe.measured_s <= 6 / 0.05  # the cap, in simulated seconds
         assert all(block.output_tokens_per_s for block in probe.blocks)

@@ -249,7 +249,7 @@ def test_follow_prints_a_line_a_step_as_the_log_grows(tmp_path: Path) -> None:
     follower = subprocess.Popen(
         [sys.executable, "-m", "autotune", "doctor", str(log), "--follow"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
     )  # fmt: skip
     assert follower.stdout is not None
     try:
@@ -261,7 +261,12 @@ def test_follow_prints_a_line_a_step_as_the_log_grows(tmp_path: Path) -> None:
                 assert line.startswith(f"step {i - 1}: timing_s/gen {50 + i - 1}"), line
     finally:
         follower.send_signal(signal.SIGINT)
-        out, err = follower.communicate(timeout=30)
+        try:
+            out, err = follower.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # where it hangs: faulthandler's stacks on SIGABRT
+            follower.send_signal(signal.SIGABRT)
+            out, err = follower.communicate()
+            pytest.fail(f"doctor --follow went on 30 s after Ctrl-C; its stacks: {err[-4000:]}")
     assert follower.returncode == 0, err
     assert "read as    verl console log, 3 step(s)" in out
 
