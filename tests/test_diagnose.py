@@ -166,6 +166,7 @@ def diagnose_in_process(
 
 @pytest.mark.slow
 @pytest.mark.measures
+@pytest.mark.alone  # beside another measuring test its low probe read slow (x2.088 against x1.957)
 def test_a_speedup_exactly_at_the_threshold_is_inconclusive_and_one_clear_of_it_is_not() -> None:
     """The threshold set to the simulator's true speedup (×1.97 with 10 sequences a
     batch for 4× the parallelism): `inconclusive` between the two verdicts, its interval
