@@ -250,6 +250,9 @@ def test_follow_prints_a_line_a_step_as_the_log_grows(tmp_path: Path) -> None:
         [sys.executable, "-m", "autotune", "doctor", str(log), "--follow"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
+        # As from a terminal: a process started with SIGINT ignored (a test runner's worker
+        # may be) keeps ignoring it, and Python then never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert follower.stdout is not None
     try:
