@@ -280,6 +280,7 @@ async def optimise(
             first = seed_configuration(study, gpu_count)
         if first is not None:
             optuna_study.enqueue_trial(first)
+    size = space_size(study, gpu_count)
     copies_in_a_row = 0
     while True:
         done = finished_trials(optuna_study)
@@ -291,7 +292,7 @@ async def optimise(
         if budget.patience and _stalled(judged, budget.patience, startup_trials(study)):
             log.info("no 1%% gain in the last %d trials: stopping early", budget.patience)
             return
-        if _covered(done, space_size(study, gpu_count)):
+        if _covered(done, size):
             log.info("every configuration of the search space was tried: stopping")
             return
         if copies_in_a_row >= COPIES_IN_A_ROW:

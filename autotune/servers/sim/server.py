@@ -565,6 +565,24 @@ async def serve_in_process(args: Sequence[str]) -> AsyncIterator[str]:
         yield f"http://{_client_host(config.host)}:{port}/v1"
 
 
+def _start_up_lines(config: ServerConfig, port: int) -> list[str]:
+    """What the server is and where it listens (and what a replay assumes)."""
+    lines = [
+        f"INFO: simulated vLLM-like server (SIMULATED, {config.gpu.name}, "
+        f"{config.model.name}, tp={config.tensor_parallel_size}, "
+        f"dp={config.data_parallel_size}, kv capacity {config.kv_capacity_tokens} "
+        f"tokens per engine) listening on http://{config.host}:{port}"
+    ]
+    measured = config.measured
+    if measured is not None:
+        lines.append(
+            f"INFO: replaying {measured.describe()}: steps take the measured time per "
+            "output token at the running concurrency, interpolated between measured "
+            f"points, and below {measured.lowest} as at {measured.lowest}"
+        )
+    return lines
+
+
 async def _serve_forever(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -572,25 +590,8 @@ async def _serve_forever(config: ServerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with _serving(config) as port:
-            if config.quiet:
-                await stop.wait()
-                return 0
-            print(
-                f"INFO: simulated vLLM-like server (SIMULATED, {config.gpu.name}, "
-                f"{config.model.name}, tp={config.tensor_parallel_size}, "
-                f"dp={config.data_parallel_size}, kv capacity {config.kv_capacity_tokens} "
-                "tokens per engine) listening on "
-                f"http://{config.host}:{port}",
-                flush=True,
-            )
-            measured = config.measured
-            if measured is not None:
-                print(
-                    f"INFO: replaying {measured.describe()}: steps take the measured time per "
-                    "output token at the running concurrency, interpolated between measured "
-                    f"points, and below {measured.lowest} as at {measured.lowest}",
-                    flush=True,
-                )
+            if not config.quiet:
+                print("\n".join(_start_up_lines(config, port)), flush=True)
             await stop.wait()
     except OSError as e:
         print(f"OSError: {e}", file=sys.stderr, flush=True)
