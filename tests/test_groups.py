@@ -264,6 +264,40 @@ def test_the_synthetic_verifier_grades_a_boxed_answer() -> None:
     assert synthetic_reward("tok tok", "42") in (0.0, 1.0)  # no answer: the text's hash
 
 
+async def test_a_grouped_run_on_the_embedded_default_has_groups_worth_tuning(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's first `collect --num-repeats 4`: some groups teach nothing (the stated
+    40%), the rest do, and a group's samples differ in length; the simulator's own policy
+    flags replace that default."""
+
+    async def grouped(out: Path, *sim_args: str) -> tuple[float | None, float | None, Path]:
+        summary = await collect(
+            CollectConfig(
+                target=TargetConfig(sim_args=("--time-scale", "0.02", *sim_args)),
+                synthetic=SyntheticWorkload(num_tasks=40),
+                num_repeats=4,
+                verifier="synthetic",
+                parallelism=64,
+                output=out / "rollouts.jsonl",
+                progress=False,
+            )
+        )
+        assert summary.groups is not None and summary.groups.complete == 40
+        return summary.groups.informative_share, summary.groups.straggler_ratio.p50, out
+
+    share, straggler, out = await grouped(tmp_path / "default")
+    assert share is not None and 0.4 < share < 0.8
+    assert straggler is not None and straggler > 1.05
+    lengths: dict[object, set[int]] = {}
+    for row in read_rows(out / "rollouts.jsonl"):
+        usage = row["response"]["usage"]  # type: ignore[index]
+        lengths.setdefault(row["_ng_task_index"], set()).add(usage["output_tokens"])
+    assert sum(len(group) > 1 for group in lengths.values()) > 30  # lengths vary in a group
+    share, _, _ = await grouped(tmp_path / "own", "--uninformative-share=0")
+    assert share == 1.0  # no prompt solved by all or none: every group informative
+
+
 # -- collect --batch-groups on the simulator ----------------------------------------------
 
 RL_SIM = ("--output-length-sigma", "1", "--uninformative-share", "0.4")

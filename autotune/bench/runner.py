@@ -173,7 +173,8 @@ def run_queue_wait_s(pids: list[int]) -> float | None:
 async def _probe_case(case: ProbeCase, progress: _Progress) -> _Measured:
     collect = case.collect
     tasks = Workload(collect.input, collect.synthetic, collect.limit).probe_tasks(MAX_PROBE_TASKS)
-    target = synthetic_defaults(collect.target, collect.input is None and case.launch is None)
+    synthetic = collect.synthetic if collect.input is None and case.launch is None else None
+    target = synthetic_defaults(collect.target, synthetic, collect.num_repeats)
     work = digest({"tasks": [t.row for t in tasks], "extra_body": target.extra_body})
     async with (
         _server(case, target) as (target, server_pid),

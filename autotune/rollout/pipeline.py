@@ -49,7 +49,8 @@ async def open_pipeline(
     metered: bool = False,
 ) -> AsyncIterator[Pipeline]:
     """`metered`: the session counts connection-pool waits (a live-metered collect)."""
-    target_config = synthetic_defaults(config.target, config.input is None)
+    synthetic = config.synthetic if config.input is None else None
+    target_config = synthetic_defaults(config.target, synthetic, config.num_repeats)
     agent_url = target_config.agent_url
     if agent_url is not None:
         async with open_session(target_config, metered) as session:

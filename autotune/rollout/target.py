@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from autotune.config.collection import TargetConfig, lengths_sampled
+from autotune.config.collection import SyntheticWorkload, TargetConfig, lengths_sampled
 from autotune.config.fields import base_url_problem
 from autotune.errors import ServerUnreachable, UsageError
 
@@ -170,15 +170,41 @@ def api_key(target: TargetConfig) -> str | None:
     return os.environ.get(target.api_key_env) or None
 
 
-def synthetic_defaults(target: TargetConfig, synthetic_workload: bool) -> TargetConfig:
-    """On the embedded simulator with synthetic tasks, ask for `ignore_eos`: each task sets
-    its output length and the simulated model honours it. Anywhere else extra fields are
-    sent only when the user asks (some servers reject unknown fields)."""
-    if target.base_url is None and synthetic_workload and not target.extra_body:
-        if lengths_sampled(target.sim_args):
-            return target
-        return replace(target, extra_body={"ignore_eos": True})
-    return target
+# A grouped run on the embedded simulator samples like an RL policy unless its flags say
+# how: each sample's length is its own (lognormal, median half the task's max_tokens, so
+# about one in twelve is cut at it; p99/p50 ≈ 3.2) and a stated share of prompts is
+# solved by every sample or by none (groups that teach nothing). Why: docs/groups.md.
+POLICY_FLAGS = ("--output-length-sigma", "--uninformative-share", "--rollouts")
+GROUP_LENGTH_SIGMA = 0.5
+GROUP_UNINFORMATIVE_SHARE = 0.4
+
+
+def synthetic_defaults(
+    target: TargetConfig, synthetic: SyntheticWorkload | None, num_repeats: int = 1
+) -> TargetConfig:
+    """On the embedded simulator with `synthetic` tasks: a grouped run gets the policy
+    above; any other asks for `ignore_eos`, so each task sets its output length and the
+    simulated model honours it. Anywhere else extra fields are sent only when the user
+    asks (some servers reject unknown fields)."""
+    if target.base_url is not None or synthetic is None or target.extra_body:
+        return target
+    own_policy = any(arg.startswith(POLICY_FLAGS) for arg in target.sim_args)
+    if num_repeats > 1 and not own_policy:
+        policy = (
+            f"--output-length-sigma={GROUP_LENGTH_SIGMA}",
+            f"--uninformative-share={GROUP_UNINFORMATIVE_SHARE}",
+            f"--natural-output-tokens={max(1, synthetic.output_tokens_mean // 2)}",
+        )
+        log.info(
+            "the embedded simulator samples each group like an RL policy: %.0f%% of prompts "
+            "solved by every sample or by none, lengths spread within a group (--sim-arg="
+            "--uninformative-share=U and --sim-arg=--output-length-sigma=S change it)",
+            100 * GROUP_UNINFORMATIVE_SHARE,
+        )
+        return replace(target, sim_args=(*policy, *target.sim_args))
+    if lengths_sampled(target.sim_args):
+        return target
+    return replace(target, extra_body={"ignore_eos": True})
 
 
 @asynccontextmanager
