@@ -47,14 +47,7 @@ class MeasuredSurface:
     def tpot_at(self, running: float) -> float:
         """The measured time per output token with `running` sequences in flight,
         interpolated between measured concurrencies (held at the lowest below it)."""
-        conc, tpot = self.concurrency, self.tpot_s
-        if running <= conc[0]:
-            return tpot[0]
-        if running >= conc[-1]:
-            return tpot[-1]
-        i = bisect_left(conc, running)
-        share = (running - conc[i - 1]) / (conc[i] - conc[i - 1])
-        return tpot[i - 1] + share * (tpot[i] - tpot[i - 1])
+        return interpolate(self.concurrency, self.tpot_s, running)
 
     @property
     def prefill_s_per_token(self) -> float:
@@ -81,6 +74,18 @@ class MeasuredSurface:
             f"{key}: concurrency {self.lowest} to {self.highest} measured "
             f"({len(self.concurrency)} points, {self.repeats} runs)"
         )
+
+
+def interpolate(concurrency: Sequence[float], values: Sequence[float], running: float) -> float:
+    """The one model of a measured figure against concurrency (ascending), the replay's and
+    the methods benchmark's: linear between measured concurrencies, held at the ends."""
+    if running <= concurrency[0]:
+        return values[0]
+    if running >= concurrency[-1]:
+        return values[-1]
+    i = bisect_left(concurrency, running)
+    share = (running - concurrency[i - 1]) / (concurrency[i] - concurrency[i - 1])
+    return values[i - 1] + share * (values[i] - values[i - 1])
 
 
 def parse_key(text: str) -> dict[str, str]:
@@ -115,6 +120,25 @@ class MeasuredBlock:
     points: dict[int, dict[int, MeasuredPoint]]  # TP → concurrency → point, ascending
     input_tokens: int
     output_tokens: int
+
+    def at(self, tp: int, running: float) -> MeasuredPoint:
+        """TP `tp` with `running` sequences in flight, by the replay's rule (`interpolate`):
+        each figure between measured concurrencies, held at the ends; below the lowest,
+        every sequence runs as fast as there (its latencies held), so throughput falls in
+        proportion."""
+        measured = self.points[tp]
+        conc, points = list(measured), list(measured.values())
+
+        def figure(name: str) -> float:
+            return interpolate(conc, [getattr(p, name) for p in points], running)
+
+        below = min(running / conc[0], 1.0)
+        return MeasuredPoint(
+            figure("output_tokens_per_s_per_gpu") * below,
+            figure("median_e2e_s"),
+            figure("p99_e2e_s"),
+            figure("median_tpot_s"),
+        )
 
     def describe(self) -> str:
         key = ", ".join(f"{k}={v}" for k, v in self.key.items())
