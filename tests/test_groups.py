@@ -44,6 +44,7 @@ from autotune.rollout.workload import Task, WorkItem
 from autotune.servers.sim.policy import RIGHT, WRONG, Policy, RolloutReplay
 from autotune.servers.sim.server import load_config
 from autotune.servers.sim.server import main as sim_main
+from autotune.telemetry.prometheus import PrometheusSampler
 from autotune.verifiers.pool import synthetic_reward
 from tests.helpers import SimProcess, read_rows
 
@@ -345,7 +346,11 @@ async def test_plain_batch_steps_wait_for_every_group(
     assert batch is not None and summary.groups is not None
     assert [step.groups for step in batch.steps] == [4] * 6  # 24 tasks, 4 groups a step
     assert batch.cancelled_samples == 0 and batch.staleness_max == 0
-    assert batch.busy_source == "server" and batch.capacity == 16
+    # ÷ the server's batch limit (the simulator states its max_num_seqs), not ÷ the 16
+    # samples a step launches: the server idles three quarters of its seats at best
+    assert batch.busy_source == "server" and batch.capacity == 64
+    assert batch.capacity_source == "max_num_seqs"
+    assert all((step.busy_share or 0) <= 16 / 64 for step in batch.steps)
     assert all(0 <= (step.tail_share or 0) <= 1 for step in batch.steps)
     rows = read_rows(tmp_path / "rollouts.jsonl")
     assert len(rows) == 96
@@ -353,6 +358,30 @@ async def test_plain_batch_steps_wait_for_every_group(
     assert sorted(steps.values()) == sorted(i // 4 for i in range(24))  # four groups a step
     share = summary.groups.informative_share
     assert share is not None and 0.3 < share < 0.9
+
+
+@pytest.mark.slow
+async def test_a_busy_share_is_over_what_the_kv_cache_holds_when_that_is_fewer(
+    sim_process: SimProcess, tmp_path: Path
+) -> None:
+    """A KV cache sized for about a dozen samples: the busy share's denominator is its
+    capacity (vLLM's cache_config_info) ÷ the tokens a sample took, not max_num_seqs."""
+    memory = ("--gpu-memory-utilization", "0.22", "--max-model-len", "2560")
+    async with sim_process(*RL_SIM, *memory) as sim:
+        async with aiohttp.ClientSession() as session:
+            sampler = PrometheusSampler(session, sim.base_url.removesuffix("/v1") + "/metrics")
+            values = await sampler.sample()
+        assert values is not None and values["autotune_max_num_seqs"] == 64
+        kv_tokens = values["kv_capacity_tokens"]
+        config = _collect(sim.base_url, tmp_path, BatchSpec(batch_groups=4), tasks=8)
+        summary = await collect(config)
+    batch = summary.batch
+    assert batch is not None and batch.capacity_source == "KV cache"
+    assert batch.failed_samples == 0
+    rows = read_rows(tmp_path / "rollouts.jsonl")
+    usage = [row["response"]["usage"] for row in rows]  # type: ignore[index]
+    tokens = sum(u["input_tokens"] + u["output_tokens"] for u in usage) / len(usage)
+    assert batch.capacity < 64 and batch.capacity == pytest.approx(kv_tokens / tokens, rel=0.05)
 
 
 @pytest.mark.slow

@@ -119,6 +119,14 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model server's Prometheus /metrics when not beside --base-url (with "
         "--agent-url: the vLLM the agent calls), e.g. http://host:8000/metrics",
     )
+    group.add_argument(
+        "--server-max-num-seqs",
+        type=positive_int,
+        metavar="N",
+        help="the model server's --max-num-seqs (each replica's): the busy share of "
+        "--batch-groups steps is its running requests over this, or over what its KV cache "
+        "holds when fewer (vLLM states only that; the simulator states both)",
+    )
     add_options(group, ServerFields, "model")
     add_options(group, RequestFields, "api", "stream")
     group.add_argument(
@@ -299,6 +307,7 @@ def _target_config(args: argparse.Namespace, request: RequestFields) -> TargetCo
         rpm=args.rpm,
         tpm=args.tpm,
         sim_args=tuple(args.sim_arg),
+        max_num_seqs=args.server_max_num_seqs,
     )
 
 

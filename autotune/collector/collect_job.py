@@ -124,7 +124,14 @@ async def _collect(
                         pipeline.session,
                         _metrics_urls(pipeline.target, pipeline.backend.counters.replicas),
                     )
-                    runner = BatchRunner(engine, config.batch, repeats, config.parallelism, sampler)
+                    runner = BatchRunner(
+                        engine,
+                        config.batch,
+                        repeats,
+                        config.parallelism,
+                        sampler,
+                        config.target.total_max_num_seqs,
+                    )
                     batch = await runner.run(items)
                     stats = engine.stats
             except OSError as error:  # the rollout file cannot take another row

@@ -246,6 +246,7 @@ class TargetConfig:
     rpm: float | None = None
     tpm: float | None = None
     sim_args: tuple[str, ...] = ()  # flags for the embedded simulated server
+    max_num_seqs: int | None = None  # each server's --max-num-seqs, as the user says it
     # A NeMo Gym agent server making whole rollouts (POST /run) instead of a model server.
     agent_url: str | None = None
     # The model server's vLLM-style /metrics (None: beside base_url; none for an agent).
@@ -257,6 +258,13 @@ class TargetConfig:
         if self.replica_urls:
             return self.replica_urls
         return (self.base_url,) if self.base_url is not None else ()
+
+    @property
+    def total_max_num_seqs(self) -> int | None:
+        """The servers' batch limit over every replica, where the user said it."""
+        if self.max_num_seqs is None:
+            return None
+        return self.max_num_seqs * max(1, len(self.base_urls))
 
 
 @dataclass(frozen=True, slots=True)

@@ -510,7 +510,8 @@ def tail_bound(batch: BatchSummary, pair: Verdict, th: Thresholds | None = None)
             th.tail_busy_share,
             "<",
             busy_ci[1] < th.tail_busy_share,
-            f"running requests ÷ {batch.capacity} ({batch.busy_source}'s count) while "
+            f"running requests ÷ {batch.capacity} ({batch.capacity_source}; the "
+            f"{batch.busy_source}'s count) while "
             "the stragglers finish",
             "share",
         ),

@@ -155,6 +155,7 @@ async def _batch_probe(
         collect.num_repeats,
         PROBE_DEFAULTS.steps,
         collect.parallelism,
+        collect.target.total_max_num_seqs,
     )
 
 

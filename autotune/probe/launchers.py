@@ -45,17 +45,25 @@ class HttpLauncher:
     @asynccontextmanager
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[EngineProbe]:
         if self.server is None:
-            async with self._probe(self.target.base_urls or ("",)) as probe:
+            urls = self.target.base_urls or ("",)
+            async with self._probe(urls, self.target.max_num_seqs) as probe:
                 yield probe
             return
-        group = self.server(knobs)
-        async with group, self._probe(group.base_urls, group.gpus) as probe:
+        group = self.server(knobs)  # launched with the trial's max_num_seqs, if it sets one
+        async with (
+            group,
+            self._probe(group.base_urls, knobs.get("max_num_seqs"), group.gpus) as probe,
+        ):
             yield probe
 
     @asynccontextmanager
     async def _probe(
-        self, urls: Sequence[str], gpus: tuple[tuple[int, ...], ...] = ()
+        self,
+        urls: Sequence[str],
+        max_num_seqs: int | None,
+        gpus: tuple[tuple[int, ...], ...] = (),
     ) -> AsyncIterator[EngineProbe]:
+        """`max_num_seqs`: each server's, where known."""
         async with open_session(self.target) as session:
             key = api_key(self.target)
             target = await resolve_target(
@@ -67,7 +75,13 @@ class HttpLauncher:
             )
             backend = OpenAIBackend(session, config, target.model, key)
             yield EngineProbe(
-                session, backend, self.verifier, self.tasks, target.base_url, self.settings
+                session,
+                backend,
+                self.verifier,
+                self.tasks,
+                target.base_url,
+                self.settings,
+                max_num_seqs=max_num_seqs * len(urls) if max_num_seqs else None,
             )
 
 

@@ -397,6 +397,7 @@ class EngineProbe:
     base_url: str
     settings: ProbeSettings
     metrics: str | None = None  # the model server's /metrics, if not beside base_url
+    max_num_seqs: int | None = None  # the server's batch limit, over its replicas, if known
     work: Iterator[WorkItem] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -433,7 +434,15 @@ class EngineProbe:
         """`steps` training steps of the tasks' groups on this server (batch.run_steps)."""
         metrics = self.metrics or metrics_url(self.base_url)
         return await run_steps(
-            self.backend, self.verifier, self.session, metrics, self.tasks, spec, group_size, steps
+            self.backend,
+            self.verifier,
+            self.session,
+            metrics,
+            self.tasks,
+            spec,
+            group_size,
+            steps,
+            max_num_seqs=self.max_num_seqs,
         )
 
 

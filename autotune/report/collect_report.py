@@ -160,7 +160,11 @@ def _totals(result: CollectResult) -> str:
         rows += [
             [f"batch steps of {batch.batch_groups} groups", len(batch.steps)],
             ["step tail share (mean)", batch.tail_share],
-            [f"server busy share ({batch.busy_source}'s count)", batch.busy_share],
+            [
+                f"server busy share (÷ {batch.capacity}, {batch.capacity_source}; "
+                f"the {batch.busy_source}'s count)",
+                batch.busy_share,
+            ],
             ["staleness mean (steps)", batch.staleness_mean],
             ["staleness max (steps)", batch.staleness_max],
         ]

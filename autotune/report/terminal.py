@@ -363,7 +363,8 @@ def group_lines(summary: CollectSummary) -> list[str]:
             + (f" ({', '.join(remedies)})" if remedies else "")
             + f": step p50 {seconds_text(batch.step_s.p50)}, p95 {seconds_text(batch.step_s.p95)}",
             f"              tail {share_text(batch.tail_share)} of a step, server busy "
-            f"{share_text(batch.busy_share)} of {batch.capacity} ({batch.busy_source}'s count)",
+            f"{share_text(batch.busy_share)} of {batch.capacity} ({batch.capacity_source}; "
+            f"the {batch.busy_source}'s count)",
             f"              {batch.cancelled_samples:,} samples cancelled ({wasted} tokens); "
             f"staleness mean {_ratio(batch.staleness_mean)} steps, max "
             f"{'-' if batch.staleness_max is None else batch.staleness_max}",

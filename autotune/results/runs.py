@@ -38,7 +38,7 @@ class BatchStep(Record):
     index: int
     generation_s: float
     tail_share: float | None  # the share of the step after 90% of its samples ended
-    busy_share: float | None  # mean running requests ÷ capacity over the step
+    busy_share: float | None  # mean running requests ÷ the server's batch limit over the step
     tail_busy_share: float | None  # ... over its tail: the server idling on stragglers
     groups: int  # complete groups handed to the trainer
     informative: int
@@ -52,7 +52,7 @@ class BatchSummary(Record):
     batch_groups: int
     over_sample: float
     carry_over: bool
-    capacity: int  # the busy share's denominator: --parallelism, else samples launched
+    capacity: int  # the busy share's denominator: the server's batch limit (capacity_source)
     busy_source: str  # "server" (its /metrics running gauge) or "client" (its own calls)
     steps: list[BatchStep]
     step_s: StageLatency
@@ -65,6 +65,9 @@ class BatchSummary(Record):
     staleness_max: int | None
     completed_samples: int = 0
     failed_samples: int = 0
+    # "max_num_seqs", "KV cache" (its capacity ÷ a sample's tokens), or "samples launched"
+    # (the server states no limit: pass --server-max-num-seqs)
+    capacity_source: str = "samples launched"
 
     @property
     def error_rate(self) -> float:

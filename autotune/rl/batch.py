@@ -1,6 +1,6 @@
 """Batch-synchronous collection: rollouts in training steps of B GRPO groups, each step's
-tail and busy shares measured, and the two remedies RL stacks use (over-sampling,
-carry-over). Why: docs/design/rl.md.
+tail and busy shares measured (running requests ÷ the server's batch limit), and the two
+remedies RL stacks use (over-sampling, carry-over). Why: docs/design/rl.md.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from autotune.verifiers import Verifier
 POLL_S = 0.1  # how often the server's running gauge is read during a step
 RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
+PROMPTED = "vllm:prompt_tokens_total"
+SIM_MAX_NUM_SEQS = "autotune_max_num_seqs"
+KV_TOKENS = "kv_capacity_tokens"
 
 
 def grouped(items: Iterator[WorkItem]) -> Iterator[list[WorkItem]]:
@@ -58,11 +61,12 @@ async def run_steps(
     group_size: int,
     steps: int,
     parallelism: int | None = None,
+    max_num_seqs: int | None = None,
 ) -> BatchSummary:
     """`steps` training steps of `tasks`' groups (every `group_size`-th task is a prompt,
     as work_items repeats them), nothing saved: what `diagnose --batch-groups` and a
     goodput study's trial measure. Each group gets its own index, so a prompt sent
-    again is another group."""
+    again is another group. `max_num_seqs`: the server's, where the user said it."""
     prompts = tasks[::group_size]
     items = (
         WorkItem(replace(prompts[group % len(prompts)], index=group), sample)
@@ -77,7 +81,8 @@ async def run_steps(
         groups=GroupTracker(group_size),
     )
     sampler = PrometheusSampler(session, metrics)
-    return await BatchRunner(engine, spec, group_size, parallelism, sampler).run(items)
+    runner = BatchRunner(engine, spec, group_size, parallelism, sampler, max_num_seqs)
+    return await runner.run(items)
 
 
 class Occupancy:
@@ -120,6 +125,7 @@ class BatchRunner:
         group_size: int,
         parallelism: int | None,
         sampler: PrometheusSampler | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         assert spec.batch_groups is not None
         assert isinstance(engine.groups, GroupTracker), "the engine must track groups"
@@ -131,7 +137,10 @@ class BatchRunner:
         self._carry = spec.carry_over
         self._spec = spec
         launched = self._launch * group_size
-        self.capacity = min(parallelism, launched) if parallelism is not None else launched
+        self._launched = min(parallelism, launched) if parallelism is not None else launched
+        self._max_num_seqs = max_num_seqs  # the server's, over its engines, when known
+        self._kv_tokens: float | None = None  # what the server's KV cache holds
+        self._levels: list[tuple[float | None, float | None]] = []  # each step's running
         self._groups: Iterator[list[WorkItem]] = iter(())
         self._sampler = sampler
         self._step = 0
@@ -160,7 +169,7 @@ class BatchRunner:
         self._groups = grouped(items)
         stats = self._engine.stats
         started = stats.started = time.perf_counter()
-        generated_before = await self._read()
+        tokens_before = await self._read()
         poller = asyncio.create_task(self._poll()) if self._sampler is not None else None
         try:
             while not self._engine.stats.stopped_early:  # else the server is gone
@@ -176,8 +185,8 @@ class BatchRunner:
             self._engine.annotate = None
         stats.finished = time.perf_counter()
         elapsed = stats.finished - started
-        generated = await self._read()
-        return self._summary(elapsed, generated_before, generated)
+        tokens = await self._read()
+        return self._summary(elapsed, tokens_before, tokens)
 
     def _top_up(self) -> int:
         """Launch groups until `launch` are in flight; how many were launched."""
@@ -231,16 +240,16 @@ class BatchRunner:
         if not self._carry and self._in_flight:
             cancelled, _ = await self._in_flight.cancel()
         running = self._server if self._server is not None else self._client
-        busy = running.mean(start, end)
         tail = tail_share(ends, start, end)
-        tail_busy = running.mean(end - tail * (end - start), end) if tail else None
-        self.steps.append(
+        tail_running = running.mean(end - tail * (end - start), end) if tail else None
+        self._levels.append((running.mean(start, end), tail_running))
+        self.steps.append(  # the busy shares once the batch limit is known (_summary)
             BatchStep(
                 index=self._step,
                 generation_s=end - start,
                 tail_share=tail,
-                busy_share=None if busy is None else busy / self.capacity,
-                tail_busy_share=None if tail_busy is None else tail_busy / self.capacity,
+                busy_share=None,
+                tail_busy_share=None,
                 groups=self._step_groups,
                 informative=self._step_informative,
                 cancelled=cancelled,
@@ -264,25 +273,60 @@ class BatchRunner:
                 self._server.set(values[RUNNING], now)
             await asyncio.sleep(POLL_S)
 
-    async def _read(self) -> float | None:
-        """The server's generated-token count (None without /metrics); the first read
-        also starts the server's running gauge, so every step is measured alike."""
+    async def _read(self) -> tuple[float | None, float | None]:
+        """The server's generated- and prompt-token counts (None without /metrics); the
+        first read also starts the server's running gauge, so every step is measured
+        alike, and takes the batch limit the server states."""
         if self._sampler is None:
-            return None
+            return None, None
         values = await self._sampler.sample()
         if not values:
-            return None
+            return None, None
         if self._server is None and RUNNING in values:
             self._server = Occupancy(time.perf_counter())
             self._server.set(values[RUNNING], time.perf_counter())
-        return values.get(GENERATED)
+        if SIM_MAX_NUM_SEQS in values:
+            self._max_num_seqs = round(values[SIM_MAX_NUM_SEQS])
+        self._kv_tokens = values.get(KV_TOKENS, self._kv_tokens)
+        return values.get(GENERATED), values.get(PROMPTED)
+
+    def _batch_limit(
+        self, before: tuple[float | None, float | None], after: tuple[float | None, float | None]
+    ) -> tuple[int, str]:
+        """The busy share's denominator and what it is: the server's max_num_seqs or the
+        sequences its KV cache holds (its capacity ÷ the tokens a sample took), whichever
+        is fewer; else, neither known, the samples a step launches."""
+        limits: list[tuple[int, str]] = []
+        if self._max_num_seqs is not None:
+            limits.append((self._max_num_seqs, "max_num_seqs"))
+        sent = self._engine.stats.completed + self._engine.stats.failed
+        sent += self._engine.stats.cancelled
+        counted = [
+            (a, b) for a, b in zip(after, before, strict=True) if a is not None and b is not None
+        ]
+        tokens = sum(a - b for a, b in counted)
+        if self._kv_tokens and sent and len(counted) == 2 and tokens > 0:
+            limits.append((max(1, int(self._kv_tokens * sent / tokens)), "KV cache"))
+        return min(limits) if limits else (self._launched, "samples launched")
 
     def _summary(
-        self, elapsed_s: float, generated_before: float | None, generated: float | None
+        self,
+        elapsed_s: float,
+        before: tuple[float | None, float | None],
+        after: tuple[float | None, float | None],
     ) -> BatchSummary:
-        steps = self.steps
+        limit, limit_source = self._batch_limit(before, after)
+        steps = self.steps = [
+            replace(
+                step,
+                busy_share=None if busy is None else busy / limit,
+                tail_busy_share=None if tail is None else tail / limit,
+            )
+            for step, (busy, tail) in zip(self.steps, self._levels, strict=True)
+        ]
         stats = self._engine.stats
         wasted = None
+        (generated_before, _), (generated, _) = before, after
         if generated is not None and generated_before is not None:
             wasted = max(0, round(generated - generated_before - stats.output_tokens))
         tails = [s.tail_share for s in steps if s.tail_share is not None]
@@ -291,7 +335,8 @@ class BatchRunner:
             batch_groups=self._batch,
             over_sample=self._spec.over_sample,
             carry_over=self._carry,
-            capacity=self.capacity,
+            capacity=limit,
+            capacity_source=limit_source,
             busy_source="server" if self._server is not None else "client",
             steps=steps,
             step_s=StageLatency.of([s.generation_s for s in steps]),

@@ -27,6 +27,8 @@ REPORTED = (
     "vllm:prefix_cache_queries_total",  # prompt tokens looked up in the prefix cache
     "vllm:prefix_cache_hits_total",  # ... and found there
     "autotune_simulated",  # 1 from autotune's simulated server: nothing here is a real GPU
+    "autotune_max_num_seqs",  # the simulator's batch limit (vLLM serves none)
+    "kv_capacity_tokens",  # num_gpu_blocks × block_size, from vllm:cache_config_info's labels
 )
 """What the sampler reports, under these names."""
 
@@ -80,6 +82,24 @@ def parse_prometheus(
         if name in sums:
             sums[name] /= counts[name]
     return sums
+
+
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def kv_capacity_tokens(text: str) -> float | None:
+    """The tokens the server's KV cache holds, over its engines: vLLM states each engine's
+    `num_gpu_blocks` and `block_size` as labels of its `vllm:cache_config_info` gauge."""
+    total = None
+    for match in _CACHE_INFO.finditer(text):
+        labels = dict(_LABEL.findall(match.group(1)))
+        try:
+            tokens = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):
+            continue  # a label left None before the cache was sized
+        total = (total or 0.0) + tokens
+    return total
 
 
 def server_root(base_url: str) -> str:
@@ -205,6 +225,9 @@ class _Scraper:
         except (aiohttp.ClientError, OSError) as exc:
             return f"cannot reach {self._url} ({str(exc) or type(exc).__name__})"
         metrics = parse_prometheus(text, average=_AVERAGED, names=_WANTED)
+        kv_tokens = kv_capacity_tokens(text)
+        if kv_tokens is not None:
+            metrics["kv_capacity_tokens"] = kv_tokens
         if "vllm:kv_cache_usage_perc" not in metrics and _KV_USAGE_OLD in metrics:
             metrics["vllm:kv_cache_usage_perc"] = metrics[_KV_USAGE_OLD]
         values = {name: metrics[name] for name in REPORTED if name in metrics}

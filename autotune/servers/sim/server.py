@@ -480,6 +480,23 @@ class _Service:
             "Time waiting before admission, real seconds.",
             [e.queue_time for e in engines],
         )
+        lines.extend(
+            (
+                "# HELP vllm:cache_config_info The KV cache's configuration (SIMULATED)",
+                "# TYPE vllm:cache_config_info gauge",
+            )
+        )
+        lines.extend(
+            f'vllm:cache_config_info{{block_size="{e.config.block_size}",engine="{i}",'
+            f'num_gpu_blocks="{e.kv_capacity // e.config.block_size}"}} 1.0'
+            for i, e in enumerate(engines)
+        )
+        metric(  # vLLM serves no batch limit; the simulator says its own
+            "autotune_max_num_seqs",
+            "gauge",
+            "Sequences an engine batches at most (its --max-num-seqs).",
+            [e.config.max_num_seqs for e in engines],
+        )
         lines.append("# HELP autotune_simulated 1: this is autotune's simulated server, not a GPU.")
         lines.append("# TYPE autotune_simulated gauge")
         lines.append("autotune_simulated 1")

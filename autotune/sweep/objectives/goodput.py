@@ -114,7 +114,7 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             launched_groups(best.batch.batch_groups, best.batch.over_sample) if best.batch else 0
         )
         return (
-            summary.capacity if summary else 0,
+            study.workload.num_repeats * launched,  # the samples a step launches
             study.workload.num_repeats * study.probe.steps * launched,
             summary.completed_samples if summary else 0,
         )
