@@ -6,9 +6,12 @@ realistic size, batched `generate` on the GPU behind a small OpenAI-compatible H
 front with vLLM-style /metrics), then runs `autotune diagnose --base-url` against it
 twice: with the server batching at most 4 requests (the high probe queues: the GPU
 is the limit) and at most 64 (it batches everything: parallelism is the limit). For
-each probe it prints autotune's NVML readings (utilisation, memory, power) beside an
-independent `nvidia-smi` reading of the same window and the server's own count of
-the memory PyTorch holds, then the verdict and whether GPU evidence was cited.
+each probe it prints autotune's NVML figures (utilisation, memory, power), the very
+ones diagnose.json holds, over the probe's measured blocks (its warm-ups, drains and
+the other probe's blocks left out), with their reading counts, beside an independent
+`nvidia-smi` reading of the same blocks, then each block alone; where NVML and
+nvidia-smi differ by more than 5 points it says why. Then the server's own count of
+the memory PyTorch holds, the verdict and the GPU evidence it cites.
 
 `--replicas N` starts N servers instead, the i-th alone on GPU i, and runs one
 `autotune diagnose --base-url ... --replica-gpus i ...` across them, with each probe's
@@ -26,8 +29,10 @@ torch and transformers where autotune's own has not. Writes gpu_check.json to --
 (default $OUT, else reports/gpu_check).
 
 Targets, on a GPU: the gpu-bound case (max batch 4) is model-bound, the batching case (64)
-parallelism-bound; the gpu-bound verdict cites GPU utilisation over its threshold; with
-replicas, every replica serves calls in every probe and has its own GPU's readings. Exit
+parallelism-bound; the gpu-bound verdict cites GPU utilisation over its threshold, and
+the figure it cites is the high probe's printed; in every probe NVML and nvidia-smi agree
+within 5 points or within sampling error; with replicas, every replica serves calls in
+every probe and has its own GPU's readings. Exit
 status is 0 unless --check is given and a target is missed; without a GPU (a dry run of
 the flow) the targets are shown, not judged.
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -287,6 +293,9 @@ async def serve(args: argparse.Namespace) -> None:
 # -- the check ---------------------------------------------------------------------------
 
 Reading = tuple[float, int, float, float, float]  # epoch s, GPU index, util %, GiB, W
+Window = tuple[float, float]  # epoch seconds
+SMI_EVERY_MS = 250  # nvidia-smi's reading interval
+AGREE_POINTS = 5.0  # NVML and nvidia-smi over one window agree within this, else say why
 SMI_FIELDS = ("util_pct", "memory_gib", "power_w")
 NVML_SUFFIXES = {"util_pct": "util_pct", "memory_gib": "mem_used_gib", "power_w": "power_w"}
 
@@ -307,22 +316,35 @@ def smi_readings(text: str) -> list[Reading]:
     return readings
 
 
-def smi_window(smi: list[Reading], start: float, end: float) -> dict[int, dict[str, float]]:
-    """nvidia-smi's means per GPU index over [start, end], with their sample counts."""
+def probe_windows(probe: dict[str, Any]) -> list[Window]:
+    """A probe's measured blocks, epoch seconds: what its telemetry summary, and so a
+    verdict's GPU figure, covers; its warm-ups, drains and the other probe's blocks in
+    between are no part of it."""
+    return [(block["at"], block["at"] + block["measured_s"]) for block in probe["blocks"]]
+
+
+def inside(t: float, windows: list[Window]) -> bool:
+    return any(start <= t <= end for start, end in windows)
+
+
+def smi_window(smi: list[Reading], windows: list[Window]) -> dict[int, dict[str, Any]]:
+    """nvidia-smi's means per GPU index over the windows, with their sample counts (and
+    the utilisation readings themselves, for the sampling error)."""
     by_gpu: dict[int, list[Reading]] = {}
     for reading in smi:
-        if start <= reading[0] <= end:
+        if inside(reading[0], windows):
             by_gpu.setdefault(reading[1], []).append(reading)
     return {
         index: {
             **{name: sum(r[i] for r in rows) / len(rows) for i, name in enumerate(SMI_FIELDS, 2)},
             "samples": len(rows),
+            "util_readings": [r[2] for r in rows],
         }
         for index, rows in sorted(by_gpu.items())
     }
 
 
-def smi_over_all(per_gpu: dict[int, dict[str, float]]) -> dict[str, float] | None:
+def smi_over_all(per_gpu: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """Every GPU together, as NVML's probe-wide keys read: utilisation the mean over the
     GPUs, memory and power their sum."""
     if not per_gpu:
@@ -333,11 +355,74 @@ def smi_over_all(per_gpu: dict[int, dict[str, float]]) -> dict[str, float] | Non
         "memory_gib": sum(g["memory_gib"] for g in gpus),
         "power_w": sum(g["power_w"] for g in gpus),
         "samples": min(g["samples"] for g in gpus),
+        "util_readings": [value for g in gpus for value in g["util_readings"]],
+    }
+
+
+def sampling_error(values: list[float]) -> float:
+    """The variance of the mean of `values` (a mean's squared standard error)."""
+    if len(values) < 2:
+        return math.inf
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)
+
+
+def agreement(nvml: float, nvml_readings: list[float], smi: dict[str, Any]) -> dict[str, Any]:
+    """NVML's utilisation beside nvidia-smi's over the same window: the difference, the
+    95% range sampling alone gives it, and where over AGREE_POINTS, the reason."""
+    difference = nvml - smi["util_pct"]
+    noise = 1.96 * math.sqrt(sampling_error(nvml_readings) + sampling_error(smi["util_readings"]))
+    reason = None
+    if abs(difference) > AGREE_POINTS:
+        reason = (
+            f"within sampling error (±{noise:.1f} points at 95%): the load switches on and "
+            "off between readings, and nvidia-smi reads the driver's latest sample each "
+            f"{SMI_EVERY_MS} ms where NVML averages every sample since its previous reading"
+            if abs(difference) <= noise
+            else f"more than sampling error explains (±{noise:.1f} points at 95%)"
+        )
+    return {
+        "difference": difference,
+        "sampling_error_95": noise,
+        "agree": abs(difference) <= max(AGREE_POINTS, noise),
+        "reason": reason,
+    }
+
+
+def nvml_window(series: list[dict[str, Any]], windows: list[Window]) -> dict[str, Any]:
+    """autotune's NVML readings of all GPUs inside the windows: their utilisation values
+    and how many of the driver's samples they average."""
+    gpu = [s for s in series if s["source"] == "gpu" and inside(s["t"], windows)]
+    util = [s["gpu_util_pct_mean"] for s in gpu if "gpu_util_pct_mean" in s]
+    driver = sum(value for s in gpu for key, value in s.items() if key.endswith("_util_samples"))
+    return {
+        "util_pct": sum(util) / len(util) if util else None,
+        "readings": len(util),
+        "driver_samples": int(driver),
+        "util_readings": util,
+    }
+
+
+def block_summary(
+    probe: dict[str, Any], window: Window, smi: list[Reading], origin: float
+) -> dict[str, Any]:
+    """One measured block: NVML and nvidia-smi over exactly its seconds."""
+    nvml = nvml_window(probe["series"], [window])
+    smi_all = smi_over_all(smi_window(smi, [window]))
+    compared = None
+    if nvml["util_pct"] is not None and smi_all is not None:
+        compared = agreement(nvml["util_pct"], nvml["util_readings"], smi_all)
+    return {
+        "from_s": window[0] - origin,
+        "to_s": window[1] - origin,
+        "nvml": nvml,
+        "nvidia_smi": smi_all,
+        "compared": compared,
     }
 
 
 def replica_summary(
-    replica: dict[str, Any], telemetry: dict[str, Any], smi: dict[int, dict[str, float]]
+    replica: dict[str, Any], telemetry: dict[str, Any], smi: dict[int, dict[str, Any]]
 ) -> dict[str, Any]:
     """One replica's share of a probe: its calls, autotune's NVML readings of its GPUs
     (grouped by --replica-gpus, and per GPU) beside nvidia-smi's of the same GPUs."""
@@ -362,46 +447,57 @@ def replica_summary(
     }
 
 
-def probe_summary(probe: dict[str, Any], smi: list[Reading]) -> dict[str, Any]:
-    """autotune's NVML readings over one probe's steady state, beside nvidia-smi's."""
-    series = probe["series"]
-    start = (min(s["t"] for s in series) if series else 0.0) + probe["warmup_s"]
-    end = start + probe["measured_s"]
-    gpu = [s for s in series if s["source"] == "gpu" and start <= s["t"] <= end]
-
-    def stat(key: str) -> dict[str, float] | None:
-        values = [s[key] for s in gpu if key in s]
-        if not values:
-            return None
-        return {"mean": sum(values) / len(values), "max": max(values)}
-
-    per_gpu = smi_window(smi, start, end)
+def probe_summary(probe: dict[str, Any], smi: list[Reading], origin: float) -> dict[str, Any]:
+    """autotune's NVML figures of one probe, the very ones diagnose.json holds (and a
+    verdict cites), beside nvidia-smi's over the same measured blocks, and block by block;
+    seconds count from `origin`."""
+    windows = probe_windows(probe)
+    telemetry = probe["telemetry"]
+    nvml = nvml_window(probe["series"], windows)
+    util = telemetry.get("gpu/gpu_util_pct_mean")
+    per_gpu = smi_window(smi, windows)
+    smi_all = smi_over_all(per_gpu)
+    compared = None
+    if util is not None and smi_all is not None:
+        compared = agreement(util["mean"], nvml["util_readings"], smi_all)
     return {
         "parallelism": probe["parallelism"],
         "rollouts_per_s": probe["rollouts_per_s"],
         "output_tokens_per_s": probe["output_tokens_per_s"],
-        "nvml_samples": len(gpu),
-        "util_pct": stat("gpu_util_pct_mean"),
-        "memory_gib": stat("gpu_mem_used_gib_total"),
-        "power_w": stat("gpu_power_w_total"),
-        "nvidia_smi": smi_over_all(per_gpu),
+        "measured_s": probe["measured_s"],
+        "blocks": [block_summary(probe, window, smi, origin) for window in windows],
+        "util_pct": util,
+        "driver_samples": nvml["driver_samples"],
+        "memory_gib": telemetry.get("gpu/gpu_mem_used_gib_total"),
+        "power_w": telemetry.get("gpu/gpu_power_w_total"),
+        "nvidia_smi": smi_all,
         "nvidia_smi_per_gpu": per_gpu,
-        "replicas": [
-            replica_summary(r, probe["telemetry"], per_gpu) for r in probe.get("replicas", [])
-        ],
+        "compared": compared,
+        "replicas": [replica_summary(r, telemetry, per_gpu) for r in probe.get("replicas", [])],
         "telemetry_unavailable": probe["telemetry_unavailable"],
     }
 
 
 def fmt(stat: dict[str, float] | None, unit: str) -> str:
-    return "-" if stat is None else f"{stat['mean']:.1f} {unit} (max {stat['max']:.1f})"
+    """autotune's summary of a series: its mean, max and how many readings."""
+    if stat is None:
+        return "-"
+    readings = f", {stat['samples']:.0f} readings" if "samples" in stat else ""
+    return f"{stat['mean']:.1f} {unit} (max {stat['max']:.1f}{readings})"
 
 
-def fmt_smi(means: dict[str, float]) -> str:
+def fmt_smi(means: dict[str, Any]) -> str:
     return (
         f"util {means['util_pct']:.1f} %, memory {means['memory_gib']:.1f} GiB, "
         f"power {means['power_w']:.0f} W ({means['samples']:.0f} samples)"
     )
+
+
+def fmt_compared(compared: dict[str, Any] | None) -> str:
+    if compared is None:
+        return ""
+    text = f"; NVML − nvidia-smi {compared['difference']:+.1f} points"
+    return text + (f": {compared['reason']}" if compared["reason"] else "")
 
 
 def probes_for(replicas: int, max_s: float) -> list[str]:
@@ -472,7 +568,7 @@ async def check(args: argparse.Namespace) -> int:
         with smi_log.open("w") as log:
             smi = subprocess.Popen(
                 [
-                    *("nvidia-smi", "--format=csv,noheader,nounits", "-lms", "250"),
+                    *("nvidia-smi", "--format=csv,noheader,nounits", "-lms", str(SMI_EVERY_MS)),
                     "--query-gpu=timestamp,index,utilization.gpu,memory.used,power.draw",
                 ],
                 stdout=log,
@@ -584,16 +680,40 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path, check: bool) 
             f"\n== {name} (max batch {case['max_batch']}): verdict {verdict['verdict']}, "
             f"speedup ×{verdict['speedup']:.2f}"
         )
-        case["probes"] = [probe_summary(p, smi) for p in result["probes"]]
+        probes = result["probes"]
+        origin = min((b["at"] for p in probes for b in p["blocks"]), default=0.0)
+        case["probes"] = [probe_summary(p, smi, origin) for p in probes]
         for s in case["probes"]:
             print(
                 f"  parallelism {s['parallelism']:>3}: {s['rollouts_per_s']:.2f} rollouts/s, "
-                f"{s['output_tokens_per_s']:.0f} tok/s; NVML ({s['nvml_samples']} samples): "
+                f"{s['output_tokens_per_s']:.0f} tok/s"
+            )
+            print(
+                f"      NVML over its {len(s['blocks'])} measured blocks "
+                f"({s['measured_s']:.1f} s, {s['driver_samples']} driver samples): "
                 f"util {fmt(s['util_pct'], '%')}, memory {fmt(s['memory_gib'], 'GiB')}, "
                 f"power {fmt(s['power_w'], 'W')}"
             )
             if s["nvidia_smi"]:
-                print(f"      nvidia-smi, same window, all GPUs: {fmt_smi(s['nvidia_smi'])}")
+                print(
+                    f"      nvidia-smi, same blocks, all GPUs: {fmt_smi(s['nvidia_smi'])}"
+                    + fmt_compared(s["compared"])
+                )
+            for i, block in enumerate(s["blocks"], 1):
+                nvml, smi_block = block["nvml"], block["nvidia_smi"]
+                util = nvml["util_pct"]
+                print(
+                    f"      block {i}, {block['from_s']:.1f}-{block['to_s']:.1f} s: NVML "
+                    + ("-" if util is None else f"{util:.1f} %")
+                    + f" ({nvml['readings']} readings, {nvml['driver_samples']} driver samples)"
+                    + (
+                        f", nvidia-smi {smi_block['util_pct']:.1f} % "
+                        f"({smi_block['samples']} samples)"
+                        if smi_block
+                        else ""
+                    )
+                    + fmt_compared(block["compared"])
+                )
             for source, reason in s["telemetry_unavailable"].items():
                 print(f"      {source}: {reason}")
             print_replicas(s)
@@ -607,6 +727,18 @@ def report(results: dict[str, Any], smi: list[Reading], out: Path, check: bool) 
         case["gpu_evidence"] = [e for e in verdict["evidence"] if e["name"].startswith("GPU")]
         cited = "; ".join(Evidence.from_dict(e).text() for e in case["gpu_evidence"]) or "none"
         print(f"  GPU evidence cited: {cited}")
+        high = max(case["probes"], key=lambda s: s["parallelism"])
+        if case["gpu_evidence"] and high["util_pct"] is not None:
+            same = case["gpu_evidence"][0]["value"] == high["util_pct"]["mean"]
+            name_same = f"{name}: the GPU figure cited is the high probe's printed above"
+            targets.append(harness.Target(name_same, same, True, "=="))
+        if on_gpu:
+            agreed = sum(bool(s["compared"] and s["compared"]["agree"]) for s in case["probes"])
+            name_agreed = (
+                f"{name}: probes where NVML and nvidia-smi agree within {AGREE_POINTS:g} "
+                "points or sampling error"
+            )
+            targets.append(harness.Target(name_agreed, agreed, len(case["probes"]), "=="))
         expected = "model-bound" if case["max_batch"] == CASES[0][1] else "parallelism-bound"
         case["verdict_as_expected"] = verdict["verdict"] == expected
         targets.append(harness.Target(f"{name}: verdict", verdict["verdict"], expected, "=="))

@@ -478,6 +478,28 @@ def test_only_what_the_probes_measured_is_evidence() -> None:
     assert measured == {check.name for check in always if check.name != stuck} | {little}
 
 
+def test_the_gpu_figure_cited_is_the_high_probes_and_names_its_window() -> None:
+    """Seen on an H200: the verdict cited 66.7% with no window, while the probes' means
+    printed beside it were 42.8% and 55.4%. The evidence is the high probe's own mean
+    over its measured blocks, and says so, with how many NVML readings made it."""
+    util = {"gpu/gpu_util_pct_mean": {"mean": 72.1, "max": 91.5, "samples": 25.0}}
+    low = blocked(
+        4,
+        block(0, 10),
+        block(20, 10),
+        measured_s=21.0,
+        telemetry={"gpu/gpu_util_pct_mean": {"mean": 45.7, "max": 90.7, "samples": 42.0}},
+    )
+    high = blocked(16, block(10, 12), block(30, 12), measured_s=12.5, telemetry=util)
+    verdict = classify(low, high)
+    cited = next(e for e in verdict.evidence if e.name.startswith("GPU"))
+    assert cited.value == 72.1 and cited.value == high.telemetry["gpu/gpu_util_pct_mean"]["mean"]
+    assert cited.meaning.startswith(
+        "mean of 25 NVML readings over the measured 12.5 s of the probe at parallelism 16 "
+        "(2 blocks): "
+    )
+
+
 def test_tools_that_hang_or_fail_point_at_the_environment_not_at_parallelism() -> None:
     hung = classify(*at(tool_calls=90, stuck_tool_calls=3))
     assert hung.verdict == "unstable" and hung.next_step.startswith("fix the environment")

@@ -11,6 +11,7 @@ import re
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,30 @@ def test_probe_table_is_one_definition_for_the_terminal_and_the_page() -> None:
         assert re.search(rf"<th[^>]*>{re.escape(h.format_value(column.header))}</th>", page)
     assert "9–11" in text and "9–11" in page  # the same cell in both
     assert "speedup = 3 (threshold >= 3: yes) — it scaled" in text
+
+
+def test_each_probes_gpu_utilisation_names_its_window_and_readings() -> None:
+    """With a GPU the summary prints each probe's utilisation with the window it covers
+    and how many NVML readings made it (the high probe's is what a verdict cites), and the
+    page's probe table has both; without one, the summary has no such lines."""
+    result = _diagnosis()
+    assert "GPU utilisation" not in diagnose_text(result)
+    probes = [
+        replace(p, telemetry={"gpu/gpu_util_pct_mean": {"mean": m, "max": 99.0, "samples": n}})
+        for p, m, n in zip(result.probes, (45.7, 72.1), (42.0, 25.0), strict=True)
+    ]
+    text = diagnose_text(replace(result, probes=probes))
+    assert (
+        "GPU utilisation:\n"
+        "  45.7%, mean of 42 NVML readings over the measured 4.0 s of the probe at "
+        "parallelism 2 (1 block)\n"
+        "  72.1%, mean of 25 NVML readings over the measured 4.0 s of the probe at "
+        "parallelism 8 (1 block)\n"
+    ) in text
+    assert re.search(
+        r"<td[^>]*>72\.1</td>\s*<td[^>]*>25</td>",
+        diagnose_report.render(replace(result, probes=probes)),
+    )
 
 
 def test_importing_the_toolkit_does_not_import_matplotlib() -> None:

@@ -273,11 +273,26 @@ async def test_gpu_sampler_on_this_machine() -> None:
     await sampler.aclose()  # closing twice is harmless
 
 
-def _fake_nvml() -> types.ModuleType:
-    """Two GPUs; the second cannot report power (NVML says NotSupported)."""
+def _fake_nvml(driver: list[list[tuple[int, int]]] | None = None) -> types.ModuleType:
+    """Two GPUs; the second cannot report power (NVML says NotSupported). `driver`: each
+    GPU's utilisation samples as the driver keeps them, (timestamp µs, %); the tests add
+    to them as time goes by. Without: a driver that keeps none (NotFound)."""
 
     class NVMLError(Exception):
         pass
+
+    kept = driver if driver is not None else [[], []]
+
+    def samples(handle: int, kind: int, seen: int) -> tuple[int, list[Any]]:
+        assert kind == 1  # NVML_GPU_UTILIZATION_SAMPLES
+        fresh = [
+            types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=v))
+            for t, v in kept[handle]
+            if t > seen
+        ]
+        if not fresh:
+            raise NVMLError("Not Found")
+        return 1, fresh
 
     def power(handle: int) -> int:
         if handle == 1:
@@ -302,6 +317,8 @@ def _fake_nvml() -> types.ModuleType:
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlSystemGetDriverVersion=lambda: "580.65.06",
         nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+        NVML_GPU_UTILIZATION_SAMPLES=1,
+        nvmlDeviceGetSamples=samples,
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=[90, 30][h]),
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(
             used=[70, 10][h] * 2**30, total=80 * 2**30
@@ -316,11 +333,13 @@ async def test_gpu_sampler_readings_and_aggregates(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     sampler = GpuSampler()
     assert sampler.available and sampler.reason is None
-    assert await sampler.sample() == {
+    assert await sampler.sample() == {  # no driver samples: the current rate, one sample
         "gpu0_util_pct": 90.0,
+        "gpu0_util_samples": 1.0,
         "gpu0_mem_used_gib": 70.0,
         "gpu0_power_w": 350.5,
         "gpu1_util_pct": 30.0,
+        "gpu1_util_samples": 1.0,
         "gpu1_mem_used_gib": 10.0,
         "gpu_util_pct_mean": 60.0,
         "gpu_mem_used_gib_total": 80.0,
@@ -335,6 +354,32 @@ async def test_gpu_sampler_readings_and_aggregates(monkeypatch: pytest.MonkeyPat
         "driver_version": "580.65.06",
     }
     assert nvml.calls["init"] == nvml.calls["shutdown"] == 3
+
+
+async def test_gpu_utilisation_averages_every_driver_sample_since_the_last_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reading covers the whole interval since the previous one, not the instant it is
+    taken: the mean of every sample the driver took in it, with their count. History
+    from before the sampler started is no window's. The instant (GetUtilizationRates:
+    90% and 30% here) would read the same whatever the GPU did in between."""
+    driver = [[(1, 100), (2, 100)], [(1, 0)]]  # before the probe began
+    nvml = _fake_nvml(driver)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    sampler = GpuSampler()
+    driver[0] += [(10, 0), (11, 50), (12, 100)]
+    driver[1] += [(10, 20), (11, 40)]
+    first = await sampler.sample()
+    driver[0] += [(20, 10)]
+    second = await sampler.sample()
+    await sampler.aclose()
+    assert first is not None and second is not None
+    assert (first["gpu0_util_pct"], first["gpu0_util_samples"]) == (50.0, 3.0)
+    assert (first["gpu1_util_pct"], first["gpu1_util_samples"]) == (30.0, 2.0)
+    assert first["gpu_util_pct_mean"] == 40.0
+    assert (second["gpu0_util_pct"], second["gpu0_util_samples"]) == (10.0, 1.0)
+    # nothing new on GPU 1: its current rate, one sample
+    assert (second["gpu1_util_pct"], second["gpu1_util_samples"]) == (30.0, 1.0)
 
 
 # -- ClientSampler ------------------------------------------------------------------------
@@ -459,9 +504,14 @@ def test_summarise_window_means_maxima_and_counter_deltas() -> None:
     ]
     stats = summarise(samples, 1.0, 3.0)
     assert stats == {
-        "server/vllm:num_requests_running": {"mean": 4.0, "max": 6.0},
-        "server/vllm:prompt_tokens_total": {"mean": 25.0, "max": 40.0, "delta": 30.0},
-        "client/cpu_fraction": {"mean": 0.75, "max": 1.0},
+        "server/vllm:num_requests_running": {"mean": 4.0, "max": 6.0, "samples": 3.0},
+        "server/vllm:prompt_tokens_total": {
+            "mean": 25.0,
+            "max": 40.0,
+            "samples": 3.0,
+            "delta": 30.0,
+        },
+        "client/cpu_fraction": {"mean": 0.75, "max": 1.0, "samples": 2.0},
     }
     assert summarise(samples, 20.0, 30.0) == {}
 

@@ -303,7 +303,7 @@ CHECKS: dict[str, tuple[Check, ...]] = {
               "sequences were evicted for lack of KV cache", "count"),
         Check("GPU utilisation, % (mean)",
               "gpu/gpu_util_pct_mean mean", ">=", "gpu_busy_pct",
-              "a kernel ran most of the time"),
+              "{high.gpu_window}: a kernel ran most of the time"),
     ),
     # Tools saturating (multi-turn rollouts): the time each rollout spends in tool calls
     # grows as Little's law predicts for a stage that caps throughput, and it is a large

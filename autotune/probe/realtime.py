@@ -528,7 +528,8 @@ def _summarise_windows(
     samples: Sequence[Sample], windows: Sequence[tuple[float, float]]
 ) -> dict[str, dict[str, float]]:
     """Telemetry over several windows: means weighted by window length, the largest max,
-    counters' increases added (the gaps between windows belong to other probes)."""
+    sample counts and counters' increases added (the gaps between windows belong to
+    other probes)."""
     merged: dict[str, dict[str, float]] = {}
     weights: dict[str, float] = {}
     for start, end in windows:

@@ -97,6 +97,12 @@ def _digits(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else float(f"{value:.{digits}g}")
 
 
+def _gpu_util(probe: ProbeResult, stat: str) -> float | None:
+    """The probe's GPU utilisation over its measured blocks (`mean`), or how many NVML
+    readings it is from (`samples`): the figure a verdict cites for the high probe."""
+    return probe.telemetry.get("gpu/gpu_util_pct_mean", {}).get(stat)
+
+
 # The probe tables: the HTML page shows every column, the terminal those marked `terminal`.
 PROBE_COLUMNS: tuple[Column[ProbeResult], ...] = (
     Column("parallelism", lambda p: p.parallelism),
@@ -107,6 +113,8 @@ PROBE_COLUMNS: tuple[Column[ProbeResult], ...] = (
     Column("error rate", lambda p: quantity(p.error_rate, "share")),
     Column("timeouts", lambda p: p.timeouts, terminal=False),
     Column("measured s", lambda p: _digits(p.measured_s), terminal=False),
+    Column("GPU util %", lambda p: _gpu_util(p, "mean"), terminal=False, digits=3),
+    Column("GPU util readings", lambda p: _gpu_util(p, "samples"), terminal=False),
     Column("stop", lambda p: p.stop_reason),
 )
 

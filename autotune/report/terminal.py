@@ -400,6 +400,13 @@ def diagnose_text(result: DiagnoseResult) -> str:
         lines += ["", *terminal_table(GROUP_COLUMNS, result.probes)]
     lines.append("")
     lines += terminal_table(LATENCY_COLUMNS, result.probes)
+    gpu = [
+        f"  {stats['mean']:.1f}%, {probe.gpu_window}"
+        for probe in result.probes
+        if (stats := probe.telemetry.get("gpu/gpu_util_pct_mean")) is not None
+    ]
+    if gpu:
+        lines += ["", "GPU utilisation:", *gpu]
     high = max(result.probes, key=lambda probe: probe.parallelism, default=None)
     if high is not None and high.replicas:
         lines += ["", f"replicas at parallelism {high.parallelism}:"]

@@ -114,6 +114,18 @@ class ProbeResult(Record):
             return None
         return total.p95 / total.p50
 
+    @property
+    def gpu_window(self) -> str:
+        """The window the probe's GPU utilisation covers, and how many NVML readings made
+        it: what a figure of it says beside the number."""
+        readings = self.telemetry.get("gpu/gpu_util_pct_mean", {}).get("samples")
+        count = "" if readings is None else f"{readings:.0f} "
+        blocks = len(self.blocks) or 1
+        return (
+            f"mean of {count}NVML readings over the measured {self.measured_s:.1f} s of the "
+            f"probe at parallelism {self.parallelism} ({blocks} block{'s' * (blocks > 1)})"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class CurvePoint(Record):

@@ -77,11 +77,15 @@ def gpu_inventory() -> list[dict[str, Any]]:
 
 
 class GpuSampler:
-    """Per-GPU `gpu{i}_util_pct`, `gpu{i}_mem_used_gib`, `gpu{i}_power_w`, plus
-    `gpu_util_pct_mean`, `gpu_mem_used_gib_total` and `gpu_power_w_total`.
+    """Per-GPU `gpu{i}_util_pct`, `gpu{i}_util_samples`, `gpu{i}_mem_used_gib`,
+    `gpu{i}_power_w`, plus `gpu_util_pct_mean`, `gpu_mem_used_gib_total` and
+    `gpu_power_w_total`.
 
-    A reading a device does not support (power on some boards, utilisation on MIG
-    slices) is left out rather than faked as zero.
+    Utilisation is the mean of every sample the driver took since the previous reading
+    (`gpu{i}_util_samples` of them), so a window's readings cover all of it, not one
+    instant each; where the driver keeps no samples, the current rate (one sample). A
+    reading a device does not support (power on some boards, utilisation on MIG slices)
+    is left out rather than faked as zero.
     """
 
     name = "gpu"
@@ -90,6 +94,7 @@ class GpuSampler:
         self.available = False
         self.reason: str | None = None
         self._handles: list[Any] = []
+        self._seen: list[int] = []  # each GPU's newest driver sample read, NVML's clock
         self._nvml, self.reason = _init_nvml()
         if self._nvml is None:
             return
@@ -102,6 +107,9 @@ class GpuSampler:
             self.reason = self.reason or "no GPU telemetry: NVML sees no GPU"
             self._shutdown()
             return
+        self._seen = [0] * len(self._handles)
+        for i in range(len(self._handles)):  # the driver's history before now is no window's
+            self._driver_samples(i)
         self.available = True
 
     async def sample(self) -> dict[str, float] | None:
@@ -113,9 +121,10 @@ class GpuSampler:
         mems: list[float] = []
         powers: list[float] = []
         for i, handle in enumerate(self._handles):
-            if (rates := _read(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)) is not None:
-                values[f"gpu{i}_util_pct"] = float(rates.gpu)
-                utils.append(rates.gpu)
+            if (util := self._utilisation(i)) is not None:
+                values[f"gpu{i}_util_pct"] = util[0]
+                values[f"gpu{i}_util_samples"] = float(util[1])
+                utils.append(util[0])
             if (memory := _read(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)) is not None:
                 values[f"gpu{i}_mem_used_gib"] = memory.used / _GIB
                 mems.append(memory.used / _GIB)
@@ -129,6 +138,32 @@ class GpuSampler:
         if powers:
             values["gpu_power_w_total"] = sum(powers)
         return values or None
+
+    def _utilisation(self, i: int) -> tuple[float, int] | None:
+        """GPU i's mean utilisation since the previous reading, and from how many of the
+        driver's samples; None where it reports none."""
+        nvml, handle = self._nvml, self._handles[i]
+        assert nvml is not None
+        if samples := self._driver_samples(i):
+            return sum(samples) / len(samples), len(samples)
+        rates = _read(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
+        return None if rates is None else (float(rates.gpu), 1)
+
+    def _driver_samples(self, i: int) -> list[int]:
+        """The utilisation samples (%) the driver took on GPU i since the newest one read;
+        none where it keeps none or has none newer (NVML says NotFound)."""
+        nvml = self._nvml
+        assert nvml is not None
+        try:
+            _, samples = nvml.nvmlDeviceGetSamples(
+                self._handles[i], nvml.NVML_GPU_UTILIZATION_SAMPLES, self._seen[i]
+            )
+        except nvml.NVMLError:
+            return []
+        fresh = [s for s in samples if s.timeStamp > self._seen[i]]
+        if fresh:
+            self._seen[i] = max(s.timeStamp for s in fresh)
+        return [s.sampleValue.uiVal for s in fresh]
 
     async def aclose(self) -> None:
         self._shutdown()

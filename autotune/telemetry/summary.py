@@ -13,7 +13,8 @@ COUNTER_SUFFIXES = ("_total", "_sum", "_count")
 
 
 def summarise(samples: Iterable[Sample], start: float, end: float) -> dict[str, dict[str, float]]:
-    """`{"source/metric": {"mean", "max"[, "delta"]}}` over samples with start <= t <= end.
+    """`{"source/metric": {"mean", "max", "samples"[, "delta"]}}` over samples with
+    start <= t <= end; `samples` is how many readings the figures come from.
 
     Counters also get `delta`, their increase from the window's first sample to its last;
     a drop (the server restarted) counts as a reset to zero, as Prometheus's `increase`
@@ -26,7 +27,7 @@ def summarise(samples: Iterable[Sample], start: float, end: float) -> dict[str, 
                 series.setdefault(f"{sample.source}/{metric}", []).append(value)
     summary: dict[str, dict[str, float]] = {}
     for key, values in series.items():
-        stats = {"mean": fmean(values), "max": max(values)}
+        stats = {"mean": fmean(values), "max": max(values), "samples": float(len(values))}
         if key.endswith(COUNTER_SUFFIXES):
             stats["delta"] = _increase(values)
         summary[key] = stats
