@@ -15,6 +15,8 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +229,33 @@ def settled_requests(server: VllmServer) -> dict[str, float]:
     return last
 
 
+def _gauges(
+    server: VllmServer, stop: threading.Event, into: list[tuple[float, float, float]]
+) -> None:
+    """(Unix time, running requests, generated tokens) from vLLM's /metrics every 50 ms."""
+    root = (server.base_url or "").removesuffix("/v1")
+    names = ("vllm:num_requests_running", "vllm:generation_tokens_total")
+    while not stop.is_set():
+        with urllib.request.urlopen(f"{root}/metrics", timeout=10) as response:
+            values = parse_prometheus(response.read().decode(), names=names)
+        into.append((time.time(), values.get(names[0], 0.0), values.get(names[1], 0.0)))
+        stop.wait(0.05)
+
+
+@contextmanager
+def gauges_of(server: VllmServer) -> Iterator[list[tuple[float, float, float]]]:
+    """`_gauges`' readings while inside, from a thread beside the test's own calls."""
+    samples: list[tuple[float, float, float]] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_gauges, args=(server, stop, samples))
+    watcher.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        watcher.join()
+
+
 async def test_a_cancelled_sample_stops_on_vllm_at_the_cancel(vllm_server: VllmServer) -> None:
     """Four long streamed samples through autotune's own backend, cancelled as a batch step
     cancels them (the task, so its connection closes): cancelling two drops vLLM's running
@@ -293,11 +322,7 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
     before = settled_requests(vllm_server)
     assert before["running"] == 0
     started = time.monotonic()
-    gauges: list[tuple[float, float, float]] = []
-    stop = threading.Event()
-    watcher = threading.Thread(target=_gauges, args=(vllm_server, stop, gauges))
-    watcher.start()
-    try:
+    with gauges_of(vllm_server) as gauges:
         result = autotune(
             "collect", "--base-url", vllm_server.base_url or "",
             "--synthetic", str(GROUP_TASKS), "--seed", "62",
@@ -307,9 +332,6 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
             "--output-dir", str(tmp_path), "--json", "--quiet",
         )  # fmt: skip
         time.sleep(1.0)  # the gauge after the last cancel
-    finally:
-        stop.set()
-        watcher.join()
     wall_s = time.monotonic() - started
     assert result.returncode == 0, result.stderr + vllm_server.log_tail()
     after = settled_requests(vllm_server)
@@ -378,19 +400,6 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
 # -- the RL loop: each sync really pauses and resumes vLLM through its own endpoints --------
 
 
-def _gauges(
-    server: VllmServer, stop: threading.Event, into: list[tuple[float, float, float]]
-) -> None:
-    """(Unix time, running requests, generated tokens) from vLLM's /metrics every 50 ms."""
-    root = (server.base_url or "").removesuffix("/v1")
-    names = ("vllm:num_requests_running", "vllm:generation_tokens_total")
-    while not stop.is_set():
-        with urllib.request.urlopen(f"{root}/metrics", timeout=10) as response:
-            values = parse_prometheus(response.read().decode(), names=names)
-        into.append((time.time(), values.get(names[0], 0.0), values.get(names[1], 0.0)))
-        stop.wait(0.05)
-
-
 @pytest.mark.parametrize("pause_mode", ["keep", "abort"])
 def test_the_loop_pauses_and_resumes_vllm_at_each_sync(
     vllm_server: VllmServer, tmp_path: Path, pause_mode: str
@@ -398,11 +407,7 @@ def test_the_loop_pauses_and_resumes_vllm_at_each_sync(
     """Async, two batches ahead, so requests are in flight at every sync: with `keep` vLLM
     holds them frozen (running, no token made) until /resume; with `abort` it ends them
     (none running) and the loop sends them again. Every launched group ends in the ledger."""
-    samples: list[tuple[float, float, float]] = []
-    stop = threading.Event()
-    watcher = threading.Thread(target=_gauges, args=(vllm_server, stop, samples))
-    watcher.start()
-    try:
+    with gauges_of(vllm_server) as samples:
         result = autotune(
             "loop", "--base-url", vllm_server.base_url or "",
             "--synthetic", "16", "--output-tokens", "256,0", "--num-repeats", "4",
@@ -411,9 +416,6 @@ def test_the_loop_pauses_and_resumes_vllm_at_each_sync(
             "--output-dir", str(tmp_path), "--json", "--quiet",
             timeout=300,
         )  # fmt: skip
-    finally:
-        stop.set()
-        watcher.join()
     assert result.returncode == 0, result.stderr + vllm_server.log_tail()
     summary = json.loads(result.stdout)
     assert summary["pause_source"] == "server"
