@@ -382,13 +382,13 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
     last_cancel = max(row["_autotune"]["timings"]["cancelled"] for row in failures)  # type: ignore[index]
     later = [row for row in rows if row["_autotune"]["timings"]["queued"] > last_cancel]  # type: ignore[index]
     if not later:  # the last step ended at a cancel: nothing ran after it but those
-        running_then = [r for t, r, _ in gauges if last_cancel - 0.5 < t <= last_cancel]
-        settled_at = next(t for t, r, _ in gauges if t > last_cancel and r == 0)
-        print(
-            f"running {max(running_then):.0f} before the last cancel, "
-            f"0 after {settled_at - last_cancel:.2f} s"
-        )
-        assert settled_at - last_cancel < 1.0
+        # The gauge's cadence is its resolution (a read takes longer on a busy machine): the
+        # first reading taken after the cancel may have been asked for before it, the
+        # second was not, and one more allows for vLLM's engine step.
+        before_cancel = [r for t, r, _ in gauges if t <= last_cancel][-1:]
+        after_cancel = [(t - last_cancel, r) for t, r, _ in gauges if t > last_cancel][:3]
+        print(f"running {before_cancel} at the last cancel, then {after_cancel}")
+        assert any(r == 0 for _, r in after_cancel), after_cancel
     wasted = change["generated"] - summary["output_tokens"]
     asked = sum(
         row["responses_create_params"]["max_output_tokens"]  # type: ignore[index]
