@@ -450,6 +450,15 @@ class WorkloadSpec(VerifierFields, RequestFields):
 SAMPLED_LENGTHS = ("--output-length-sigma", "--rollouts")
 
 
+# ... and every flag of its policy: lengths, or rewards too (a run giving none gets a default)
+POLICY_FLAGS = (*SAMPLED_LENGTHS, "--uninformative-share")
+
+
+def policy_given(sim_args: Sequence[str]) -> bool:
+    """Whether the simulator's flags say how its policy samples (servers/sim/policy.py)."""
+    return any(arg.startswith(POLICY_FLAGS) for arg in sim_args)
+
+
 def lengths_sampled(sim_args: Sequence[str]) -> bool:
     """Whether the simulated policy draws each sample's length itself (sim/policy.py), so
     that `ignore_eos` would flatten the tail it was asked for."""

@@ -46,14 +46,13 @@ class HttpLauncher:
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[EngineProbe]:
         if self.server is None:
             urls = self.target.base_urls or ("",)
-            async with self._probe(urls, self.target.max_num_seqs) as probe:
+            async with self._probe(urls, self.target.total_max_num_seqs) as probe:
                 yield probe
             return
         group = self.server(knobs)  # launched with the trial's max_num_seqs, if it sets one
-        async with (
-            group,
-            self._probe(group.base_urls, knobs.get("max_num_seqs"), group.gpus) as probe,
-        ):
+        seqs = knobs.get("max_num_seqs")
+        total = seqs * len(group.base_urls) if seqs else None
+        async with group, self._probe(group.base_urls, total, group.gpus) as probe:
             yield probe
 
     @asynccontextmanager
@@ -63,7 +62,7 @@ class HttpLauncher:
         max_num_seqs: int | None,
         gpus: tuple[tuple[int, ...], ...] = (),
     ) -> AsyncIterator[EngineProbe]:
-        """`max_num_seqs`: each server's, where known."""
+        """`max_num_seqs`: the servers' batch limit over all of them, where known."""
         async with open_session(self.target) as session:
             key = api_key(self.target)
             target = await resolve_target(
@@ -81,7 +80,7 @@ class HttpLauncher:
                 self.tasks,
                 target.base_url,
                 self.settings,
-                max_num_seqs=max_num_seqs * len(urls) if max_num_seqs else None,
+                max_num_seqs=max_num_seqs,
             )
 
 

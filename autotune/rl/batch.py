@@ -23,7 +23,7 @@ from autotune.rollout.backends import ModelBackend
 from autotune.rollout.engine import Engine
 from autotune.rollout.store import RolloutSink
 from autotune.rollout.workload import Task, WorkItem
-from autotune.telemetry.prometheus import PrometheusSampler
+from autotune.telemetry.prometheus import KV_CAPACITY_TOKENS, PrometheusSampler
 from autotune.verifiers import Verifier
 
 POLL_S = 0.1  # how often the server's running gauge is read during a step
@@ -31,7 +31,6 @@ RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
 PROMPTED = "vllm:prompt_tokens_total"
 SIM_MAX_NUM_SEQS = "autotune_max_num_seqs"
-KV_TOKENS = "kv_capacity_tokens"
 
 
 def grouped(items: Iterator[WorkItem]) -> Iterator[list[WorkItem]]:
@@ -287,7 +286,7 @@ class BatchRunner:
             self._server.set(values[RUNNING], time.perf_counter())
         if SIM_MAX_NUM_SEQS in values:
             self._max_num_seqs = round(values[SIM_MAX_NUM_SEQS])
-        self._kv_tokens = values.get(KV_TOKENS, self._kv_tokens)
+        self._kv_tokens = values.get(KV_CAPACITY_TOKENS, self._kv_tokens)
         return values.get(GENERATED), values.get(PROMPTED)
 
     def _batch_limit(

@@ -15,7 +15,12 @@ from typing import Any
 
 import aiohttp
 
-from autotune.config.collection import SyntheticWorkload, TargetConfig, lengths_sampled
+from autotune.config.collection import (
+    SyntheticWorkload,
+    TargetConfig,
+    lengths_sampled,
+    policy_given,
+)
 from autotune.config.fields import base_url_problem
 from autotune.errors import ServerUnreachable, UsageError
 
@@ -174,7 +179,6 @@ def api_key(target: TargetConfig) -> str | None:
 # how: each sample's length is its own (lognormal, median half the task's max_tokens, so
 # about one in twelve is cut at it; p99/p50 ≈ 3.2) and a stated share of prompts is
 # solved by every sample or by none (groups that teach nothing). Why: docs/groups.md.
-POLICY_FLAGS = ("--output-length-sigma", "--uninformative-share", "--rollouts")
 GROUP_LENGTH_SIGMA = 0.5
 GROUP_UNINFORMATIVE_SHARE = 0.4
 
@@ -188,8 +192,7 @@ def synthetic_defaults(
     asks (some servers reject unknown fields)."""
     if target.base_url is not None or synthetic is None or target.extra_body:
         return target
-    own_policy = any(arg.startswith(POLICY_FLAGS) for arg in target.sim_args)
-    if num_repeats > 1 and not own_policy:
+    if num_repeats > 1 and not policy_given(target.sim_args):
         policy = (
             f"--output-length-sigma={GROUP_LENGTH_SIGMA}",
             f"--uninformative-share={GROUP_UNINFORMATIVE_SHARE}",

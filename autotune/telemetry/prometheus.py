@@ -11,6 +11,8 @@ from collections.abc import Collection, Iterable, Sequence
 
 import aiohttp
 
+# num_gpu_blocks × block_size, over engines, from vllm:cache_config_info's labels
+KV_CAPACITY_TOKENS = "kv_capacity_tokens"
 REPORTED = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -28,7 +30,7 @@ REPORTED = (
     "vllm:prefix_cache_hits_total",  # ... and found there
     "autotune_simulated",  # 1 from autotune's simulated server: nothing here is a real GPU
     "autotune_max_num_seqs",  # the simulator's batch limit (vLLM serves none)
-    "kv_capacity_tokens",  # num_gpu_blocks × block_size, from vllm:cache_config_info's labels
+    KV_CAPACITY_TOKENS,
 )
 """What the sampler reports, under these names."""
 
@@ -227,7 +229,7 @@ class _Scraper:
         metrics = parse_prometheus(text, average=_AVERAGED, names=_WANTED)
         kv_tokens = kv_capacity_tokens(text)
         if kv_tokens is not None:
-            metrics["kv_capacity_tokens"] = kv_tokens
+            metrics[KV_CAPACITY_TOKENS] = kv_tokens
         if "vllm:kv_cache_usage_perc" not in metrics and _KV_USAGE_OLD in metrics:
             metrics["vllm:kv_cache_usage_perc"] = metrics[_KV_USAGE_OLD]
         values = {name: metrics[name] for name in REPORTED if name in metrics}
