@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.config.collection import PROBE_DEFAULTS, ProbeSpec
-from autotune.results.probes import ProbeBlock
+from autotune.results.probes import ProbeBlock, RateCheck
 from autotune.stats import RateEstimate, completion_batches_rate, counter_rate, t95
 
 MIN_EVENTS = 20  # completions a window at its precision target holds at least
@@ -134,7 +134,8 @@ def token_window(
 
 def in_rollouts(tokens: RateEstimate, tokens_per_rollout: float | None) -> RateEstimate:
     """A rate of output tokens as rollouts/s, by the tokens a finished rollout had (none
-    finished: 0, with no upper bound)."""
+    finished: 0, with no upper bound). Any unit converts so: pieces as tokens, by the
+    pieces a token took."""
     if not tokens_per_rollout:
         return RateEstimate(0.0, 0.0, math.inf, 0, tokens.window_s, tokens.batches)
     return RateEstimate(
@@ -145,6 +146,36 @@ def in_rollouts(tokens: RateEstimate, tokens_per_rollout: float | None) -> RateE
         tokens.window_s,
         tokens.batches,
     )
+
+
+def reconcile(from_tokens: RateEstimate, counted: RateEstimate) -> tuple[RateEstimate, RateCheck]:
+    """A window timed in tokens, as rollouts/s: its token rate converted (`from_tokens`)
+    beside the completions counted over the same window. Where they agree (their
+    intervals meet), the narrower; where they do not, the counted rate with an interval
+    spanning both, which no verdict can be surer than. Too few completions to count
+    (fewer than MIN_EVENTS, or one batch): the token rate."""
+    usable = counted.events >= MIN_EVENTS and counted.batches > 1 and math.isfinite(counted.high)
+    check = RateCheck(
+        (from_tokens.rate, from_tokens.low, from_tokens.high),
+        (counted.rate, counted.low, counted.high) if usable else None,
+        counted.events,
+        "tokens",
+    )
+    if check.counted is None:
+        return from_tokens, check
+    if not check.agree:
+        both = RateEstimate(
+            counted.rate,
+            min(counted.low, from_tokens.low),
+            max(counted.high, from_tokens.high),
+            counted.events,
+            counted.window_s,
+            min(counted.batches, from_tokens.batches),
+        )
+        return both, replace(check, used="neither: they disagree")
+    if counted.relative_halfwidth <= from_tokens.relative_halfwidth:
+        return counted, replace(check, used="completions")
+    return from_tokens, check
 
 
 def batch_events(events: int, span_s: float, latency_s: float) -> int:

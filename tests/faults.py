@@ -65,7 +65,10 @@ FAULTS: dict[str, str] = {
     "reasoning": "chat: reasoning_content beside content (vLLM's reasoning parser)",
     "reasoning_only": "chat: the text in `reasoning` (vLLM 0.16 on), content null",
     "length": 'finish_reason "length": cut at the token limit',
+    "multi_token_pieces": "stream: four tokens a piece, as usage counts them (vLLM's "
+    "stream_interval above 1)",
 }
+TOKENS_PER_PIECE = 4  # multi_token_pieces
 _RETRY_AFTER = {
     "429_huge": "1e9",
     "429_inf": "inf",
@@ -104,6 +107,7 @@ class _State:
     die_after: int
     on_die: Callable[[], None] | None
     window: SlidingWindowLimit
+    piece_delay_s: float = 0.0  # before each streamed piece: an answer that takes time
     attempts: Counter[str] = field(default_factory=Counter)  # per prompt
     prompts: int = 0  # distinct prompts seen
     requests: int = 0  # completion requests
@@ -130,14 +134,22 @@ def fault_app(
     limit_per_s: float = 10.0,
     window_s: float = 1.0,
     on_die: Callable[[], None] | None = None,
+    piece_delay_s: float = 0.0,
 ) -> web.Application:
     """The server with `fault` (a FAULTS key). `on_die` runs when `die` strikes; without
-    it the server stays up but closes every later connection unanswered."""
+    it the server stays up but closes every later connection unanswered. A streamed
+    answer waits `piece_delay_s` before each piece."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
     app = web.Application()
     app[_STATE] = _State(
-        fault, max(1, every), always, die_after, on_die, SlidingWindowLimit(limit_per_s, window_s)
+        fault,
+        max(1, every),
+        always,
+        die_after,
+        on_die,
+        SlidingWindowLimit(limit_per_s, window_s),
+        piece_delay_s,
     )
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
@@ -184,7 +196,8 @@ async def _complete(request: web.Request) -> web.StreamResponse:
             {"error": {"message": "slow down"}}, status=429, headers={"Retry-After": retry_after}
         )
     text = answer_text(prompt, fault, chat)
-    usage: dict[str, Any] | None = {"prompt_tokens": len(prompt) // 4, "completion_tokens": 5}
+    tokens = 5 * (TOKENS_PER_PIECE if fault == "multi_token_pieces" else 1)  # five pieces
+    usage: dict[str, Any] | None = {"prompt_tokens": len(prompt) // 4, "completion_tokens": tokens}
     if fault == "no_usage":
         usage = None
     thought = reasoning_text(prompt, fault, chat)
@@ -254,7 +267,10 @@ async def _stream(
         events[1]["choices"][0]["delta"] = "x"
     elif fault == "chunk_list":
         events[1] = [1, 2]
+    delay_s = request.app[_STATE].piece_delay_s
     for number, event in enumerate(events):
+        if delay_s:
+            await asyncio.sleep(delay_s)
         data = event if isinstance(event, bytes) else orjson.dumps(event)
         await response.write(b"data: " + data + b"\n\n")
         if fault == "close" and number == 1:

@@ -10,7 +10,7 @@ import pytest
 from autotune.diagnose.checks import CHECKS, VERDICTS, Check, Pair, speedup_interval
 from autotune.diagnose.classify import classify
 from autotune.results.diagnosis import Thresholds
-from autotune.results.probes import ProbeBlock, ProbeResult
+from autotune.results.probes import ProbeBlock, ProbeResult, RateCheck
 from autotune.results.stages import STAGES, StageLatency
 
 
@@ -188,6 +188,29 @@ def test_token_mismatch_is_reported() -> None:
     }
     verdict = classify(probe(5, 10), probe(20, 39, token_check=check))
     assert any("over 10%" in note for note in verdict.notes)
+    assert not any("requests/s" in note for note in verdict.notes)
+    requests = {
+        **check,
+        "mismatch": 0.0,
+        "client_requests_per_s": 30.1,
+        "server_requests_per_s": 14.8,
+        "requests_relative_difference": 0.51,
+        "requests_mismatch": 1.0,
+    }
+    verdict = classify(probe(5, 10, token_check=requests), probe(20, 39))
+    (note,) = [note for note in verdict.notes if "requests/s" in note]
+    assert "30.1 completions/s" in note and "14.8 requests/s" in note
+
+
+def test_a_block_whose_two_rates_disagree_says_so() -> None:
+    disagree = RateCheck((11.9, 11.1, 12.7), (22.3, 22.1, 22.4), 176, "neither: they disagree")
+    uncounted = RateCheck((0.5, 0.4, 0.6), None, 7, "tokens")
+    slow = block(10, 35, rate_check=disagree)
+    high = blocked(20, slow, block(30, 35, rate_check=uncounted))
+    notes = classify(blocked(5, block(0, 10), block(20, 10)), high).notes
+    assert any("disagree beyond their intervals" in note and "176 completions" in note
+               for note in notes)  # fmt: skip
+    assert any("too few completions (7)" in note for note in notes)
 
 
 def test_the_interval_decides_not_the_point() -> None:
@@ -262,10 +285,15 @@ def test_a_latency_tail_alone_never_outweighs_throughput_that_scales() -> None:
 
 
 def block(
-    at: float, rate: float, halfwidth: float = 0.1, p50: float = 1.0, p95: float = 1.5
+    at: float,
+    rate: float,
+    halfwidth: float = 0.1,
+    p50: float = 1.0,
+    p95: float = 1.5,
+    rate_check: RateCheck | None = None,
 ) -> ProbeBlock:
     spread = (rate * (1 - halfwidth), rate * (1 + halfwidth))
-    return ProbeBlock(at, rate, spread, 8, 5.0, p50, p95)
+    return ProbeBlock(at, rate, spread, 8, 5.0, p50, p95, rate_check=rate_check)
 
 
 def blocked(parallelism: int, *blocks: ProbeBlock, **changes: Any) -> ProbeResult:
@@ -276,19 +304,18 @@ def blocked(parallelism: int, *blocks: ProbeBlock, **changes: Any) -> ProbeResul
 
 def test_paired_blocks_cancel_a_load_change_between_them() -> None:
     # The machine slowed ×2 between the first pair and the second: each pair still
-    # scales ×3.5, so the verdict stands, and the drift is named.
+    # scales ×3.5, so the verdict stands, and the change is named.
     low = blocked(5, block(0, 10), block(20, 5))
     high = blocked(20, block(10, 35), block(30, 17.5))
     verdict = classify(low, high)
     assert verdict.verdict == "parallelism-bound" and verdict.clear_of_threshold
     assert abs(verdict.speedup - 3.5) < 1e-9
-    drift = [n for n in verdict.notes if "between its blocks" in n]
-    assert len(drift) == 2 and "moved from 10 to 5 rollouts/s" in drift[0]
+    assert "parallelism 5 10 → 5 rollouts/s; parallelism 20 35 → 17.5" in verdict.confidence
     paired = speedup_interval(low, high)
-    assert paired.low > 3.0 and paired.high < 4.1  # two ±10% blocks a side, paired
+    assert paired.low > 2.9 and paired.high < 4.2  # one ±10% pair a side of the change
 
 
-def test_a_load_change_within_a_pair_makes_a_decided_verdict_inconclusive() -> None:
+def test_a_load_change_within_a_pair_rests_on_the_pair_measured_after_it() -> None:
     # The machine slowed ×2 as the first high block started: that pair says ×1.75, the
     # second ×3.5. The old order (one low, then one high) would call it model-bound.
     old_order = classify(interval(5, 10, 0.05), interval(20, 17.5, 0.05))
@@ -296,16 +323,60 @@ def test_a_load_change_within_a_pair_makes_a_decided_verdict_inconclusive() -> N
     low = blocked(5, block(0, 10, 0.05), block(20, 5, 0.05))
     high = blocked(20, block(10, 17.5, 0.05), block(30, 17.5, 0.05))
     verdict = classify(low, high)
-    assert verdict.verdict == "inconclusive" and not verdict.clear_of_threshold
-    assert "the machine's load changed during the probes" in verdict.confidence
-    assert "1 of 2 pairs (×1.75" in verdict.confidence
-    assert verdict.between == ["parallelism-bound", "model-bound"]
-    assert "quiet" in verdict.next_step
-    # The pairs agreeing, the same figures decide.
+    assert verdict.verdict == "parallelism-bound" and abs(verdict.speedup - 3.5) < 1e-9
+    assert "the load changed during the probes" in verdict.confidence
+    assert "(pair 2)" in verdict.confidence
+    # The pairs agreeing, the same figures decide, and nothing is said of a change.
     steady = classify(
         blocked(5, block(0, 10), block(20, 10)), blocked(20, block(10, 35), block(30, 35))
     )
-    assert steady.verdict == "parallelism-bound" and not any("blocks" in n for n in steady.notes)
+    assert steady.verdict == "parallelism-bound" and "load changed" not in steady.confidence
+
+
+def test_a_load_change_no_pair_escapes_leaves_the_verdict_inconclusive() -> None:
+    # Each pair on one side of the change says another thing (×3.5 before, ×1.0 after):
+    # no placement of the change lets the pairs agree.
+    low = blocked(5, block(0, 10, 0.05), block(20, 5, 0.05))
+    high = blocked(20, block(10, 35, 0.05), block(30, 5, 0.05))
+    verdict = classify(low, high)
+    assert verdict.verdict == "inconclusive" and not verdict.clear_of_threshold
+    assert "the load changed during the probes" in verdict.confidence
+    assert "quiet" in verdict.next_step
+
+
+SPEEDUPS = {"parallelism-bound": 3.5, "model-bound": 1.05}
+
+
+def planted(speedup: float, factor: float, where: str) -> tuple[ProbeResult, ProbeResult]:
+    """Four blocks (low, high, low, high at 0, 10, 20, 30 s) of a server whose throughput
+    at 20 is `speedup` × that at 5 (10 rollouts/s), slowed ×`factor` at a place: before
+    or inside a block (then its rate is the two loads' mean), or between the pairs."""
+    change = {"before-high": 5, "inside-high-1": 10, "between-pairs": 15, "inside-low-2": 20,
+              "last-block": 30}[where]  # fmt: skip
+
+    def rate(at: float, base: float) -> float:
+        slow = base / factor
+        return (base + slow) / 2 if at == change else (base if at < change else slow)
+
+    low = blocked(5, block(0, rate(0, 10), 0.05), block(20, rate(20, 10), 0.05))
+    high = blocked(
+        20, block(10, rate(10, 10 * speedup), 0.05), block(30, rate(30, 10 * speedup), 0.05)
+    )
+    return low, high
+
+
+@pytest.mark.parametrize("where", ["before-high", "inside-high-1", "between-pairs",
+                                   "inside-low-2", "last-block"])  # fmt: skip
+@pytest.mark.parametrize("truth", sorted(SPEEDUPS))
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_a_planted_load_change_never_decides_wrong(truth: str, factor: float, where: str) -> None:
+    """Wherever a slowdown falls, the verdict is right or inconclusive; where the change
+    falls between blocks, a pair on one side of it decides, and so does the verdict."""
+    verdict = classify(*planted(SPEEDUPS[truth], factor, where))
+    assert verdict.verdict in (truth, "inconclusive"), verdict.confidence
+    if where in ("before-high", "between-pairs", "last-block"):
+        assert verdict.verdict == truth, verdict.confidence
+    assert "load changed" in verdict.confidence
 
 
 def test_a_tail_counts_only_where_every_pair_of_blocks_shows_it() -> None:

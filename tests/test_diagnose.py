@@ -251,8 +251,9 @@ def test_a_load_change_as_the_high_probe_starts_never_decides_a_wrong_verdict() 
     """The simulator (ample capacity: parallelism-bound) slows every step ×3 early in the
     first high block, timed from a run without the change, as when another job lands on
     the machine. The old probe order (the first low block, then the first high one)
-    calls that model-bound; the alternating blocks say parallelism-bound, or inconclusive
-    naming the load change (benchmarks/load_change.py spreads the change over the run)."""
+    calls that model-bound; the alternating blocks say parallelism-bound, or inconclusive,
+    naming the load change either way (benchmarks/load_change.py plants it at three
+    places, on two servers)."""
     baseline = diagnose_in_process((), Thresholds())
     assert baseline.verdict.verdict == "parallelism-bound"
     low, high = baseline.probes
@@ -271,8 +272,7 @@ def test_a_load_change_as_the_high_probe_starts_never_decides_a_wrong_verdict() 
             f"{verdict.speedup_interval}; the old order: {old.verdict} ×{old.speedup:.2f}"
         )
         assert verdict.verdict in ("parallelism-bound", "inconclusive"), verdict.confidence
-        if verdict.verdict == "inconclusive":
-            assert "the machine's load changed during the probes" in verdict.confidence
+        assert "the load changed during the probes" in verdict.confidence
     assert "model-bound" in old_order  # the change landed where the old order is fooled
 
 

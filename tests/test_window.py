@@ -6,12 +6,14 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from autotune.stats import RateEstimate
 from autotune.window import (
     MIN_BATCHES,
     TOKENS_PER_SLOT,
     ProbeSettings,
     in_rollouts,
     long_rollouts,
+    reconcile,
     steady_window,
     token_window,
 )
@@ -96,3 +98,21 @@ def test_a_window_counted_in_latencies_ends_after_that_many_measured_latencies()
     # max_s still bounds it, and min_s is its floor.
     assert counted.cap_s(100.0) == 60.0 and counted.cap_s(0.1) == 1.0
     assert asked.cap_s(2.0) == 60.0
+
+
+def test_the_token_rate_and_counted_completions_reconcile() -> None:
+    tokens = RateEstimate(10.0, 9.0, 11.0, 200, 10.0, 8)  # ±10%
+    precise = RateEstimate(10.4, 10.2, 10.6, 104, 10.0, 6)  # ±2%, agreeing
+    rate, check = reconcile(tokens, precise)
+    assert rate is precise and check.used == "completions" and check.agree and check.why is None
+    rate, check = reconcile(tokens, RateEstimate(10.5, 7.0, 14.0, 105, 10.0, 4))
+    assert rate is tokens and check.used == "tokens"  # the narrower
+    assert check.why is None  # 4.8% apart
+    apart = RateEstimate(20.0, 19.0, 21.0, 200, 10.0, 6)  # e.g. four tokens a piece
+    rate, check = reconcile(tokens, apart)
+    assert check.used == "neither: they disagree" and not check.agree
+    assert (rate.low, rate.high, rate.rate) == (9.0, 21.0, 20.0)  # spans both
+    assert check.why is not None and "disagree beyond their intervals" in check.why
+    few = RateEstimate(12.0, 6.0, 18.0, 12, 10.0, 3)  # 12 completions: too few to count
+    rate, check = reconcile(tokens, few)
+    assert rate is tokens and check.counted is None and "12 completions" in (check.why or "")

@@ -375,10 +375,122 @@ def _has_interval(block: ProbeBlock) -> bool:
     return block.batches > 1 and math.isfinite(block.rollouts_per_s_ci[1])
 
 
+@dataclass(frozen=True, slots=True)
+class LoadChange:
+    """Blocks of one parallelism that disagree beyond their intervals: the load changed
+    while the probes ran. A pair of blocks measured across the change compares two
+    loads, so the speedup rests on the pairs measured on one side of it. Where the change
+    fell is known only as far as the blocks tell: `readings` holds, for every place the
+    blocks allow (each block in turn as the one it fell in, the blocks before it under one
+    load and those after under the other), the pairs (numbered from 1) wholly on one side
+    and their speedup. The verdict's interval spans every reading's."""
+
+    moved: list[tuple[int, float, float]]  # parallelism, its first and last block's rate
+    readings: list[tuple[list[int], RatioInterval]]
+
+    @property
+    def interval(self) -> RatioInterval:
+        """The speedup every placement allows: the hull of the readings' intervals (no
+        placement fits, or one leaves no pair: 0 to infinity), centred on the reading
+        with the most pairs."""
+        if not self.readings:
+            return RatioInterval(1.0, 0.0, math.inf)
+        pairs, centre = max(self.readings, key=lambda reading: len(reading[0]))
+        low = min(interval.low for _, interval in self.readings)
+        high = max(interval.high for _, interval in self.readings)
+        return RatioInterval(centre.ratio if pairs else 1.0, low, high)
+
+    @property
+    def pairs_used(self) -> list[int]:
+        """The pairs some placement reads (numbered from 1)."""
+        return sorted({number for pairs, _ in self.readings for number in pairs})
+
+    def describe(self) -> str:
+        moves = "; ".join(
+            f"parallelism {parallelism} {first:.3g} → {last:.3g} rollouts/s"
+            for parallelism, first, last in self.moved
+        )
+        used = ", ".join(map(str, self.pairs_used)) or "none"
+        return (
+            f"the load changed during the probes ({moves}, beyond their blocks' intervals); "
+            f"the speedup rests on the pairs of blocks measured on one side of the change "
+            f"(pair {used})"
+        )
+
+
+def load_change(low: ProbeResult, high: ProbeResult) -> LoadChange | None:
+    """Where blocks of the same parallelism disagree beyond their intervals, where the
+    change may have fallen and what the pairs on one side of it say; None where they
+    agree (or the probes were not measured in pairs of blocks)."""
+    pairs = block_pairs(low, high)
+    moved = [_moved(probe) for probe in (low, high)]
+    if not pairs or not any(moved):
+        return None
+    timeline = sorted(
+        [(b.at, side, b) for side, probe in enumerate((low, high)) for b in probe.blocks],
+        key=lambda entry: entry[0],
+    )
+    position = {id(block): i for i, (_, _, block) in enumerate(timeline)}
+    readings = []
+    for suspect in range(len(timeline)):
+        before, after = timeline[:suspect], timeline[suspect + 1 :]
+        if not _one_load_each_side(before, after):
+            continue
+        clean = [
+            number
+            for number, (lo, hi) in enumerate(pairs, start=1)
+            if suspect not in (position[id(lo)], position[id(hi)])
+            and (position[id(lo)] < suspect) == (position[id(hi)] < suspect)
+        ]
+        interval = (
+            paired_ratio_interval([pair_rates(*pairs[number - 1]) for number in clean])
+            if clean
+            else RatioInterval(1.0, 0.0, math.inf)
+        )
+        readings.append((clean, interval))
+    return LoadChange([m for m in moved if m is not None], readings)
+
+
+def _moved(probe: ProbeResult) -> tuple[int, float, float] | None:
+    """The probe's first and last block's rates where its blocks disagree."""
+    blocks = sorted(probe.blocks, key=lambda block: block.at)
+    if len(blocks) < 2 or _agree(blocks):
+        return None
+    return probe.parallelism, blocks[0].rollouts_per_s, blocks[-1].rollouts_per_s
+
+
+def _agree(blocks: list[ProbeBlock]) -> bool:
+    """Whether every interval meets every other (no block lies wholly above another)."""
+    if len(blocks) < 2:
+        return True
+    lows, highs = zip(*(block.rollouts_per_s_ci for block in blocks), strict=True)
+    return max(lows) <= min(highs)
+
+
+def _one_load_each_side(
+    before: list[tuple[float, int, ProbeBlock]], after: list[tuple[float, int, ProbeBlock]]
+) -> bool:
+    """Whether the blocks fit one load before the change and another after it: each
+    parallelism's blocks agree on each side, and differ across it (a change of load
+    moves every parallelism)."""
+    for side in (0, 1):
+        early = [block for _, s, block in before if s == side]
+        late = [block for _, s, block in after if s == side]
+        if not _agree(early) or not _agree(late):
+            return False
+        if early and late and _agree(early + late):
+            return False
+    return True
+
+
 def speedup_interval(low: ProbeResult, high: ProbeResult) -> RatioInterval:
     """High ÷ low throughput with its 95% interval: from the paired blocks where the
-    probes alternated, else from both probes' batch means."""
+    probes alternated (those on one side of a load change, where one was detected:
+    `load_change`), else from both probes' batch means."""
     pairs = block_pairs(low, high)
+    change = load_change(low, high)
+    if change is not None:
+        return change.interval
     if pairs:
         return paired_ratio_interval([pair_rates(lo, h) for lo, h in pairs])
 

@@ -15,6 +15,7 @@ from autotune.diagnose.checks import (
     compare,
     failure_classes,
     judge,
+    load_change,
     pair_speedups,
     speedup_interval,
     stage_mean,
@@ -35,6 +36,7 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
     pair = Pair(low, high, th or Thresholds())
     th, ratio, speedup = pair.th, pair.ratio, pair.speedup
     interval = speedup_interval(low, high)
+    change = load_change(low, high)
     bounds = (interval.low, interval.high)
     scales_at, flat_at = th.parallelism_bound_speedup(ratio), 1 + th.flat_gain
     below, above = th.undecided_zone(ratio)
@@ -51,6 +53,8 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
         clear: bool | None = None,
         between: tuple[str, ...] = (),
     ) -> Verdict:
+        if change is not None and word != "inconclusive":
+            confidence = f"{confidence}. Beware: {change.describe()}"
         return Verdict(
             word,
             leaning,
@@ -68,7 +72,7 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
     unstable = judge("unstable", pair)
     falling = interval.high < 1  # throughput fell at the higher parallelism, surely
     instability = _instability(unstable, falling)
-    notes = _notes(low, high) + _drift_notes(low, high)
+    notes = _notes(low, high) + (_drift_notes(low, high) if change is None else [])
     spread = unstable.get("dispersion_growth")
     if spread is not None and spread.met and not falling:
         notes.append(
@@ -142,7 +146,20 @@ def classify(low: ProbeResult, high: ProbeResult, th: Thresholds | None = None) 
     environment = judge("environment-bound", pair)
     stage, evidence, step = _saturated_stage(low, high, verifier, model, environment)
     pairs = pair_speedups(low, high)
-    against = _contradicting_pairs(pairs, interval, below, above)
+    against = _contradicting_pairs(pairs, interval, below, above) if change is None else []
+    if change is not None and interval.low < above and interval.high >= below:
+        return verdict(
+            "inconclusive",
+            [scaling, *evidence],
+            "rerun when the machine is quiet: its load (another job, or the server's own) "
+            "changed while the probes ran, and the pairs of blocks measured on one side of "
+            "the change do not decide the speedup on their own.",
+            f"inconclusive — {change.describe()}: wherever the change fell, the speedup's "
+            f"95% interval spans {shown}, across the parallelism-bound threshold "
+            f"×{scales_at:.2f}",
+            clear=False,
+            between=("parallelism-bound", stage),
+        )
     if against:
         speedups = ", ".join(f"×{p.ratio:.2f} (×{p.low:.2f}–×{p.high:.2f})" for p in against)
         return verdict(
@@ -407,6 +424,27 @@ def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
                 f"vllm:generation_tokens_total says {check['server_tokens_per_s']:.0f} "
                 f"({check['relative_difference']:.0%} apart; over 10% and over the "
                 "rate's own 95% interval)."
+            )
+        if check and check.get("requests_mismatch"):
+            notes.append(
+                f"at parallelism {probe.parallelism} the client counted "
+                f"{check['client_requests_per_s']:.3g} completions/s but the server finished "
+                f"{check['server_requests_per_s']:.3g} requests/s by its own counter "
+                f"({check['requests_relative_difference']:.0%} apart; over 10% and over the "
+                "rate's own 95% interval)."
+            )
+        checks = [block.rate_check for block in probe.blocks if block.rate_check]
+        for rate_check in checks:
+            if rate_check.counted is not None and rate_check.why is not None:
+                notes.append(
+                    f"at parallelism {probe.parallelism}, a block timed in tokens: "
+                    f"{rate_check.why}."
+                )
+        uncounted = [str(c.completions) for c in checks if c.counted is None]
+        if uncounted:
+            notes.append(
+                f"at parallelism {probe.parallelism}, the blocks timed in tokens held too few "
+                f"completions ({', '.join(uncounted)}) to check their token rate by counting."
             )
         if probe.stop_reason.startswith("time cap"):
             lo, hi = probe.rollouts_per_s_ci

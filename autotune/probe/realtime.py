@@ -19,7 +19,7 @@ import aiohttp
 
 from autotune.config.rl_specs import BatchSpec, LoopSpec
 from autotune.probe.status import ProbeWatch, drain_status, probe_status
-from autotune.results.probes import ProbeBlock, ProbeResult
+from autotune.results.probes import ProbeBlock, ProbeResult, RateCheck
 from autotune.results.runs import BatchSummary, LoopSummary
 from autotune.results.stages import STAGES, StageLatency, percentile, stage_durations
 from autotune.rl.batch import run_steps
@@ -44,6 +44,7 @@ from autotune.window import (
     long_rollouts,
     pooled_blocks,
     pooled_estimate,
+    reconcile,
     steady_window,
     token_window,
     warm_until,
@@ -209,6 +210,7 @@ class ProbeRun:
                     look(started)
                     run = asyncio.create_task(engine.run(self.work))
                     streamed: list[tuple[float, float]] = []
+                    in_pieces = [True]  # whether the last reading counted streamed pieces
 
                     def tokens_so_far(now: float) -> list[tuple[float, float]]:
                         """Output tokens generated so far: the server's own counter where it
@@ -216,10 +218,23 @@ class ProbeRun:
                         several tokens a piece, so they are the second choice)."""
                         streamed.append((now, counters.streamed_tokens))
                         counted = _server_tokens(recorder.samples)
-                        return counted if len(counted) > 1 else streamed
+                        in_pieces[0] = len(counted) < 2
+                        return streamed if in_pieces[0] else counted
+
+                    def checked(window: Window) -> tuple[RateEstimate, RateCheck]:
+                        """A window timed in tokens as rollouts/s, beside its completions."""
+                        return _checked(window, meter, counters, in_pieces=in_pieces[0])
 
                     window, reason = await _watch(
-                        limits, meter, run, engine, started, look, tokens_so_far, self.watch
+                        limits,
+                        meter,
+                        run,
+                        engine,
+                        started,
+                        look,
+                        tokens_so_far,
+                        checked,
+                        self.watch,
                     )
                     look(time.time())
                     engine.stop()
@@ -244,15 +259,18 @@ class ProbeRun:
         )
         self._count_replicas(window, calls, first.replicas, last.replicas)
         self.runs.append(_Run(started, window.start, window.end, drained, reason))
+        check = None
         if window.tokens is not None:  # its rollouts/s, now that the drain has finished some
-            per_rollout = sum(meter.tokens) / len(meter.tokens) if meter.tokens else None
-            window = replace(window, estimate=in_rollouts(window.tokens, per_rollout))
+            estimate, check = checked(window)
+            tokens = _in_tokens(window.tokens, counters, in_pieces=in_pieces[0])
+            window = replace(window, estimate=estimate, tokens=tokens)
         self.estimate = window.estimate
-        self.blocks.append(self._block(window))
+        self.blocks.append(self._block(window, check))
         return self._result()
 
-    def _block(self, window: Window) -> ProbeBlock:
-        """The block just measured, on its own estimate (the pool is `_result`'s)."""
+    def _block(self, window: Window, check: RateCheck | None) -> ProbeBlock:
+        """The block just measured, on its own estimate (the pool is `_result`'s); timed in
+        tokens, by the rate `check` chose."""
         done_at, timings = self.meter.done_at, self.meter.timings
         latencies = [
             seconds
@@ -264,6 +282,7 @@ class ProbeRun:
             window.estimate
             or pooled_estimate(done_at, [(window.start, window.end)], self.meter.mean_latency_s)[0]
         )
+        tokens = window.tokens if check is None or check.used == "tokens" else None
         return ProbeBlock(
             at=window.start,
             rollouts_per_s=estimate.rate,
@@ -273,10 +292,9 @@ class ProbeRun:
             latency_p50_s=percentile(latencies, 50),
             latency_p95_s=percentile(latencies, 95),
             stop_reason=window.reason,
-            output_tokens_per_s=window.tokens.rate if window.tokens else None,
-            output_tokens_per_s_ci=(window.tokens.low, window.tokens.high)
-            if window.tokens
-            else None,
+            output_tokens_per_s=tokens.rate if tokens else None,
+            output_tokens_per_s_ci=(tokens.low, tokens.high) if tokens else None,
+            rate_check=check,
         )
 
     def _replica_snapshot(self) -> list[ReplicaCounts]:
@@ -363,7 +381,11 @@ class ProbeRun:
             telemetry=telemetry,
             telemetry_unavailable=dict(self.unavailable),
             token_check=_token_check(
-                self.samples, windows, client_tps, estimate.relative_halfwidth
+                self.samples,
+                windows,
+                client_tps,
+                estimate.relative_halfwidth,
+                len(in_window) / measured if not self.backend.counters.tool_calls else None,
             ),
             series=[{"t": s.t, "source": s.source, **s.values} for s in self.samples],
             batches=estimate.batches,
@@ -588,11 +610,14 @@ async def _watch(
     started: float,
     look: Callable[[float], None],
     tokens: Callable[[float], Sequence[tuple[float, float]]],
+    checked: Callable[[Window], tuple[RateEstimate, RateCheck]],
     watch: ProbeWatch | None = None,
 ) -> tuple[Window, str]:
     """Wait until `steady_window` has a window (telling `look` the time of each look, and
     `watch` how far it is), or, where rollouts are too long for one within `max_s`,
-    `token_window` has; returns it and why it ended."""
+    `token_window` has; returns it and why it ended. A token window whose rate the
+    completions `checked` over it contradict measures on, once, to twice `max_s`."""
+    timing = settings  # the token window's limits: its max_s doubles on a disagreement
     while True:
         await asyncio.wait({run}, timeout=CHECK_EVERY_S)
         now = time.time()
@@ -600,25 +625,61 @@ async def _watch(
         if run.done() or engine.stats.stopped_early:
             first = warm_until(meter.done_at, settings.parallelism, started, settings.warmup_s)
             return Window(first or started, now, "server died"), "server died"
+        latency = meter.mean_latency_s
         if watch is not None:
-            latency = meter.mean_latency_s
             watch(probe_status(meter.done_at, settings, started, now, latency))
         window = steady_window(
-            meter.done_at, settings, started=started, now=now, mean_latency_s=meter.mean_latency_s
+            meter.done_at, settings, started=started, now=now, mean_latency_s=latency
         )
+        if window is not None and window.reason == "time cap":
+            cap_end = window.start + settings.cap_s(latency)
+            if now > cap_end:  # a late look (a starved loop): the window ends at its cap
+                window = (
+                    steady_window(
+                        meter.done_at,
+                        settings,
+                        started=started,
+                        now=cap_end,
+                        mean_latency_s=latency,
+                    )
+                    or window
+                )
         points = tokens(now) if settings.in_tokens else []
         if (
             (window is None or window.reason == "time cap")
             and len(points) > 1
             and long_rollouts(settings, started, now, meter.mean_latency_s)
         ):
-            timed = token_window(points, settings, started=started, now=now)
+            timed = token_window(points, timing, started=started, now=now)
             if timed is not None:
-                return timed, timed.reason
-            if now - started < 2 * settings.max_s:  # tokens still warming up: not yet
+                capped = timing is not settings and timed.reason.startswith("time cap")
+                if capped or checked(timed)[1].agree:
+                    return timed, timed.reason
+                timing = replace(settings, max_s=2 * settings.max_s)  # they disagree: measure on
+            if now - started < 2 * timing.max_s:  # tokens warming up, or measuring on: not yet
                 window = None
         if window is not None:
             return window, window.reason
+
+
+def _in_tokens(rate: RateEstimate, counters: Any, *, in_pieces: bool) -> RateEstimate:
+    """A window's counter rate in the tokens the server's usage counts: streamed pieces
+    scaled by the pieces an ended answer had a token (one, on most servers)."""
+    if not in_pieces or not counters.ended_pieces or not counters.ended_tokens:
+        return rate
+    return in_rollouts(rate, counters.ended_pieces / counters.ended_tokens)
+
+
+def _checked(
+    window: Window, meter: _Meter, counters: Any, *, in_pieces: bool
+) -> tuple[RateEstimate, RateCheck]:
+    """A window timed in tokens as rollouts/s (by the tokens a finished rollout had), and
+    the completions counted over it beside that (`reconcile`)."""
+    assert window.tokens is not None
+    per_rollout = sum(meter.tokens) / len(meter.tokens) if meter.tokens else None
+    tokens = _in_tokens(window.tokens, counters, in_pieces=in_pieces)
+    counted, _ = pooled_estimate(meter.done_at, [(window.start, window.end)], meter.mean_latency_s)
+    return reconcile(in_rollouts(tokens, per_rollout), counted)
 
 
 def _read_at(counter: Sequence[tuple[float, float]], t: float) -> float | None:
@@ -633,8 +694,25 @@ def _read_at(counter: Sequence[tuple[float, float]], t: float) -> float | None:
 
 def _server_tokens(samples: Sequence[Sample]) -> list[tuple[float, float]]:
     """The server's own count of generated tokens over time, where it has one."""
-    name = "vllm:generation_tokens_total"
+    return _server_counter(samples, "vllm:generation_tokens_total")
+
+
+def _server_counter(samples: Sequence[Sample], name: str) -> list[tuple[float, float]]:
     return [(s.t, s.values[name]) for s in samples if s.source == "server" and name in s.values]
+
+
+def _counter_rate(
+    counter: Sequence[tuple[float, float]], windows: Sequence[tuple[float, float]]
+) -> float | None:
+    """A counter's rate over the windows: read at each window's edges, between the
+    scrapes around them (a block can be shorter than two scrape intervals)."""
+    counted = elapsed = 0.0
+    for start, end in windows:
+        at_start, at_end = _read_at(counter, start), _read_at(counter, end)
+        if at_start is not None and at_end is not None and end > start:
+            counted += at_end - at_start
+            elapsed += end - start
+    return counted / elapsed if elapsed else None
 
 
 def _token_check(
@@ -642,28 +720,33 @@ def _token_check(
     windows: Sequence[tuple[float, float]],
     client_tps: float,
     precision: float,
+    client_requests_per_s: float | None,
 ) -> dict[str, float] | None:
-    """Client output tokens/s against the server's own vllm:generation_tokens_total, over
-    each window: the counter read at its edges, between the scrapes around them (a block
-    can be shorter than two scrape intervals). The client counts the tokens of the
+    """The client's count beside the server's own counters over the same windows: output
+    tokens/s against vllm:generation_tokens_total, and (where a rollout is one model call,
+    `client_requests_per_s`) completions/s against the requests the server finished
+    (vllm:e2e_request_latency_seconds_count). The client counts the tokens of the
     rollouts that finished in a window, which the server generated partly before it: a
     difference within the rate's own relative `precision` is that, not a miscount."""
-    counter = _server_tokens(samples)
-    generated = elapsed = 0.0
-    for start, end in windows:
-        at_start, at_end = _read_at(counter, start), _read_at(counter, end)
-        if at_start is not None and at_end is not None and end > start:
-            generated += at_end - at_start
-            elapsed += end - start
-    if not elapsed:
+    server_tps = _counter_rate(_server_tokens(samples), windows)
+    if server_tps is None or (server_tps <= 0 and client_tps <= 0):
         return None
-    server_tps = generated / elapsed
-    if server_tps <= 0 and client_tps <= 0:
-        return None
+    limit = max(TOKEN_MISMATCH_THRESHOLD, precision)
     relative = abs(client_tps - server_tps) / max(server_tps, client_tps)
-    return {
+    check = {
         "client_tokens_per_s": client_tps,
         "server_tokens_per_s": server_tps,
         "relative_difference": relative,
-        "mismatch": float(relative > max(TOKEN_MISMATCH_THRESHOLD, precision)),
+        "mismatch": float(relative > limit),
     }
+    ended = _server_counter(samples, "vllm:e2e_request_latency_seconds_count")
+    server_rps = _counter_rate(ended, windows)
+    if client_requests_per_s is not None and server_rps:
+        apart = abs(client_requests_per_s - server_rps) / max(server_rps, client_requests_per_s)
+        check |= {
+            "client_requests_per_s": client_requests_per_s,
+            "server_requests_per_s": server_rps,
+            "requests_relative_difference": apart,
+            "requests_mismatch": float(apart > limit),
+        }
+    return check

@@ -27,9 +27,7 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
     check = probe.token_check
     if check is not None:
         check = {
-            **check,
-            "client_tokens_per_s": check["client_tokens_per_s"] * scale,
-            "server_tokens_per_s": check["server_tokens_per_s"] * scale,
+            key: value * scale if key.endswith("_per_s") else value for key, value in check.items()
         }
     low, high = probe.rollouts_per_s_ci
     capacity = probe.verifier_capacity_rps
@@ -59,6 +57,7 @@ def in_simulated_time(probe: ProbeResult, scale: float, origin: float) -> ProbeR
             output_tokens_per_s_ci=None
             if block.output_tokens_per_s_ci is None
             else (block.output_tokens_per_s_ci[0] * scale, block.output_tokens_per_s_ci[1] * scale),
+            rate_check=None if block.rate_check is None else block.rate_check.scaled(scale),
         )
         for block in probe.blocks
     ]

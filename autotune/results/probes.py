@@ -14,6 +14,67 @@ from autotune.results.stages import ReplicaStats, StageLatency, no_latencies
 
 
 @dataclass(frozen=True, slots=True)
+class RateCheck(Record):
+    """A block timed in output tokens, checked against the completions counted over the
+    same window: both estimate its rollouts/s, each as (rate, low, high) of its 95%
+    interval. The block reports the narrower where they agree; where they disagree beyond
+    their intervals, the counted rate with an interval spanning both."""
+
+    from_tokens: tuple[float, float, float]
+    counted: tuple[float, float, float] | None  # None: too few completions to time
+    completions: int
+    used: str  # "tokens" | "completions" | "neither: they disagree"
+
+    def scaled(self, factor: float) -> RateCheck:
+        """The same check with every rate times `factor` (another clock's seconds)."""
+
+        def times(rate: tuple[float, float, float]) -> tuple[float, float, float]:
+            return rate[0] * factor, rate[1] * factor, rate[2] * factor
+
+        counted = None if self.counted is None else times(self.counted)
+        return RateCheck(times(self.from_tokens), counted, self.completions, self.used)
+
+    @property
+    def agree(self) -> bool:
+        if self.counted is None:
+            return True
+        return self.from_tokens[1] <= self.counted[2] and self.counted[1] <= self.from_tokens[2]
+
+    @property
+    def relative_difference(self) -> float | None:
+        """|tokens − counted| ÷ the larger, where both exist."""
+        if self.counted is None:
+            return None
+        a, b = self.from_tokens[0], self.counted[0]
+        return abs(a - b) / max(a, b) if max(a, b) > 0 else 0.0
+
+    @property
+    def why(self) -> str | None:
+        """Why the two differ by more than a tenth, or None where they do not."""
+        if self.counted is None:
+            return (
+                f"{self.completions} completions in the window, too few to count a rate "
+                "beside the token rate"
+            )
+        difference = self.relative_difference or 0.0
+        if difference <= 0.10:
+            return None
+        tokens, counted = self.from_tokens, self.counted
+        both = (
+            f"the token rate gave {tokens[0]:.3g} rollouts/s ({tokens[1]:.3g}–{tokens[2]:.3g}) "
+            f"and {self.completions} completions {counted[0]:.3g} ({counted[1]:.3g}–"
+            f"{counted[2]:.3g})"
+        )
+        if self.agree:
+            return f"{both}: {difference:.0%} apart, within their intervals"
+        return (
+            f"{both}: they disagree beyond their intervals, so the block's interval spans "
+            "both (a server streaming several tokens a piece without saying so, or a load "
+            "change inside the window)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeBlock(Record):
     """One block of a probe measured on its own: diagnose measures the low and the high
     parallelism in turn, so a block and the other parallelism's next block form a pair
@@ -31,6 +92,7 @@ class ProbeBlock(Record):
     output_tokens_per_s: float | None = None
     output_tokens_per_s_ci: tuple[float, float] | None = None
     stop_reason: str = ""  # why its window ended: precision, time cap, ... (see Window)
+    rate_check: RateCheck | None = None  # where it was timed in tokens
 
     @property
     def rate(self) -> tuple[float, float, int]:

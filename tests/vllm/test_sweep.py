@@ -158,7 +158,10 @@ def test_a_sweep_relaunches_prunes_rejects_validates_and_cleans_up(
         assert (directory / name).exists(), name
     recommended = json.loads((directory / "recommendation.json").read_text())
     assert recommended["server"] == BEST
-    assert recommended["validated"] is True, recommended["validations"]
+    assert recommended["validated"] is True, [
+        (run["parallelism"], run["throughput"], run["predicted_interval"], run["problems"])
+        for run in recommended["validations"]
+    ]
     last = recommended["validations"][-1]
     assert last["parallelism"] == recommended["recommended"]["parallelism"]
     assert last["completed"] > 0 and last["error_rate"] == 0.0

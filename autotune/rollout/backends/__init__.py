@@ -75,6 +75,11 @@ class CallCounters:
     # a probe of long rollouts times its throughput by them where the server does not
     # count its generated tokens itself (probe.window).
     streamed_tokens: int = 0
+    # The pieces and the tokens (as the server's usage counts them) of the streamed answers
+    # that ended: their ratio converts a rate of pieces into tokens (a server may stream
+    # several tokens a piece).
+    ended_pieces: int = 0
+    ended_tokens: int = 0
     # Multi-turn rollouts' tool calls (autotune.rollout.turns): made, answered with an error
     # status, and in flight now (a probe counts the ones still hanging when it ends).
     tool_calls: int = 0

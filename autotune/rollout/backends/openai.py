@@ -324,7 +324,10 @@ class OpenAIBackend:
         finally:
             if watch is not None:
                 watch.stop()
-        return stream.generation(model_start)
+        generation = stream.generation(model_start)
+        counters.ended_pieces += stream.chunks
+        counters.ended_tokens += generation.output_tokens
+        return generation
 
 
 class _IdleWatch:

@@ -1,0 +1,96 @@
+"""A block timed in output tokens is checked against the completions counted over the same
+window: across the fault server's dialects and the simulator, the two agree within 10%,
+or the block says why not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from autotune.config.collection import SyntheticWorkload, TargetConfig
+from autotune.probe import ProbeSettings
+from autotune.probe.realtime import EngineProbe
+from autotune.results.probes import ProbeResult
+from autotune.rollout.backends.openai import OpenAIBackend
+from autotune.rollout.target import open_session, resolve_target
+from autotune.rollout.workload import Workload
+from autotune.verifiers import load_verifier
+from tests.faults import fault_app
+from tests.helpers import ServeApp, SimProcess
+
+pytestmark = pytest.mark.measures  # its rates are the machine's
+
+# Rollouts of about 0.3 s against a 4.5-s cap: too long for a window of completions
+# (long_rollouts), so each block is timed in tokens, with dozens of completions beside.
+SETTINGS = ProbeSettings(parallelism=8, warmup_s=0.2, min_s=4.0, max_s=4.5, in_tokens=True)
+PIECE_DELAY_S = 0.05  # seven pieces and events an answer
+
+
+@asynccontextmanager
+async def engine_probe(base_url: str) -> AsyncIterator[EngineProbe]:
+    target = TargetConfig(base_url=base_url, extra_body={"ignore_eos": True})
+    workload = Workload(None, SyntheticWorkload(num_tasks=64, output_tokens_mean=32))
+    verifier = await load_verifier("none")
+    try:
+        async with open_session(target) as session:
+            resolved = await resolve_target(session, base_url, None, None)
+            backend = OpenAIBackend(session, target, resolved.model, None)
+            yield EngineProbe(
+                session, backend, verifier, workload.probe_tasks(), base_url, SETTINGS
+            )
+    finally:
+        await verifier.aclose()
+
+
+def checked_blocks(result: ProbeResult) -> list[str]:
+    """Each block's check, as a line for an assertion's message."""
+    lines = []
+    for block in result.blocks:
+        check = block.rate_check
+        assert check is not None, (
+            f"not timed in tokens: {block.stop_reason}, p50 {block.latency_p50_s}"
+        )
+        assert check.counted is not None, f"too few completions: {check.completions}"
+        lines.append(f"{check.used}: {check.relative_difference:.1%} ({check.why})")
+    return lines
+
+
+@pytest.mark.parametrize("fault", ["none", "multi_token_pieces", "no_usage", "reasoning"])
+async def test_the_token_rate_agrees_with_counted_completions_on_every_dialect(
+    serve_app: ServeApp, fault: str
+) -> None:
+    """Four tokens a piece (`multi_token_pieces`, as vLLM's stream_interval sends them)
+    read a quarter of the rate when the streamed pieces were taken for tokens; now the
+    pieces are converted by what an ended answer had a token."""
+    url = await serve_app(fault_app(fault, piece_delay_s=PIECE_DELAY_S)) + "/v1"
+    async with engine_probe(url) as probe:
+        result = await probe.measure(8)
+    (line,) = checked_blocks(result)
+    (block,) = result.blocks
+    check = block.rate_check
+    assert check is not None and check.agree, line
+    assert (check.relative_difference or 0.0) <= 0.10, line
+    assert check.why is None
+    if check.used == "tokens":  # the token rate, converted to the server's tokens
+        assert block.output_tokens_per_s is not None
+        tokens_per_rollout = 20 if fault == "multi_token_pieces" else 5
+        per_rollout = block.output_tokens_per_s / block.rollouts_per_s
+        assert abs(per_rollout / tokens_per_rollout - 1) < 0.01, per_rollout
+
+
+async def test_the_simulators_token_counter_agrees_with_counted_completions(
+    sim_process: SimProcess,
+) -> None:
+    """The simulator counts its tokens in vllm:generation_tokens_total, which the token
+    window reads instead of the pieces streamed."""
+    async with (
+        sim_process("--time-scale", "1.0") as server,
+        engine_probe(server.base_url or "") as probe,
+    ):
+        result = await probe.measure(8)
+    lines = checked_blocks(result)
+    for block in result.blocks:
+        check = block.rate_check
+        assert check is not None and check.agree and (check.relative_difference or 0) <= 0.10, lines
