@@ -8,15 +8,22 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import orjson
 import yaml
 from aiohttp import web
 
+from autotune.config.collection import SyntheticWorkload, TargetConfig
+from autotune.probe import ProbeSettings
+from autotune.probe.realtime import EngineProbe
+from autotune.rollout.backends.openai import OpenAIBackend
+from autotune.rollout.target import open_session, resolve_target
+from autotune.rollout.workload import Workload
 from autotune.servers.launcher import ServerProcess, ServerSpec
+from autotune.verifiers import load_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 # The simulated server 100 times faster than real time: a probe measures in a second.
@@ -118,3 +125,21 @@ def plant_slowdown(destination: Path, micros: float) -> Path:
     )
     engine.write_text(text.replace(PLANTED_AT, PLANTED_AT + burn))
     return destination
+
+
+@asynccontextmanager
+async def engine_probe(base_url: str, settings: ProbeSettings) -> AsyncIterator[EngineProbe]:
+    """autotune's engine, with short synthetic tasks (32 output tokens), against the
+    server at `base_url`."""
+    target = TargetConfig(base_url=base_url, extra_body={"ignore_eos": True})
+    workload = Workload(None, SyntheticWorkload(num_tasks=64, output_tokens_mean=32))
+    verifier = await load_verifier("none")
+    try:
+        async with open_session(target) as session:
+            resolved = await resolve_target(session, base_url, None, None)
+            backend = OpenAIBackend(session, target, resolved.model, None)
+            yield EngineProbe(
+                session, backend, verifier, workload.probe_tasks(), base_url, settings
+            )
+    finally:
+        await verifier.aclose()

@@ -10,24 +10,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import orjson
 import pytest
 
-from autotune.config.collection import SyntheticWorkload, TargetConfig
 from autotune.probe import Probe, ProbeSettings
 from autotune.probe.command_probe import CommandProbe
-from autotune.probe.realtime import EngineProbe
 from autotune.probe.virtual import VirtualSimLauncher
 from autotune.results.codec import to_json
 from autotune.results.probes import CurvePoint, ProbeResult
-from autotune.rollout.backends.openai import OpenAIBackend
-from autotune.rollout.target import open_session, resolve_target
-from autotune.rollout.workload import Workload
-from autotune.verifiers import load_verifier
-from tests.helpers import COLLECTOR_TEMPLATE, SimProcess
+from tests.helpers import COLLECTOR_TEMPLATE, SimProcess, engine_probe
 
 PROBES = ["engine", "command", "virtual"]
 # Every way a probe may end; reports and the curve algorithm read these words.
@@ -47,8 +40,8 @@ async def probe(
     kind = request.param
     if kind == "engine":
         server = sim_process()
-        async with server, _engine_probe(server.base_url or "") as engine_probe:
-            yield engine_probe
+        async with server, engine_probe(server.base_url or "", SETTINGS) as found:
+            yield found
     elif kind == "command":
         yield CommandProbe(COMMAND, limit=60, workdir=tmp_path)
     elif kind == "virtual":
@@ -56,23 +49,6 @@ async def probe(
             yield virtual_probe
     else:
         raise AssertionError(f"no fixture for the probe {kind!r}")
-
-
-@asynccontextmanager
-async def _engine_probe(base_url: str) -> AsyncIterator[EngineProbe]:
-    """autotune's engine, with short synthetic tasks, against the server at `base_url`."""
-    target = TargetConfig(base_url=base_url, extra_body={"ignore_eos": True})
-    workload = Workload(None, SyntheticWorkload(num_tasks=64, output_tokens_mean=32))
-    verifier = await load_verifier("none")
-    try:
-        async with open_session(target) as session:
-            resolved = await resolve_target(session, base_url, None, None)
-            backend = OpenAIBackend(session, target, resolved.model, None)
-            yield EngineProbe(
-                session, backend, verifier, workload.probe_tasks(), base_url, SETTINGS
-            )
-    finally:
-        await verifier.aclose()
 
 
 def _check(result: ProbeResult, parallelism: int) -> None:

@@ -4,21 +4,12 @@ or the block says why not."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 
-from autotune.config.collection import SyntheticWorkload, TargetConfig
 from autotune.probe import ProbeSettings
-from autotune.probe.realtime import EngineProbe
 from autotune.results.probes import ProbeResult
-from autotune.rollout.backends.openai import OpenAIBackend
-from autotune.rollout.target import open_session, resolve_target
-from autotune.rollout.workload import Workload
-from autotune.verifiers import load_verifier
 from tests.faults import fault_app
-from tests.helpers import ServeApp, SimProcess
+from tests.helpers import ServeApp, SimProcess, engine_probe
 
 pytestmark = pytest.mark.measures  # its rates are the machine's
 
@@ -26,22 +17,6 @@ pytestmark = pytest.mark.measures  # its rates are the machine's
 # (long_rollouts), so each block is timed in tokens, with dozens of completions beside.
 SETTINGS = ProbeSettings(parallelism=8, warmup_s=0.2, min_s=4.0, max_s=4.5, in_tokens=True)
 PIECE_DELAY_S = 0.05  # seven pieces and events an answer
-
-
-@asynccontextmanager
-async def engine_probe(base_url: str) -> AsyncIterator[EngineProbe]:
-    target = TargetConfig(base_url=base_url, extra_body={"ignore_eos": True})
-    workload = Workload(None, SyntheticWorkload(num_tasks=64, output_tokens_mean=32))
-    verifier = await load_verifier("none")
-    try:
-        async with open_session(target) as session:
-            resolved = await resolve_target(session, base_url, None, None)
-            backend = OpenAIBackend(session, target, resolved.model, None)
-            yield EngineProbe(
-                session, backend, verifier, workload.probe_tasks(), base_url, SETTINGS
-            )
-    finally:
-        await verifier.aclose()
 
 
 def checked_blocks(result: ProbeResult) -> list[str]:
@@ -65,7 +40,7 @@ async def test_the_token_rate_agrees_with_counted_completions_on_every_dialect(
     read a quarter of the rate when the streamed pieces were taken for tokens; now the
     pieces are converted by what an ended answer had a token."""
     url = await serve_app(fault_app(fault, piece_delay_s=PIECE_DELAY_S)) + "/v1"
-    async with engine_probe(url) as probe:
+    async with engine_probe(url, SETTINGS) as probe:
         result = await probe.measure(8)
     (line,) = checked_blocks(result)
     (block,) = result.blocks
@@ -87,7 +62,7 @@ async def test_the_simulators_token_counter_agrees_with_counted_completions(
     window reads instead of the pieces streamed."""
     async with (
         sim_process("--time-scale", "1.0") as server,
-        engine_probe(server.base_url or "") as probe,
+        engine_probe(server.base_url or "", SETTINGS) as probe,
     ):
         result = await probe.measure(8)
     lines = checked_blocks(result)
