@@ -300,7 +300,11 @@ async def test_a_cancelled_sample_stops_on_vllm_at_the_cancel(vllm_server: VllmS
         for call in calls[2:]:
             call.cancel()
         await gauge_reaches(0, within_s=2)
-        await asyncio.gather(*calls, return_exceptions=True)
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    # A sample of the second two may reach its length before its cancel on a fast moment
+    # (a CI run saw both end so): vLLM then counts it as ended, as it should.
+    ran_out = sum(not isinstance(outcome, BaseException) for outcome in outcomes[2:])
+    assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes[:2])
     after = settled_requests(vllm_server)
     print(
         f"running 4 -> 2 in {took:.2f} s of the cancel; the two left generated "
@@ -312,8 +316,9 @@ async def test_a_cancelled_sample_stops_on_vllm_at_the_cancel(vllm_server: VllmS
         for key in after
         if key not in ("running", "generated")
     }
+    assert ended.pop("length", 0.0) == ran_out, ended  # the ones that ran to their end
     assert not any(ended.values()), ended  # no ended-request counter counts a cancel
-    assert after["generated"] - before["generated"] < 4 * 1800  # none ran to its end
+    assert after["generated"] - before["generated"] < (2 + ran_out) * 1800
 
 
 def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
