@@ -37,6 +37,9 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
     runs: list[Validation] = []
     speed: float | None = None  # the machine's now ÷ during the sweep, once measured
     boot = curve_bootstrap(result, best)  # the curve's fit, bootstrapped once for every run
+    # A step down stays within the measured points: below them the fit is unfounded (a
+    # curve through 2..16 let a bootstrap draw put 35 rollouts/s or more at 1, where 3 had 6).
+    lowest = min((p.parallelism for p in usable_points(result, best)), default=1)
 
     def predict(at: int) -> Prediction:
         return predicted_at(result, best, boot, at)
@@ -54,7 +57,7 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
                     speed = await _machine_speed(result, best, parallelism, measure, predict)
                     run = _judged(result, best, rollouts, measured, predict, speed)
                 runs.append(run)
-                lower = max(1, math.floor(parallelism * HEADROOM))
+                lower = max(1, min(lowest, parallelism), math.floor(parallelism * HEADROOM))
                 gone = any(problem.startswith(SERVER_GONE) for problem in run.problems)
                 if run.passed or gone or lower == parallelism:
                     break
