@@ -454,12 +454,12 @@ def load_change(low: ProbeResult, high: ProbeResult) -> LoadChange | None:
 def _moved(probe: ProbeResult) -> tuple[int, float, float] | None:
     """The probe's first and last block's rates where its blocks disagree."""
     blocks = sorted(probe.blocks, key=lambda block: block.at)
-    if len(blocks) < 2 or _agree(blocks):
+    if len(blocks) < 2 or blocks_agree(blocks):
         return None
     return probe.parallelism, blocks[0].rollouts_per_s, blocks[-1].rollouts_per_s
 
 
-def _agree(blocks: list[ProbeBlock]) -> bool:
+def blocks_agree(blocks: list[ProbeBlock]) -> bool:
     """Whether every interval meets every other (no block lies wholly above another)."""
     if len(blocks) < 2:
         return True
@@ -476,9 +476,9 @@ def _one_load_each_side(
     for side in (0, 1):
         early = [block for _, s, block in before if s == side]
         late = [block for _, s, block in after if s == side]
-        if not _agree(early) or not _agree(late):
+        if not blocks_agree(early) or not blocks_agree(late):
             return False
-        if early and late and _agree(early + late):
+        if early and late and blocks_agree(early + late):
             return False
     return True
 
@@ -487,10 +487,10 @@ def speedup_interval(low: ProbeResult, high: ProbeResult) -> RatioInterval:
     """High ÷ low throughput with its 95% interval: from the paired blocks where the
     probes alternated (those on one side of a load change, where one was detected:
     `load_change`), else from both probes' batch means."""
-    pairs = block_pairs(low, high)
     change = load_change(low, high)
     if change is not None:
         return change.interval
+    pairs = block_pairs(low, high)
     if pairs:
         return paired_ratio_interval([pair_rates(lo, h) for lo, h in pairs])
 

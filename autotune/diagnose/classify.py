@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from autotune.diagnose.checks import (
     Pair,
+    blocks_agree,
     compare,
     failure_classes,
     judge,
@@ -294,11 +295,9 @@ def _drift_notes(low: ProbeResult, high: ProbeResult) -> list[str]:
     notes = []
     for probe in (low, high):
         blocks = probe.blocks
-        if len(blocks) < 2:
-            continue
-        slowest = min(blocks, key=lambda b: b.rollouts_per_s_ci[1])
-        fastest = max(blocks, key=lambda b: b.rollouts_per_s_ci[0])
-        if fastest.rollouts_per_s_ci[0] > slowest.rollouts_per_s_ci[1]:
+        if not blocks_agree(blocks):
+            slowest = min(blocks, key=lambda b: b.rollouts_per_s_ci[1])
+            fastest = max(blocks, key=lambda b: b.rollouts_per_s_ci[0])
             first, last = (fastest, slowest) if fastest.at < slowest.at else (slowest, fastest)
             notes.append(
                 f"throughput at parallelism {probe.parallelism} moved from "

@@ -210,20 +210,21 @@ class ProbeRun:
                     look(started)
                     run = asyncio.create_task(engine.run(self.work))
                     streamed: list[tuple[float, float]] = []
-                    in_pieces = [True]  # whether the last reading counted streamed pieces
+                    in_pieces = True  # whether the last reading counted streamed pieces
 
                     def tokens_so_far(now: float) -> list[tuple[float, float]]:
                         """Output tokens generated so far: the server's own counter where it
                         has one, else the pieces streamed to the client (a server may send
                         several tokens a piece, so they are the second choice)."""
+                        nonlocal in_pieces
                         streamed.append((now, counters.streamed_tokens))
                         counted = _server_tokens(recorder.samples)
-                        in_pieces[0] = len(counted) < 2
-                        return streamed if in_pieces[0] else counted
+                        in_pieces = len(counted) < 2
+                        return streamed if in_pieces else counted
 
                     def checked(window: Window) -> tuple[RateEstimate, RateCheck]:
                         """A window timed in tokens as rollouts/s, beside its completions."""
-                        return _checked(window, meter, counters, in_pieces=in_pieces[0])
+                        return _checked(window, meter, counters, in_pieces=in_pieces)
 
                     window, reason = await _watch(
                         limits,
@@ -262,7 +263,7 @@ class ProbeRun:
         check = None
         if window.tokens is not None:  # its rollouts/s, now that the drain has finished some
             estimate, check = checked(window)
-            tokens = _in_tokens(window.tokens, counters, in_pieces=in_pieces[0])
+            tokens = _in_tokens(window.tokens, counters, in_pieces=in_pieces)
             window = replace(window, estimate=estimate, tokens=tokens)
         self.estimate = window.estimate
         self.blocks.append(self._block(window, check))
@@ -648,7 +649,7 @@ async def _watch(
         if (
             (window is None or window.reason == "time cap")
             and len(points) > 1
-            and long_rollouts(settings, started, now, meter.mean_latency_s)
+            and long_rollouts(settings, started, now, latency)
         ):
             timed = token_window(points, timing, started=started, now=now)
             if timed is not None:

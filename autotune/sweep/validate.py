@@ -57,7 +57,7 @@ async def validate(study: Study, launcher: Launcher, result: SweepResult) -> lis
                     speed = await _machine_speed(result, best, parallelism, measure, predict)
                     run = _judged(result, best, rollouts, measured, predict, speed)
                 runs.append(run)
-                lower = max(1, min(lowest, parallelism), math.floor(parallelism * HEADROOM))
+                lower = max(min(lowest, parallelism), math.floor(parallelism * HEADROOM))
                 gone = any(problem.startswith(SERVER_GONE) for problem in run.problems)
                 if run.passed or gone or lower == parallelism:
                     break
