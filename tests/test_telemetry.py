@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from autotune.engines import ENGINES
 from autotune.telemetry import (
     ClientSampler,
     GpuSampler,
@@ -201,7 +202,7 @@ async def test_prometheus_sampler_takes_the_old_kv_cache_name(
     [
         (404, "404: Not Found", "answered HTTP 404"),
         (200, "<!doctype html><html><body>app</body></html>", "not Prometheus text"),
-        (200, "# TYPE other gauge\nother_metric 1\n", "serves no vLLM metrics"),
+        (200, "# TYPE other gauge\nother_metric 1\n", "serves no metrics of vLLM, SGLang or TensorRT-LLM"),
     ],
 )
 async def test_prometheus_sampler_gives_up_once_on_a_server_without_metrics(
@@ -520,3 +521,106 @@ def test_summarise_counter_reset_counts_as_restart() -> None:
     values = [100.0, 150.0, 20.0, 50.0]  # the server restarted after 150
     samples = [Sample(float(t), "server", {"x_count": v}) for t, v in enumerate(values)]
     assert summarise(samples, 0.0, 3.0)["server/x_count"]["delta"] == 50.0 + 20.0 + 30.0
+
+
+SGLANG_METRICS = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified"} 12.0
+sglang:num_queue_reqs{model_name="m"} 4.0
+sglang:token_usage{model_name="m"} 0.5
+sglang:max_total_num_tokens{model_name="m"} 65536.0
+sglang:prompt_tokens_total{model_name="m"} 9000.0
+sglang:cached_tokens_total{model_name="m"} 3000.0
+sglang:generation_tokens_total{model_name="m"} 7000.0
+sglang:num_retracted_requests_total{model_name="m"} 2.0
+sglang:e2e_request_latency_seconds_sum{model_name="m"} 30.0
+sglang:e2e_request_latency_seconds_count{model_name="m"} 20.0
+sglang:e2e_request_latency_seconds_bucket{model_name="m",le="1.0"} 20.0
+sglang:queue_time_seconds_sum{model_name="m"} 1.5
+sglang:queue_time_seconds_count{model_name="m"} 20.0
+"""
+
+
+async def test_sglang_metrics_are_read_as_autotunes_quantities(
+    serve_app: ServeApp, session: aiohttp.ClientSession
+) -> None:
+    """Each SGLang family lands under the quantity the checks read; the engine is told."""
+    base = await serve_app(_metrics_app([(200, SGLANG_METRICS)], []))
+    sampler = PrometheusSampler(session, base + "/metrics")
+    values = await sampler.sample()
+    assert sampler.engine == "sglang"
+    assert values == {
+        "vllm:num_requests_running": 12.0,
+        "vllm:num_requests_waiting": 4.0,
+        "vllm:kv_cache_usage_perc": 0.5,
+        "vllm:num_preemptions_total": 2.0,
+        "vllm:generation_tokens_total": 7000.0,
+        "vllm:prompt_tokens_total": 9000.0,
+        "vllm:prefix_cache_queries_total": 9000.0,
+        "vllm:prefix_cache_hits_total": 3000.0,
+        "vllm:e2e_request_latency_seconds_sum": 30.0,
+        "vllm:e2e_request_latency_seconds_count": 20.0,
+        "vllm:request_queue_time_seconds_sum": 1.5,
+        "vllm:request_queue_time_seconds_count": 20.0,
+        "kv_capacity_tokens": 65536.0,
+    }
+
+
+def _trtllm_app(prometheus: str | None) -> web.Application:
+    """TensorRT-LLM's JSON iteration stats at /metrics, Prometheus text at its own path
+    when given."""
+
+    async def stats(request: web.Request) -> web.Response:
+        stat = {
+            "iterLatencyMS": 12.0,
+            "numActiveRequests": 7,
+            "numQueuedRequests": 1,
+            "kvCacheStats": {"maxNumBlocks": 100, "usedNumBlocks": 25, "tokensPerBlock": 32},
+        }
+        return web.json_response([stat])
+
+    async def text(request: web.Request) -> web.Response:
+        return web.Response(text=prometheus or "", content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", stats)
+    if prometheus is not None:
+        app.router.add_get("/prometheus/metrics", text)
+    return app
+
+
+TRTLLM_RUNNING = ENGINES["trtllm"].metrics.names["vllm:num_requests_running"]
+
+
+@pytest.mark.parametrize("prometheus", [None, f"{TRTLLM_RUNNING} 9\n"])
+async def test_tensorrt_llm_is_read_from_its_prometheus_path_else_its_iteration_stats(
+    serve_app: ServeApp, session: aiohttp.ClientSession, prometheus: str | None
+) -> None:
+    base = await serve_app(_trtllm_app(prometheus))
+    sampler = PrometheusSampler(session, base + "/metrics")
+    values = await sampler.sample()
+    assert sampler.engine == "trtllm"
+    if prometheus is None:
+        assert values == {
+            "vllm:num_requests_running": 7.0,
+            "vllm:num_requests_waiting": 1.0,
+            "vllm:kv_cache_usage_perc": 0.25,
+            "kv_capacity_tokens": 3200.0,
+        }
+    else:
+        assert values == {"vllm:num_requests_running": 9.0}
+
+
+async def test_an_sglang_server_without_metrics_is_told_what_serves_them(
+    serve_app: ServeApp, session: aiohttp.ClientSession
+) -> None:
+    async def info(request: web.Request) -> web.Response:
+        return web.json_response({"tp_size": 1})
+
+    app = web.Application()
+    app.router.add_get("/get_server_info", info)
+    base = await serve_app(app)
+    sampler = PrometheusSampler(session, base + "/metrics")
+    assert await sampler.sample() is None
+    assert not sampler.available and sampler.engine == "sglang"
+    assert sampler.reason is not None and "--enable-metrics" in sampler.reason

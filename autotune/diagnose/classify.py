@@ -21,6 +21,7 @@ from autotune.diagnose.checks import (
     speedup_interval,
     stage_mean,
 )
+from autotune.engines import ENGINES
 from autotune.results.diagnosis import Evidence, Thresholds, Verdict
 from autotune.results.probes import ProbeResult
 from autotune.results.runs import BatchSummary
@@ -412,6 +413,13 @@ def _count_met(evidence: dict[str, Evidence]) -> int:
     return sum(e.met for e in evidence.values())
 
 
+MISSING_SERVER_EVIDENCE = (
+    "the verdict rests on the client's timings alone: the server's requests running and "
+    "waiting, KV-cache use, queue time and token counters are missing, so no check could "
+    "cite them."
+)
+
+
 def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
     notes = []
     for probe in (low, high):
@@ -459,8 +467,16 @@ def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
                 "--tool-errors fail was given, each went back to the model as its output, as "
                 "NeMo Gym's agent does, and the rollout went on."
             )
+    engine = high.server_engine or low.server_engine
+    if engine is not None:
+        notes.append(
+            f"server: {ENGINES[engine].title}, told by what it serves; its metrics are read "
+            "as autotune's quantities (vLLM's names)."
+        )
     for name, reason in high.telemetry_unavailable.items():
         notes.append(f"{name}: {reason}")
+        if name == "server":
+            notes.append(MISSING_SERVER_EVIDENCE)
     return notes + _replica_notes(high)
 
 

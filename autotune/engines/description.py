@@ -95,7 +95,8 @@ class Control:
 
     def wake_call(self) -> Call:
         assert self.wake_up is not None
-        return Call(self.wake_up, body={"tags": ["kv_cache", "weights"]} if self.mode_in_body else None)
+        tags = {"tags": ["kv_cache", "weights"]}
+        return Call(self.wake_up, body=tags if self.mode_in_body else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,8 @@ class Engine:
         if name in self.knob_flags:
             return self.knob_flags[name]
         bare = name.lstrip("-")
-        return "--" + (bare.replace("_", "-") if self.spelling == "kebab" else bare.replace("-", "_"))
+        kebab = self.spelling == "kebab"
+        return "--" + (bare.replace("_", "-") if kebab else bare.replace("-", "_"))
 
     def field_of(self, flag: str) -> str:
         """This engine's flag (`--max-running-requests`, `--tp_size=2`) → autotune's field
@@ -204,6 +206,7 @@ class Engine:
         """The server's command line: `command` (the engine's own, or a user's), the model,
         where it listens, the flags autotune always adds, then `knobs`."""
         model_part = [self.model_flag, model] if self.model_flag else [model]
-        listen = [*(["--host", host] if host is not None else []), *(["--port", str(port)] if port is not None else [])]
+        listen = ["--host", host] if host is not None else []
+        listen += ["--port", str(port)] if port is not None else []
         options = [self.options_flag, options_file] if options_file and self.options_flag else []
         return [*command, *model_part, *listen, *self.always, *self.flags(knobs), *options]

@@ -152,6 +152,7 @@ class ProbeRun:
         self.runs: list[_Run] = []
         self.samples: list[Sample] = []
         self.unavailable: dict[str, str] = {}
+        self.server_engine: str | None = None  # the engine the server's metrics showed
         self.counted = (0.0,) * len(_snapshot(backend.counters))  # over the windows
         self.replica_counted: list[ReplicaCounts] | None = None  # over the windows
         self.estimate: RateEstimate | None = None
@@ -200,11 +201,8 @@ class ProbeRun:
             # Scrapes get their own connection: at a parallelism near the pool's limit they would
             # otherwise queue behind model calls and time out exactly when the server is busiest.
             async with aiohttp.ClientSession() as metrics_session:
-                samplers: list[Sampler] = [
-                    ClientSampler(),
-                    PrometheusSampler(metrics_session, self.metrics),
-                    GpuSampler(),
-                ]
+                server = PrometheusSampler(metrics_session, self.metrics)
+                samplers: list[Sampler] = [ClientSampler(), server, GpuSampler()]
                 async with TelemetryRecorder(samplers, settings.telemetry_interval_s) as recorder:
                     started = time.time()
                     look(started)
@@ -253,6 +251,7 @@ class ProbeRun:
         self.retries += Counter(counters.retries) - retried_before
         self.samples.extend(recorder.samples)
         self.unavailable.update(recorder.unavailable)
+        self.server_engine = server.engine or self.server_engine
         first, last = _look_at(looks, window.start), looks[-1]
         self.counted = tuple(
             total + b - a
@@ -381,6 +380,7 @@ class ProbeRun:
             verifier_capacity_rps=(capacity or 1) / mean_verify if mean_verify else None,
             telemetry=telemetry,
             telemetry_unavailable=dict(self.unavailable),
+            server_engine=self.server_engine,
             token_check=_token_check(
                 self.samples,
                 windows,

@@ -139,6 +139,7 @@ class ProbeResult(Record):
     verifier_capacity_rps: float | None = None
     telemetry: dict[str, dict[str, float]] = field(default_factory=dict)  # "source/metric"
     telemetry_unavailable: dict[str, str] = field(default_factory=dict)
+    server_engine: str | None = None  # the engine its metrics showed (vllm, sglang, trtllm)
     token_check: dict[str, float] | None = None
     series: list[dict[str, Any]] = field(default_factory=list)
     batches: int = 10  # of the rate's batch-means interval (its degrees of freedom + 1)

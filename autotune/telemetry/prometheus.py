@@ -1,4 +1,5 @@
-"""The model server's own view of its load, scraped from a vLLM-style `/metrics`.
+"""The model server's own view of its load, scraped from its `/metrics` (vLLM's, SGLang's
+or TensorRT-LLM's: each engine's names read as autotune's quantities, engines/known.py).
 Why: docs/design/telemetry.md.
 """
 
@@ -10,6 +11,10 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 
 import aiohttp
+import orjson
+
+from autotune.engines import ENGINES, Engine
+from autotune.engines.description import HISTOGRAMS, KV_USAGE, RUNNING, WAITING
 
 # num_gpu_blocks × block_size, over engines, from vllm:cache_config_info's labels
 KV_CAPACITY_TOKENS = "kv_capacity_tokens"
@@ -36,7 +41,20 @@ REPORTED = (
 
 _KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # the name before vLLM's V1 engine
 _AVERAGED = ("vllm:kv_cache_usage_perc", _KV_USAGE_OLD)  # a fraction per engine: mean, not sum
-_WANTED = frozenset((*REPORTED, _KV_USAGE_OLD))
+_OTHER_ENGINES = tuple(engine for engine in ENGINES.values() if engine.name != "vllm")
+
+
+def _families(engine: Engine) -> set[str]:
+    """The metric names an engine's families are read under (histograms: _sum, _count)."""
+    names = set()
+    for quantity, family in engine.metrics.names.items():
+        names |= {family + "_sum", family + "_count"} if quantity in HISTOGRAMS else {family}
+    return names | ({engine.metrics.kv_capacity} if engine.metrics.kv_capacity else set())
+
+
+_WANTED = frozenset(
+    (*REPORTED, _KV_USAGE_OLD, *(name for e in _OTHER_ENGINES for name in _families(e)))
+)
 _MAX_FAILURES = 3  # consecutive failed scrapes, after a good one, before giving up
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -104,6 +122,53 @@ def kv_capacity_tokens(text: str) -> float | None:
     return total
 
 
+def engine_of(metrics: dict[str, float]) -> Engine | None:
+    """The engine whose own families these are (told by their prefix), None for none."""
+    for engine in ENGINES.values():
+        if any(name.startswith(engine.metrics.prefix) for name in metrics):
+            return engine
+    return None
+
+
+def as_quantities(metrics: dict[str, float], engine: Engine) -> dict[str, float]:
+    """`metrics` read under autotune's quantity names (vLLM's: the identity)."""
+    if engine.name == "vllm":
+        return metrics
+    found: dict[str, float] = {}
+    for quantity, family in engine.metrics.names.items():
+        suffixes = ("_sum", "_count") if quantity in HISTOGRAMS else ("",)
+        for suffix in suffixes:
+            if family + suffix in metrics:
+                found[quantity + suffix] = metrics[family + suffix]
+    capacity = engine.metrics.kv_capacity
+    if capacity is not None and capacity in metrics:
+        found[KV_CAPACITY_TOKENS] = metrics[capacity]
+    found.update({name: value for name, value in metrics.items() if name.startswith("autotune_")})
+    return found
+
+
+def iteration_stats(text: str) -> dict[str, float] | None:
+    """TensorRT-LLM's JSON `/metrics` (its iteration stats, newest last) as autotune's
+    quantities: requests running and waiting, KV use and capacity; None if it is not that."""
+    try:
+        stats = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(stats, list) or not stats or not isinstance(stats[-1], dict):
+        return None
+    last = stats[-1]
+    found: dict[str, float] = {}
+    for quantity, key in ((RUNNING, "numActiveRequests"), (WAITING, "numQueuedRequests")):
+        if isinstance(last.get(key), int | float):
+            found[quantity] = float(last[key])
+    kv = last.get("kvCacheStats")
+    if isinstance(kv, dict) and isinstance(kv.get("maxNumBlocks"), int) and kv["maxNumBlocks"]:
+        found[KV_USAGE] = kv.get("usedNumBlocks", 0) / kv["maxNumBlocks"]
+        if isinstance(kv.get("tokensPerBlock"), int):
+            found[KV_CAPACITY_TOKENS] = float(kv["maxNumBlocks"] * kv["tokensPerBlock"])
+    return found or None
+
+
 def server_root(base_url: str) -> str:
     """The server's root, where vLLM serves /metrics and its RL endpoints beside /v1."""
     return base_url.rstrip("/").removesuffix("/v1")
@@ -163,6 +228,11 @@ class PrometheusSampler:
             )
         return values
 
+    @property
+    def engine(self) -> str | None:
+        """The engine the servers' metrics (or info path) showed, once one did."""
+        return next((s.engine for s in self._scrapers if s.engine is not None), None)
+
     async def aclose(self) -> None:
         """Nothing to release: the session belongs to the caller."""
 
@@ -203,6 +273,7 @@ class _Scraper:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._answered = False
         self._failures = 0
+        self.engine: str | None = None  # the engine its metrics came from, once told
 
     async def sample(self) -> dict[str, float] | None:
         if not self.available:
@@ -217,26 +288,63 @@ class _Scraper:
 
     async def _scrape(self) -> dict[str, float] | str:
         """The reported values, or why there are none."""
-        try:
-            async with self._session.get(self._url, timeout=self._timeout) as resp:
-                if resp.status != 200:
-                    return f"{self._url} answered HTTP {resp.status}"
-                text = await resp.text(errors="replace")
-        except TimeoutError:
-            return f"{self._url} did not answer within {self._timeout.total:g} s"
-        except (aiohttp.ClientError, OSError) as exc:
-            return f"cannot reach {self._url} ({str(exc) or type(exc).__name__})"
-        metrics = parse_prometheus(text, average=_AVERAGED, names=_WANTED)
-        kv_tokens = kv_capacity_tokens(text)
+        text = await self._get(self._url)
+        if not isinstance(text, tuple):
+            return await self._why_none(text) if not self._answered else text
+        body = text[0]
+        if (stats := iteration_stats(body)) is not None:  # TensorRT-LLM's JSON /metrics
+            if not self._answered and await self._try_prometheus_path():
+                return await self._scrape()
+            self.engine = self.engine or "trtllm"
+            return stats
+        metrics = parse_prometheus(body, average=_AVERAGED, names=_WANTED)
+        engine = engine_of(metrics)
+        if engine is not None:
+            self.engine = engine.name
+            metrics = as_quantities(metrics, engine)
+        kv_tokens = kv_capacity_tokens(body)
         if kv_tokens is not None:
             metrics[KV_CAPACITY_TOKENS] = kv_tokens
         if "vllm:kv_cache_usage_perc" not in metrics and _KV_USAGE_OLD in metrics:
             metrics["vllm:kv_cache_usage_perc"] = metrics[_KV_USAGE_OLD]
         values = {name: metrics[name] for name in REPORTED if name in metrics}
         if not values:
-            not_text = "" if parse_prometheus(text) else " (the answer is not Prometheus text)"
-            return f"{self._url} serves no vLLM metrics{not_text}"
+            not_text = "" if parse_prometheus(body) else " (the answer is not Prometheus text)"
+            return f"{self._url} serves no metrics of vLLM, SGLang or TensorRT-LLM{not_text}"
         return values
+
+    async def _get(self, url: str) -> tuple[str] | str:
+        """(the answer's text,), or why there is none."""
+        try:
+            async with self._session.get(url, timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    return f"{url} answered HTTP {resp.status}"
+                return (await resp.text(errors="replace"),)
+        except TimeoutError:
+            return f"{url} did not answer within {self._timeout.total:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"cannot reach {url} ({str(exc) or type(exc).__name__})"
+
+    async def _try_prometheus_path(self) -> bool:
+        """Whether TensorRT-LLM's Prometheus path answers; scraped from then on if so."""
+        url = self._url.removesuffix("/metrics") + ENGINES["trtllm"].metrics.path
+        answer = await self._get(url)
+        if isinstance(answer, tuple) and parse_prometheus(answer[0], names=_WANTED):
+            self._url = url
+            return True
+        return False
+
+    async def _why_none(self, why: str) -> str:
+        """`why`, and where a server that answers an engine's own info path serves no
+        metrics, what makes that engine serve them."""
+        root = self._url.removesuffix("/metrics")
+        for engine in ENGINES.values():
+            if engine.info_path is None or engine.metrics.needs is None:
+                continue
+            if isinstance(await self._get(root + engine.info_path), tuple):
+                self.engine = engine.name
+                return f"{why}: the {engine.title} server there serves none; {engine.metrics.needs}"
+        return why
 
     def _fail(self, why: str) -> None:
         self._failures += 1
