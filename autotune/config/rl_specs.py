@@ -32,7 +32,7 @@ LOOP_KNOBS = ("mode", "ahead_steps", "max_staleness", "pause_mode")
 LoopMode = Literal["sync", "colocated", "async"]
 
 
-PauseMode = Literal["keep", "wait", "abort"]
+PauseMode = Literal["keep", "wait", "abort", "retract"]
 
 
 class LoopSpec(SpecModel):
@@ -102,12 +102,13 @@ class LoopSpec(SpecModel):
     ] = None
     pause_mode: Annotated[
         PauseMode,
-        must_be("keep, wait or abort"),
+        must_be("keep, wait, abort or retract"),
         Option(
             ("--pause-mode",),
-            "what a sync does to requests in flight (vLLM's POST /pause): keep freezes them "
-            "until the resume, wait lets them finish first, abort ends them (they are sent "
-            "again after the sync) (default: keep)",
+            "what a sync does to requests in flight (the engine's pause): keep freezes them "
+            "until the resume (SGLang: in_place), wait lets them finish first (vLLM only), "
+            "abort ends them (they are sent again after the sync), retract frees their KV "
+            "cache and recomputes it after (SGLang only) (default: keep)",
             "MODE",
         ),
     ] = "keep"

@@ -21,6 +21,8 @@ import aiohttp
 import orjson
 
 from autotune.config.rl_specs import LoopSpec
+from autotune.engines import ENGINES, Call, Control
+from autotune.engines import Engine as ServingEngine
 from autotune.errors import CollectionError, UsageError
 from autotune.results.runs import LoopStep, LoopSummary
 from autotune.results.stages import StageLatency, percentile
@@ -85,25 +87,61 @@ class GroupLedger:
 
 
 class ServerControl:
-    """The server's pause, resume, sleep and weight endpoints, each timed; a server
-    without /pause is paused from the client's side (no new request is sent)."""
+    """The server's pause, resume, sleep and weight endpoints as its engine spells them
+    (engines/known.py: vLLM's, SGLang's), each timed; the engine is told by which
+    endpoints it serves. A server with none is paused from the client's side (no new
+    request is sent)."""
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
         self._session = session
         self._root = server_root(base_url)
-        self.pauses = True  # the server serves /pause and /resume
+        self.engine: ServingEngine | None = None  # the engine whose endpoints it serves
+        self._model_path: str | None = None  # SGLang reloads weights from it
+
+    @property
+    def pauses(self) -> bool:
+        """Whether the server serves a pause and a resume (else the client's side pauses)."""
+        return self.engine is not None and self.engine.control.pause is not None
 
     async def probe(self, spec: LoopSpec) -> None:
         """What the server serves, looked at before the first step, so a mode it cannot
         run is refused at once."""
-        self.pauses = await self._serves("/is_paused")
-        if spec.mode == "colocated" and not await self._serves("/is_sleeping"):
+        for engine in ENGINES.values():
+            serves = engine.control.serves
+            if serves is not None and await self._serves(serves):
+                self.engine = engine
+                break
+        control = self.engine.control if self.engine is not None else None
+        if control is not None and spec.pause_mode not in control.pause_modes:
+            modes = ", ".join(control.pause_modes)
+            raise UsageError(
+                f"--pause-mode {spec.pause_mode} is not one {self._title} has "
+                f"(it pauses with {modes}); pick one of those."
+            )
+        if spec.mode == "colocated" and not await self._sleeps():
+            enable = control.enable if control is not None else VLLM_DEV_MODE
             raise UsageError(
                 f"the colocated mode puts the server at {self._root} to sleep while the "
-                "trainer trains (POST /sleep and /wake_up), which it does not serve: start "
-                "vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, or pick --mode "
-                "sync or async."
+                f"trainer trains, which it does not serve: {enable}, or pick --mode sync "
+                "or async."
             )
+        if control is not None and control.update_from_disk and spec.sync_via_server:
+            self._model_path = await self._served_model_path()
+
+    async def _sleeps(self) -> bool:
+        control = self.engine.control if self.engine is not None else None
+        if control is None or control.sleep is None:
+            return False
+        return control.sleeping is None or await self._serves(control.sleeping)
+
+    async def _served_model_path(self) -> str | None:
+        try:
+            async with self._session.get(self._root + "/get_model_info") as response:
+                info = await response.json(content_type=None)
+        except (aiohttp.ClientError, ValueError):
+            return None
+        path = info.get("model_path") if isinstance(info, dict) else None
+        return path if isinstance(path, str) else None
 
     async def _serves(self, path: str) -> bool:
         try:
@@ -112,11 +150,53 @@ class ServerControl:
         except aiohttp.ClientError:
             return False
 
-    async def post(self, path: str, body: Any = None, **query: str) -> float:
-        """POST `path`; the seconds its answer took."""
+    async def pause(self, mode: str, clear_cache: bool) -> float:
+        """The engine's pause in autotune's `mode`; 0 where the client's side pauses."""
+        if not self.pauses:
+            return 0.0
+        return await self.call(self._control.pause_call(mode, clear_cache))
+
+    async def resume(self) -> float:
+        if not self.pauses or self._control.resume is None:
+            return 0.0
+        return await self.call(Call(self._control.resume))
+
+    async def reset_cache(self) -> None:
+        if self.pauses and self._control.reset_cache is not None:
+            await self.call(Call(self._control.reset_cache))
+
+    async def sleep(self, level: int, mode: str) -> float:
+        return await self.call(self._control.sleep_call(level, mode))
+
+    async def wake_up(self) -> float:
+        return await self.call(self._control.wake_call())
+
+    async def update_weights(self) -> float:
+        control = self._control
+        if control.update_weights is None:
+            raise UsageError(
+                f"--sync-via-server needs the server's weight update, which "
+                f"{self._title} does not serve; use --sync-s or --sync-command."
+            )
+        body = {"model_path": self._model_path} if control.update_from_disk else control.update_body
+        return await self.call(Call(control.update_weights, body=body))
+
+    @property
+    def _control(self) -> Control:
+        return self.engine.control if self.engine is not None else CLIENT_SIDE
+
+    @property
+    def _title(self) -> str:
+        return self.engine.title if self.engine is not None else "this server"
+
+    async def call(self, call: Call) -> float:
+        """POST `call`; the seconds its answer took."""
         started = time.perf_counter()
+        path = call.path
         try:
-            async with self._session.post(self._root + path, json=body, params=query) as answer:
+            async with self._session.post(
+                self._root + path, json=call.body, params=dict(call.query)
+            ) as answer:
                 text = await answer.text()
                 if answer.status >= 400:
                     raise CollectionError(
@@ -129,6 +209,12 @@ class ServerControl:
                 "restart the server and rerun."
             ) from None
         return time.perf_counter() - started
+
+
+VLLM_DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode"
+
+
+CLIENT_SIDE = Control(serves=None)  # a server with no RL endpoints
 
 
 class LoopRunner:
@@ -323,15 +409,13 @@ class LoopRunner:
             self._changed.set()
             pause_s = 0.0
             if spec.mode == "colocated":
-                pause_s = await self._control.post(
-                    "/sleep", level=str(spec.sleep_level), mode=spec.pause_mode
-                )
+                pause_s = await self._control.sleep(spec.sleep_level, spec.pause_mode)
             train_start = self._now()
             samples = sum(g.size for g in batch)
             await self._train_step(index, samples)
             train_end = self._now()
             if spec.mode == "colocated":
-                resume_s = await self._control.post("/wake_up")
+                resume_s = await self._control.wake_up()
                 sync_start = self._now()
                 transfer_s = await self._transfer(index)
                 await self._clear_cache()
@@ -409,7 +493,7 @@ class LoopRunner:
     async def _transfer(self, index: int) -> float:
         spec, started = self._spec, time.perf_counter()
         if spec.sync_via_server:
-            await self._control.post("/update_weights", {"update_info": {}})
+            await self._control.update_weights()
         elif spec.sync_command is not None:
             env = {"AUTOTUNE_STEP": str(index), "AUTOTUNE_POLICY_VERSION": str(self.version + 1)}
             await run_command(spec.sync_command, env, "weight sync's")
@@ -418,26 +502,20 @@ class LoopRunner:
         return time.perf_counter() - started
 
     async def _pause(self) -> float:
-        if not self._control.pauses:
-            return 0.0
-        spec = self._spec
-        clear = "true" if spec.clear_cache else "false"
-        return await self._control.post("/pause", mode=spec.pause_mode, clear_cache=clear)
+        return await self._control.pause(self._spec.pause_mode, self._spec.clear_cache)
 
     async def _clear_cache(self) -> None:
-        if self._spec.clear_cache and self._control.pauses:
-            await self._control.post("/reset_prefix_cache")
+        if self._spec.clear_cache:
+            await self._control.reset_cache()
 
     async def _resume(self) -> float:
-        if not self._control.pauses:
-            return 0.0
-        if self._spec.pause_mode == "keep":  # /pause kept the cache for the frozen requests
+        if self._spec.pause_mode == "keep":  # the pause kept the cache for the frozen requests
             await self._clear_cache()
-        return await self._control.post("/resume")
+        return await self._control.resume()
 
     async def _resume_quietly(self) -> None:
         with contextlib.suppress(CollectionError):  # the server is gone: nothing to resume
-            await self._control.post("/resume")
+            await self._control.resume()
 
     def _now(self) -> float:
         return time.perf_counter() - self._started
