@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autotune.engines.description import flag_value
+
 RESERVED_FLAGS = ("--model", "--port", "--host")  # set by the launcher itself
 
 
@@ -17,13 +19,6 @@ def field_name(flag: str) -> str:
 def flag_name(knob: str) -> str:
     """`max_num_seqs` (or `--max-num-seqs`) → `--max-num-seqs`."""
     return "--" + knob.lstrip("-").replace("_", "-")
-
-
-def flag_value(value: object) -> str:
-    """A whole float is written as an integer (`64.0` → `64`) for integer flags."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def server_flags(knobs: Mapping[str, object]) -> list[str]:

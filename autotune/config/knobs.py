@@ -149,9 +149,10 @@ class ParallelismSpace(SpecModel):
         return self
 
 
-def launcher_flag_problem(flag: str) -> str | None:
-    """Why `flag` (a server flag, any spelling) is the launcher's to set, else None."""
-    name = field_name(flag)
+def launcher_flag_problem(flag: str, name: str | None = None) -> str | None:
+    """Why `flag` (a server flag, any spelling; `name`: its field, where an engine spells
+    it otherwise) is the launcher's to set, else None."""
+    name = name or field_name(flag)
     if name == "port":
         return f"sets {flag}, which autotune picks itself (a free port per server); remove it"
     if name == "host":

@@ -37,14 +37,17 @@ from autotune.config.fields import (
 from autotune.config.flags import field_name
 from autotune.config.knobs import SearchSpace, launcher_flag_problem
 from autotune.config.rl_specs import BATCH_KNOBS, LOOP_KNOBS, LoopSpec
+from autotune.engines import ENGINES, Engine
 from autotune.errors import UsageError
 
 
 class TargetSpec(ServerFields):
     what: ClassVar[str] = "a target"
-    kind: Literal["server", "sim", "vllm", "command", "nemo-gym-agent"]
-    args: list[str] = []  # fixed flags for sim / vllm
-    command: list[str] = ["vllm", "serve"]  # vllm: overridable (a CPU build's module form)
+    kind: Literal["server", "sim", "vllm", "sglang", "trtllm", "command", "nemo-gym-agent"]
+    args: list[str] = []  # fixed flags for sim or a launched engine, in its own spelling
+    # A launched engine's command before its model (none: the engine's own, `vllm serve`,
+    # `python -m sglang.launch_server`, `trtllm-serve`): a CPU build's module form, say.
+    command: list[str] = []
     # command: the user's own collector, with {parallelism}, {output} and {limit} in it
     template: str | None = None
     env: dict[str, str] = {}
@@ -74,19 +77,32 @@ class TargetSpec(ServerFields):
                 "kind: command needs template, e.g. 'ng_collect_rollouts ... "
                 "+num_samples_in_parallel={parallelism} +output_jsonl_fpath={output}'"
             )
-        if self.kind == "vllm" and not self.model:
-            raise ValueError("kind: vllm needs model (a path or a model name)")
+        if self.kind in ENGINES and not self.model:
+            raise ValueError(f"kind: {self.kind} needs model (a path or a model name)")
         if self.host is not None and self.kind in ("server", "command", "nemo-gym-agent"):
             raise ValueError(
                 f"kind: {self.kind} starts no server, so host does not apply; remove it"
             )
         # `--model` of the simulator picks the simulated model: the sim keeps it.
-        launched = [*self.args, *self.command] if self.kind == "vllm" else self.args
+        engine = ENGINES.get(self.kind)
+        launched = [*self.args, *self.command] if engine else self.args
         for flag in launched:
-            why = launcher_flag_problem(flag) if flag.startswith("-") else None
-            if why is not None and (self.kind == "vllm" or field_name(flag) != "model"):
+            name = engine.field_of(flag) if engine else field_name(flag)
+            name = "model" if name == "model_path" else name  # SGLang's --model-path
+            why = launcher_flag_problem(flag, name) if flag.startswith("-") else None
+            if why is not None and (engine is not None or name != "model"):
                 raise ValueError(f"{'args' if flag in self.args else 'command'} {why}")
         return self
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine a launched kind starts (vllm, sglang, trtllm), else None."""
+        return ENGINES.get(self.kind)
+
+    @property
+    def starts_server(self) -> bool:
+        """Whether each configuration starts its own server (the sim or an engine)."""
+        return self.kind == "sim" or self.kind in ENGINES
 
 
 GOODPUT = "informative_groups_per_s"  # the RL objective: groups a trainer can learn from
@@ -268,10 +284,10 @@ class Study(SpecModel):
                 f"objective {metric} {why_groups}: set workload.num_repeats to the group size "
                 "(2 or more)"
             )
-        if self.target.kind not in ("sim", "vllm", "server"):
+        if not self.target.starts_server and self.target.kind != "server":
             raise ValueError(
                 f"objective {metric} runs {what} through autotune's engine: use kind: sim, "
-                f"vllm or server, not {self.target.kind}"
+                f"server or a launched engine ({', '.join(ENGINES)}), not {self.target.kind}"
             )
         if self.objective.second_objective is not None:
             raise ValueError(f"objective {metric} has no second objective; remove it")
@@ -284,16 +300,28 @@ class Study(SpecModel):
                 "resources.gpu and resources.model_profile are for a real server: the "
                 "simulator takes its own as --gpu and --model in target.args"
             )
-        if kind not in ("sim", "vllm") and resources is not None:
+        if not self.target.starts_server and resources is not None:
             raise ValueError(
                 f"kind: {kind} starts no server, so no GPUs can be split into engines; "
-                "remove resources, or use kind: vllm or kind: sim"
+                "remove resources, or use kind: vllm, sglang, trtllm or sim"
             )
-        if kind not in ("sim", "vllm") and self.search_space.server_knobs():
+        if not self.target.starts_server and self.search_space.server_knobs():
             raise ValueError(
                 f"kind: {kind} starts no server, so no server flag can change; "
-                "search only parallelism, or use kind: vllm or kind: sim"
+                "search only parallelism, or use kind: vllm, sglang, trtllm or sim"
             )
+        engine = self.target.engine
+        knobs = self.search_space.server_knobs() if engine is not None else {}
+        for name in knobs:
+            why = engine.knob_problem(name) if engine is not None else None
+            if why is not None and engine is not None:
+                raise ValueError(f"search_space.{name}: {engine.title} has none: {why}")
+        if engine is not None and engine.name == "trtllm" and resources is not None:
+            if resources.replicas == "data-parallel":
+                raise ValueError(
+                    "resources.replicas: data-parallel starts one server with several "
+                    "engines, which trtllm-serve cannot; use replicas: servers"
+                )
         tp = self.search_space.tensor_parallel_size
         if resources is not None and tp is not None:
             gpus = resources.gpus
@@ -368,10 +396,10 @@ def study_target_config(study: Study) -> TargetConfig:
             extra_body = {"ignore_eos": True}
         else:
             extra_body = {}
-    # vLLM is launched serving target.model: calls then name the model it lists.
+    # A launched engine serves target.model: calls then name the model it lists.
     server = (
         study.target
-        if study.target.kind != "vllm"
+        if study.target.engine is None
         else study.target.model_copy(update={"model": None})
     )
     return target_config(workload, server, extra_body=extra_body)

@@ -3,11 +3,9 @@ line, what its metrics are called, which request fields it takes and its RL endp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-from autotune.config.flags import flag_value
 
 # autotune's own quantities keep the names vLLM gave them (the first engine it read): a
 # summary, a verdict and a report cite `vllm:num_requests_running` whatever the engine.
@@ -28,6 +26,16 @@ QUANTITIES = (
     RUNNING, WAITING, KV_USAGE, PREEMPTIONS, GENERATION_TOKENS, PROMPT_TOKENS, *HISTOGRAMS,
     PREFIX_QUERIES, PREFIX_HITS, ABORTED,
 )  # fmt: skip
+
+
+def flag_value(value: object) -> str:
+    """A whole float is written as an integer (`64.0` → `64`) for integer flags."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+LAUNCHER_SETS = ("model", "model_path", "port", "host")  # autotune's own, per server
 
 Spelling = Literal["kebab", "snake"]  # --max-num-seqs or --max_batch_size
 
@@ -159,6 +167,8 @@ class Engine:
         `options`); True/False as the engine switches them; None leaves a knob out."""
         argv: list[str] = []
         for name, value in knobs.items():
+            if name.lstrip("-").replace("-", "_") in LAUNCHER_SETS:
+                raise ValueError(f"--{name.lstrip('-')} is set by autotune; leave it out")
             if value is None or name in self.option_knobs:
                 continue
             if name in self.missing_knobs:
@@ -195,7 +205,7 @@ class Engine:
 
     def launch_line(
         self,
-        command: tuple[str, ...] | list[str],
+        command: Sequence[str],
         model: str,
         knobs: Mapping[str, object],
         *,
@@ -206,7 +216,7 @@ class Engine:
         """The server's command line: `command` (the engine's own, or a user's), the model,
         where it listens, the flags autotune always adds, then `knobs`."""
         model_part = [self.model_flag, model] if self.model_flag else [model]
-        listen = ["--host", host] if host is not None else []
-        listen += ["--port", str(port)] if port is not None else []
+        listen = ["--port", str(port)] if port is not None else []
+        listen += ["--host", host] if host is not None else []
         options = [self.options_flag, options_file] if options_file and self.options_flag else []
         return [*command, *model_part, *listen, *self.always, *self.flags(knobs), *options]

@@ -15,6 +15,7 @@ from autotune.config.collection import SyntheticWorkload, TargetConfig
 from autotune.config.flags import server_flags
 from autotune.config.knobs import ENGINES
 from autotune.config.study import Study, study_target_config
+from autotune.engines.known import VLLM
 from autotune.probe import Launcher, ProbeSettings
 from autotune.probe.command_probe import CommandProbe
 from autotune.probe.realtime import EngineProbe
@@ -22,6 +23,7 @@ from autotune.rollout.backends.nemo_gym_agent import AgentBackend, AgentRewardVe
 from autotune.rollout.backends.openai import OpenAIBackend
 from autotune.rollout.target import api_key, open_session, resolve_target
 from autotune.rollout.workload import Task, Workload
+from autotune.servers.engine_servers import engine_replicas
 from autotune.servers.launcher import LOCALHOST, ServerGroup, ServerSpec, free_ports
 from autotune.verifiers import Verifier, VerifierOptions, load_verifier
 
@@ -153,8 +155,8 @@ def _tasks(study: Study) -> list[Task]:
 
 
 def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerGroup] | None:
-    """What starts one configuration: the simulator, real vLLM (one server per engine, or
-    one with --data-parallel-size), or nothing (kind: server)."""
+    """What starts one configuration: the simulator, real vLLM, SGLang or TensorRT-LLM
+    (one server per engine, or one with its data-parallel size), or nothing (kind: server)."""
     target = study.target
     host = target.host or LOCALHOST
     data_parallel = study.resources is not None and study.resources.replicas == "data-parallel"
@@ -181,17 +183,34 @@ def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerGroup] | None:
         def vllm(knobs: Mapping[str, Any]) -> ServerGroup:
             engines, flags = _engines(knobs)
             return vllm_replicas(
-                target.model or "",  # validated: kind vllm always names its model
+                target.model or "",  # validated: a launched engine always names its model
                 flags,
                 engines,
                 data_parallel=data_parallel,
-                command=[*target.command, *target.args],
+                command=[*(target.command or VLLM.command), *target.args],
                 env=target.env,
                 host=host,
                 startup_timeout_s=target.startup_timeout_s,
             )
 
         return vllm
+    if (engine := target.engine) is not None:
+
+        def launched(knobs: Mapping[str, Any]) -> ServerGroup:
+            engines, flags = _engines(knobs)
+            return engine_replicas(
+                engine,
+                target.model or "",
+                flags,
+                engines,
+                data_parallel=data_parallel,
+                command=[*(target.command or engine.command), *target.args],
+                env=target.env,
+                host=host,
+                startup_timeout_s=target.startup_timeout_s,
+            )
+
+        return launched
     return None
 
 

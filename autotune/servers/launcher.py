@@ -514,3 +514,19 @@ class ServerGroup:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+def replica_devices(engines: int, tp: int, visible: str | None) -> list[list[str]]:
+    """Each engine's GPUs: the i-th run of `tp` among `visible` (CUDA_VISIBLE_DEVICES:
+    indices or UUIDs), or among 0, 1, ... when it names none. Raises ServerStartupError
+    when it names too few (the configuration cannot start here)."""
+    names = [name.strip() for name in (visible or "").split(",") if name.strip()]
+    if not names:
+        names = [str(index) for index in range(engines * tp)]
+    if len(names) < engines * tp:
+        reason = (
+            f"{engines} engines of tensor-parallel size {tp} need {engines * tp} GPUs, but "
+            f"CUDA_VISIBLE_DEVICES names {len(names)}"
+        )
+        raise ServerStartupError(f"{reason}; name more GPUs or lower resources.gpus.", reason)
+    return [names[i * tp : (i + 1) * tp] for i in range(engines)]

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from autotune.config.flags import server_flags
-from autotune.errors import ServerStartupError
+from autotune.engines.known import VLLM
 from autotune.servers.launcher import (
     LOCALHOST,
     ServerGroup,
@@ -26,6 +25,7 @@ from autotune.servers.launcher import (
     ServerSpec,
     free_port,
     free_ports,
+    replica_devices,
 )
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -44,10 +44,9 @@ def vllm_command(
     flags: Mapping[str, object],
     host: str | None = None,
 ) -> list[str]:
-    """The server's command line: the knobs spelled as `server_flags` spells them; with no
-    `host`, vLLM listens on every interface (VllmServer always gives one)."""
-    bind = ["--host", host] if host is not None else []
-    return [*base_command, "--model", model, "--port", str(port), *bind, *server_flags(flags)]
+    """The server's command line: the knobs spelled as vLLM's description spells them; with
+    no `host`, vLLM listens on every interface (VllmServer always gives one)."""
+    return VLLM.launch_line(base_command, model, flags, port=port, host=host)
 
 
 def cpu_thread_binding(tensor_parallel_size: int, cpus: Sequence[int]) -> str:
@@ -198,22 +197,6 @@ class VllmServer(ServerProcess):
         super().stop_sync()
         if self.rpc_dir is not None:  # started: what appeared since then may be its own
             cleanup_vllm_leftovers(self._shm_before, self.rpc_dir)
-
-
-def replica_devices(engines: int, tp: int, visible: str | None) -> list[list[str]]:
-    """Each engine's GPUs: the i-th run of `tp` among `visible` (CUDA_VISIBLE_DEVICES:
-    indices or UUIDs), or among 0, 1, ... when it names none. Raises ServerStartupError
-    when it names too few (the configuration cannot start here)."""
-    names = [name.strip() for name in (visible or "").split(",") if name.strip()]
-    if not names:
-        names = [str(index) for index in range(engines * tp)]
-    if len(names) < engines * tp:
-        reason = (
-            f"{engines} engines of tensor-parallel size {tp} need {engines * tp} GPUs, but "
-            f"CUDA_VISIBLE_DEVICES names {len(names)}"
-        )
-        raise ServerStartupError(f"{reason}; name more GPUs or lower resources.gpus.", reason)
-    return [names[i * tp : (i + 1) * tp] for i in range(engines)]
 
 
 def vllm_replicas(

@@ -1,0 +1,118 @@
+"""SGLang and TensorRT-LLM as launched servers: each configuration's launch line from the
+engine's description, TensorRT-LLM's options file written beside it, one server per engine
+of a GPU budget (or SGLang's --dp-size)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import yaml
+
+from autotune.engines import Engine
+from autotune.servers.launcher import (
+    LOCALHOST,
+    ServerGroup,
+    ServerProcess,
+    ServerSpec,
+    free_ports,
+    replica_devices,
+)
+
+DEFAULT_STARTUP_TIMEOUT_S = 900.0  # a large model's load, and SGLang's CUDA-graph capture
+
+
+class EngineServer(ServerProcess):
+    """`engine` serving `model` with `knobs` on `port`; its options file (TensorRT-LLM's
+    extra LLM API options) lives while it runs."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        model: str,
+        knobs: Mapping[str, object],
+        *,
+        command: Sequence[str],
+        port: int,
+        host: str = LOCALHOST,
+        env: Mapping[str, str] | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    ) -> None:
+        self.options_file: Path | None = None
+        options = engine.options(knobs)
+        if options and engine.options_flag is not None:
+            handle, name = tempfile.mkstemp(prefix=f"autotune-{engine.name}-", suffix=".yaml")
+            with os.fdopen(handle, "w") as out:
+                yaml.safe_dump(options, out, sort_keys=True)
+            self.options_file = Path(name)
+        argv = engine.launch_line(
+            tuple(command),
+            model,
+            knobs,
+            port=port,
+            host=host,
+            options_file=str(self.options_file) if self.options_file else None,
+        )
+        spec = ServerSpec.local(
+            argv, port, host=host, env=dict(env or {}), startup_timeout_s=startup_timeout_s
+        )
+        super().__init__(spec)
+
+    def stop_sync(self) -> None:
+        super().stop_sync()
+        if self.options_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.options_file.unlink()
+
+
+def engine_replicas(
+    engine: Engine,
+    model: str,
+    knobs: Mapping[str, object],
+    engines: int,
+    *,
+    data_parallel: bool = False,
+    command: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    host: str = LOCALHOST,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+) -> ServerGroup:
+    """`engines` replicas of `model`: one server each on disjoint GPUs and ports, or with
+    `data_parallel` (SGLang) one server with its data-parallel size set to `engines`."""
+    env = dict(env or {})
+    launch = tuple(command) or engine.command
+    if data_parallel or engines == 1:
+        extra = {"data_parallel_size": engines} if engines > 1 else {}
+        (port,) = free_ports(1)
+        server = EngineServer(
+            engine,
+            model,
+            {**knobs, **extra},
+            command=launch,
+            port=port,
+            host=host,
+            env=env,
+            startup_timeout_s=startup_timeout_s,
+        )
+        return ServerGroup([server])
+    tp = int(str(knobs.get("tensor_parallel_size") or 1))
+    visible = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    devices = replica_devices(engines, tp, visible)
+    servers = [
+        EngineServer(
+            engine,
+            model,
+            knobs,
+            command=launch,
+            port=port,
+            host=host,
+            env={**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)},
+            startup_timeout_s=startup_timeout_s,
+        )
+        for gpus, port in zip(devices, free_ports(engines), strict=True)
+    ]
+    numbered = all(name.isdigit() for gpus in devices for name in gpus)
+    return ServerGroup(servers, [[int(n) for n in gpus] for gpus in devices] if numbered else ())
