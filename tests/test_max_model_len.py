@@ -12,11 +12,12 @@ import pytest
 from autotune.bench.suite import load_suite
 from autotune.config.knobs import KNOBS
 from autotune.config.study import Study
+from autotune.engines.known import VLLM
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.hardware.fit import batch_fit
 from autotune.sweep.feasibility import parameters, prelaunch
-from autotune.sweep.recommend import openrlhf_flags, vllm_serve_line
+from autotune.sweep.recommend import openrlhf_flags, serve_line
 from autotune.sweep.search import open_study, optimise, trial_records
 from tests.test_sweep_search import SeqsLauncher
 
@@ -91,7 +92,7 @@ def test_a_suite_sets_it_on_the_simulator_and_refuses_a_bad_value(tmp_path: Path
 
 def test_the_recommendation_writes_it_for_vllm_and_not_for_openrlhf() -> None:
     knobs: dict[str, object] = {"max_model_len": 4096, "max_num_seqs": 64}
-    assert vllm_serve_line("m", knobs) == "vllm serve m --max-model-len 4096 --max-num-seqs 64"
+    assert serve_line(VLLM, "m", knobs) == "vllm serve m --max-model-len 4096 --max-num-seqs 64"
     # OpenRLHF sizes vLLM's context from its own prompt and generation lengths: no flag
     # of its names max_model_len, so its line leaves it out.
     assert openrlhf_flags(knobs) == ""

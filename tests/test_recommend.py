@@ -14,6 +14,7 @@ from autotune.cli import build_parser
 from autotune.cli.run_args import run_config
 from autotune.config.flags import server_flags
 from autotune.config.study import ObjectiveSpec
+from autotune.engines.known import VLLM
 from autotune.knee import summarise_curve
 from autotune.report.sweep_report import interval_bands, interval_text, knee_marks
 from autotune.results.probes import CurvePoint
@@ -33,7 +34,7 @@ from autotune.sweep.recommend import (
     latency_margin,
     quantile_margin,
     recommendation,
-    vllm_serve_line,
+    serve_line,
 )
 from tests.test_sweep_curve import usl
 
@@ -141,7 +142,7 @@ def test_the_vllm_snippet_is_the_serve_line_spelled_as_launched() -> None:
     rec = recommendation(sweep(trial(0, 15.0, KNOBS, curve=usl_curve(1.0))))
     assert rec is not None
     expected = "vllm serve " + MODEL + " " + " ".join(server_flags(KNOBS))
-    assert rec.snippets.vllm == vllm_serve_line(MODEL, KNOBS) == expected
+    assert rec.snippets.serve == serve_line(VLLM, MODEL, KNOBS) == expected
     assert expected == (
         f"vllm serve {MODEL} --gpu-memory-utilization 0.85 --max-num-seqs 64 "
         "--no-enable-prefix-caching --enforce-eager"
@@ -151,7 +152,7 @@ def test_the_vllm_snippet_is_the_serve_line_spelled_as_launched() -> None:
 def test_a_sweep_without_a_model_name_says_model() -> None:
     rec = recommendation(sweep(trial(0, 15.0, KNOBS, curve=usl_curve(1.0)), model=None))
     assert rec is not None
-    assert rec.snippets.vllm.startswith("vllm serve MODEL --gpu-memory-utilization 0.85")
+    assert rec.snippets.serve.startswith("vllm serve MODEL --gpu-memory-utilization 0.85")
 
 
 def test_openrlhf_gets_the_knobs_it_has_flags_for() -> None:
@@ -172,7 +173,7 @@ def test_the_launched_vllm_command_carries_exactly_the_recommended_flags() -> No
     launched = command[len(base) + 4 :]
     rec = recommendation(sweep(trial(0, 15.0, KNOBS, curve=usl_curve(1.0)), model="M"))
     assert rec is not None
-    assert rec.snippets.vllm == " ".join(["vllm serve", "M", *launched])
+    assert rec.snippets.serve == " ".join(["vllm serve", "M", *launched])
     assert launched == [
         "--gpu-memory-utilization",
         "0.85",
@@ -243,7 +244,7 @@ def test_a_split_budget_is_recommended_as_engines_tp_and_parallelism_per_engine(
     assert rec.snippets.openrlhf == (
         "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --vllm.enable_prefix_caching"
     )
-    assert rec.snippets.vllm == (
+    assert rec.snippets.serve == (
         f"vllm serve {MODEL} --data-parallel-size 4 --tensor-parallel-size 2 "
         "--enable-prefix-caching --max-num-seqs 256"
     )
@@ -266,7 +267,7 @@ def test_caching_off_is_no_openrlhf_switch_and_an_explicit_vllm_flag() -> None:
     rec = recommendation(sweep(trial(0, 30.0, off, curve=usl_curve(1.0))))
     assert rec is not None
     assert rec.snippets.openrlhf == "--vllm.num_engines 4 --vllm.tensor_parallel_size 2"
-    assert "--no-enable-prefix-caching" in rec.snippets.vllm
+    assert "--no-enable-prefix-caching" in rec.snippets.serve
     assert rec.enable_prefix_caching is False
     assert rec.prefix_caching is None  # caching on was never measured at 4x2
 

@@ -80,7 +80,7 @@ def test_sweep_writes_report_and_recommendation(tmp_path: Path) -> None:
     assert recommendation["snippets"]["nemo_gym"] == (
         f"+num_samples_in_parallel={recommendation['recommended']['parallelism']}"
     )
-    assert "--max-num-seqs" in recommendation["snippets"]["vllm"]
+    assert "--max-num-seqs" in recommendation["snippets"]["serve"]
     assert yaml.safe_load((out / "recommendation.yaml").read_text()) == recommendation
     rows = list(csv.DictReader((out / "trials.csv").read_text().splitlines()))
     assert len([row for row in rows if not row["copy_of"]]) == 3  # copies are not trials

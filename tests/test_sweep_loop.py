@@ -102,7 +102,7 @@ def test_a_loop_study_recommends_the_async_mode_and_validates_it(tmp_path: Path)
         ),
         (
             {"target": {"kind": "command", "template": "c {parallelism} {output}"}},
-            "use kind: sim, vllm or server, not command",
+            "use kind: sim, server or a launched engine (vllm, sglang, trtllm), not command",
         ),
     ],
     ids=["no-groups", "wrong-metric", "mode-choice", "command"],

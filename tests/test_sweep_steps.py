@@ -91,7 +91,7 @@ def run_enqueued(
         ),
         (
             {"target": {"kind": "command", "template": "c {parallelism} {output}"}},
-            "use kind: sim, vllm or server, not command",
+            "use kind: sim, server or a launched engine (vllm, sglang, trtllm), not command",
         ),
         (
             {"objective": {"metric": "rollouts_per_s"}},
@@ -162,7 +162,7 @@ def test_the_snippets_name_each_frameworks_own_flags() -> None:
         "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std "
         "--partial-rollout"
     )
-    assert both.vllm == "vllm serve m --max-num-seqs 64"
+    assert both.serve == "vllm serve m --max-num-seqs 64"
     assert both.autotune == (
         "autotune collect --num-repeats 4 --batch-groups 8 --over-sample 0.5 --carry-over"
     )

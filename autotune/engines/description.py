@@ -35,6 +35,7 @@ def flag_value(value: object) -> str:
     return str(value)
 
 
+OPTIONS_FILE = "extra_llm_api_options.yaml"  # the options file a written launch line names
 LAUNCHER_SETS = ("model", "model_path", "port", "host")  # autotune's own, per server
 
 Spelling = Literal["kebab", "snake"]  # --max-num-seqs or --max_batch_size

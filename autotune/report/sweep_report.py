@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from autotune.engines import ENGINES
+from autotune.engines.description import OPTIONS_FILE
 from autotune.knee import UslFit
 from autotune.report import html, plots
 from autotune.report.columns import Column, html_table
@@ -561,7 +563,9 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
             [
                 *gpu_rows(recommended),
                 ("NeMo Gym", snippets.nemo_gym),
-                ("vLLM", snippets.vllm),
+                (ENGINES[snippets.engine].title, snippets.serve),
+                *snippets.frameworks.items(),
+                *([(OPTIONS_FILE, snippets.options)] if snippets.options else []),
                 ("OpenRLHF", f"{snippets.openrlhf} ({snippets.openrlhf_note})"),
                 ("rule that set it", f"{rec.bound_by}: {rec.rule}"),
                 *(

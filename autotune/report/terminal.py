@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from autotune.engines import ENGINES
+from autotune.engines.description import OPTIONS_FILE
 from autotune.report.collect_report import tool_calls_line
 from autotune.report.columns import REPLICA_COLUMNS, terminal_table
 from autotune.report.diagnose_report import (
@@ -33,7 +35,7 @@ from autotune.report.sweep_report import (
 from autotune.results.diagnosis import DiagnoseResult
 from autotune.results.runs import CollectSummary, LoopSummary
 from autotune.results.stages import STAGES
-from autotune.results.trials import Recommendation, SweepResult
+from autotune.results.trials import Recommendation, Snippets, SweepResult
 
 if TYPE_CHECKING:
     from autotune.probe.status import ProbeStatus
@@ -481,9 +483,20 @@ def curve_lines(result: SweepResult, rec: Recommendation) -> list[str]:
     lines += [
         "",
         f"NeMo Gym   {rec.snippets.nemo_gym}",
-        f"vLLM       {rec.snippets.vllm}",
-        f"OpenRLHF   {rec.snippets.openrlhf}",
+        *engine_lines(rec.snippets),
     ]
+    return lines
+
+
+def engine_lines(snippets: Snippets) -> list[str]:
+    """The engine's launch line, its options file, and the RL frameworks' lines."""
+    rows = [(ENGINES[snippets.engine].title, snippets.serve)]
+    rows += [(name, line) for name, line in snippets.frameworks.items()]
+    rows += [("OpenRLHF", snippets.openrlhf)] if snippets.engine == "vllm" else []
+    lines = [f"{name:<10} {line}" for name, line in rows]
+    if snippets.options:
+        options = snippets.options.splitlines()
+        lines += [f"options    {OPTIONS_FILE}:", *("  " + row for row in options)]
     return lines
 
 

@@ -75,6 +75,8 @@ class Record:
         """Raises KeyError or TypeError on a malformed dict (load_result turns them into
         one sentence)."""
         hints = get_type_hints(cls)
+        renamed: Mapping[str, str] = getattr(cls, "renamed", {})
+        data = {renamed.get(key, key): value for key, value in data.items()}
         values = {}
         for item in dataclasses.fields(cls):  # type: ignore[arg-type]
             if item.name in data:

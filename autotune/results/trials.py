@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from autotune.engines import ENGINES
 from autotune.results.codec import SCHEMA_VERSION, Record
 from autotune.results.probes import CurvePoint
 from autotune.results.runs import BatchSummary, LoopSummary, WorkloadRecord
@@ -256,11 +257,19 @@ class Recommended(Record):
 
 @dataclass(frozen=True, slots=True)
 class Snippets(Record):
+    """The rollouts/s recommendation's lines: NeMo Gym's, the engine's launch line
+    (`serve`), OpenRLHF's, autotune's own, and SGLang's RL frameworks' (slime, verl,
+    AReaL) where the engine is SGLang; TensorRT-LLM's options file as YAML."""
+
+    renamed: ClassVar[dict[str, str]] = {"vllm": "serve"}  # files written before engines
     nemo_gym: str
-    vllm: str
+    serve: str
     openrlhf: str
     openrlhf_note: str
     autotune: str
+    engine: str = "vllm"
+    frameworks: dict[str, str] = field(default_factory=dict)
+    options: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,18 +324,22 @@ class Recommendation(Record):
 
 
 FRAMEWORKS = {"openrlhf": "OpenRLHF", "verl": "verl", "slime": "slime", "nemo_rl": "NeMo RL"}
-FRAMEWORKS |= {"vllm": "vLLM", "autotune": "autotune"}
+FRAMEWORKS |= {"autotune": "autotune"}
 
 
 class FrameworkLines:
-    """A recommendation's lines for each RL framework, one field a framework."""
+    """A recommendation's lines for each RL framework, one field a framework, and the
+    engine's launch line (`serve`, named by `engine`)."""
 
     __slots__ = ()
+    renamed: ClassVar[dict[str, str]] = {"vllm": "serve"}  # files written before engines
 
     def rows(self) -> list[tuple[str, str]]:
         """Each framework's name and its line, in the order of the fields."""
         fields = dataclasses.fields(self)  # type: ignore[arg-type]  # a dataclass mixin
-        return [(FRAMEWORKS[f.name], getattr(self, f.name)) for f in fields]
+        engine = ENGINES[getattr(self, "engine", "vllm")].title
+        names = {**FRAMEWORKS, "serve": engine}
+        return [(names[f.name], getattr(self, f.name)) for f in fields if f.name != "engine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,8 +350,9 @@ class StepSnippets(FrameworkLines, Record):
     openrlhf: str
     verl: str
     slime: str
-    vllm: str
+    serve: str
     autotune: str
+    engine: str = "vllm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,8 +386,9 @@ class LoopSnippets(FrameworkLines, Record):
     openrlhf: str
     verl: str
     nemo_rl: str
-    vllm: str
+    serve: str
     autotune: str
+    engine: str = "vllm"
 
 
 @dataclass(frozen=True, slots=True)

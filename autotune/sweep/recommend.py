@@ -10,11 +10,15 @@ import itertools
 import math
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import yaml
 
 from autotune.config.flags import server_flags
 from autotune.config.knobs import ENGINES, SERVER_KNOBS, knob
+from autotune.engines import ENGINE_NAMES, Engine, engine_named
+from autotune.engines.description import OPTIONS_FILE
 from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
 from autotune.results.probes import CurvePoint
 from autotune.results.stages import LATENCY_SLOS
@@ -30,6 +34,7 @@ from autotune.results.trials import (
     TrialRecord,
 )
 from autotune.rollout.workload import workload_flags
+from autotune.sweep.frameworks import sglang_framework_lines
 
 # OpenRLHF's dotted flags for the vLLM knobs it exposes (a switch: given when true).
 OPENRLHF_FLAGS = {
@@ -52,14 +57,36 @@ MIN_LATENCY_MARGIN = 0.03
 NORMAL_QUANTILE = {0.95: (1.6449, 0.10314), 0.99: (2.3263, 0.02665)}
 
 
-def vllm_serve_line(model: str | None, knobs: dict[str, object]) -> str:
-    """The `vllm serve` line for a configuration, its flags spelled as they were launched;
-    several engines run as one server's data-parallel ranks."""
+def result_engine(result: SweepResult) -> Engine:
+    """The engine the study launched (the simulator's lines are vLLM's)."""
+    kind = (result.spec.get("target") or {}).get("kind")
+    return engine_named(kind if kind in ENGINE_NAMES else "vllm")
+
+
+def serve_line(engine: Engine, model: str | None, knobs: dict[str, object]) -> str:
+    """The engine's launch line for a configuration, its knobs spelled as the engine spells
+    them; several engines run as one server's data-parallel ranks where the engine can
+    (TensorRT-LLM cannot: the line is each engine's, one server a replica)."""
     flags = {name: value for name, value in knobs.items() if name != ENGINES}
     engines = int(str(knobs.get(ENGINES, 1)))
-    if engines > 1:
+    if engines > 1 and engine.knob_problem("data_parallel_size") is None:
         flags = {"data_parallel_size": engines, **flags}
-    return " ".join(["vllm serve", model or "MODEL", *server_flags(flags)])
+    options = OPTIONS_FILE if engine.options(flags) else None
+    if engine.name == "vllm":  # `vllm serve` takes the model first (--model suits launches)
+        engine = replace(engine, model_flag=None)
+    words = engine.launch_line(engine.command, model or "MODEL", flags, options_file=options)
+    return " ".join(words)
+
+
+def group_size(result: SweepResult) -> int:
+    """Samples to a GRPO group in the study's workload (1 without groups)."""
+    return result.workload.num_repeats if result.workload is not None else 1
+
+
+def options_yaml(engine: Engine, knobs: dict[str, object]) -> str:
+    """The options file `serve_line` names (TensorRT-LLM's), as YAML; "" for none."""
+    options = engine.options(knobs)
+    return yaml.safe_dump(options, sort_keys=True) if options else ""
 
 
 def collect_line(result: SweepResult, parallelism: int, knobs: dict[str, object]) -> str:
@@ -361,6 +388,7 @@ def recommendation(result: SweepResult) -> Recommendation | None:
     points = usable_points(result, best)
     engines, tp = _split(knobs)
     per_engine = math.ceil(parallelism / engines)
+    engine = result_engine(result)
     return Recommendation(
         simulated=result.simulated,
         metric=result.metric,
@@ -389,13 +417,22 @@ def recommendation(result: SweepResult) -> Recommendation | None:
         note=curve.note,
         snippets=Snippets(
             nemo_gym=f"+num_samples_in_parallel={parallelism}",
-            vllm=vllm_serve_line(result.model, knobs),
-            openrlhf=openrlhf_flags(knobs),
+            serve=serve_line(engine, result.model, knobs),
+            openrlhf=openrlhf_flags(knobs) if engine.name == "vllm" else "",
             openrlhf_note=(
                 f"keep rollout.batch_size × rollout.n_samples_per_prompt ÷ vllm.num_engines "
                 f"near {per_engine} requests in flight per engine"
+                if engine.name == "vllm"
+                else f"OpenRLHF rolls out with vLLM only, not {engine.title}"
             ),
             autotune=collect_line(result, parallelism, knobs),
+            engine=engine.name,
+            frameworks=(
+                sglang_framework_lines(knobs, parallelism, group_size=group_size(result))
+                if engine.name == "sglang"
+                else {}
+            ),
+            options=options_yaml(engine, knobs),
         ),
         alternative=alternative(result, best, boot),
         knee_interval=boot.knee_parallelism if boot else None,

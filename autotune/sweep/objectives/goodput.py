@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.config.rl_specs import BATCH_KNOBS, BatchSpec
 from autotune.config.study import GOODPUT, Study
+from autotune.engines.known import VLLM
 from autotune.probe.realtime import EngineProbe
 from autotune.report.sweep_report import figure_text, knobs_text, share_text
 from autotune.report.terminal import seconds_text
@@ -27,7 +28,7 @@ from autotune.sweep.objectives.base import (
     EngineObjective,
     joined,
 )
-from autotune.sweep.recommend import vllm_serve_line
+from autotune.sweep.recommend import serve_line
 
 
 def batch_spec(study: Study, knobs: dict[str, Any]) -> BatchSpec:
@@ -192,4 +193,4 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             slime.append("--partial-rollout")
             collect.append("--carry-over")
         lines = joined(openrlhf=openrlhf, verl=verl, slime=slime, autotune=collect)
-        return StepSnippets(**lines, vllm=vllm_serve_line(model, server))
+        return StepSnippets(**lines, serve=serve_line(VLLM, model, server))

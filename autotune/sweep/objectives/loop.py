@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.config.rl_specs import LOOP_KNOBS
 from autotune.config.study import TRAINED, Study, loop_spec
+from autotune.engines.known import VLLM
 from autotune.probe.realtime import EngineProbe
 from autotune.report.sweep_report import figure_text, knobs_text, share_text
 from autotune.results.diagnosis import quantity
@@ -24,7 +25,7 @@ from autotune.sweep.objectives.base import (
     EngineObjective,
     joined,
 )
-from autotune.sweep.recommend import vllm_serve_line
+from autotune.sweep.recommend import serve_line
 
 
 def _failed_share(summary: LoopSummary) -> float:
@@ -202,4 +203,4 @@ class LoopObjective(EngineObjective[LoopSummary]):
             verl.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={memory}")
             nemo_rl.append(f"policy.generation.vllm_cfg.gpu_memory_utilization={memory}")
         lines = joined(openrlhf=openrlhf, verl=verl, nemo_rl=nemo_rl, autotune=autotune)
-        return LoopSnippets(**lines, vllm=vllm_serve_line(model, server))
+        return LoopSnippets(**lines, serve=serve_line(VLLM, model, server))
