@@ -4,13 +4,173 @@ server of an engine autotune does not know (docs/engines.md)."""
 
 from __future__ import annotations
 
+import json
+import sys
+import urllib.request
 from pathlib import Path
 
 import orjson
+import pytest
+import yaml
 
 from autotune.diagnose.classify import MISSING_SERVER_EVIDENCE
+from autotune.engines import ENGINES, Engine
+from autotune.servers.engine_servers import EngineServer
 from autotune.servers.launcher import ServerSpec
-from tests.helpers import autotune, server_process
+from autotune.telemetry.prometheus import parse_prometheus
+from tests.browser import render
+from tests.helpers import autotune, free_port, one_sentence_error, server_process
+
+SIM = (sys.executable, "-m", "autotune.servers.sim")
+FAST = ("--min-s", "1.5", "--max-s", "8", "--synthetic", "400", "--output-tokens", "128,16")
+# The evidence a verdict cites from the server's own metrics (each engine's names).
+SERVER_EVIDENCE = ("server requests waiting (mean)", "server KV cache usage (max)")
+SCENARIOS = {"batching server": None, "few slots": 2}  # max_num_seqs, None: the default
+
+
+def _diagnosis(tmp_path: Path, engine: Engine, slots: int | None) -> dict[str, object]:
+    args = [f"--sim-arg=--engine={engine.name}"]
+    if slots is not None:
+        args.append(f"--sim-arg={engine.flag('max_num_seqs')}={slots}")
+    out = tmp_path / engine.name
+    result = autotune("diagnose", *FAST, *args, "--output-dir", str(out), timeout=180)
+    assert result.returncode == 0, result.stderr
+    saved: dict[str, object] = orjson.loads((out / "diagnose.json").read_bytes())
+    return saved
+
+
+@pytest.mark.slow
+@pytest.mark.measures
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_each_dialect_gets_the_same_verdict_from_the_same_server_evidence(
+    tmp_path: Path, scenario: str
+) -> None:
+    """One simulated server in vLLM's, SGLang's and TensorRT-LLM's dialect: the verdict,
+    the checks it cites, and the server's own figures among them are the same."""
+    rows = {}
+    for engine in ENGINES.values():
+        saved = _diagnosis(tmp_path, engine, SCENARIOS[scenario])
+        verdict = saved["verdict"]
+        assert isinstance(verdict, dict)
+        evidence = {e["name"]: e for e in verdict["evidence"]}
+        probes = saved["probes"]
+        assert isinstance(probes, list)
+        assert {probe["server_engine"] for probe in probes} == {engine.name}
+        assert all(probe["telemetry_unavailable"].get("server") is None for probe in probes)
+        rows[engine.name] = (verdict["verdict"], sorted(evidence), evidence)
+        cited = ", ".join(
+            f"{name} {evidence[name]['value']:.3g}" for name in SERVER_EVIDENCE if name in evidence
+        )
+        decided = f"{verdict['verdict']} ×{verdict['speedup']:.2f}"
+        print(f"{scenario} | {engine.title} | {decided} | {cited}")
+    expected = "parallelism-bound" if SCENARIOS[scenario] is None else "model-bound"
+    assert {verdict for verdict, _, _ in rows.values()} == {expected}, rows
+    assert len({tuple(names) for _, names, _ in rows.values()}) == 1, rows
+    for _, _, evidence in rows.values():
+        assert all(name in evidence for name in SERVER_EVIDENCE), evidence
+    if SCENARIOS[scenario] is not None:  # a queue at the few slots, whatever the dialect
+        assert all(e["server requests waiting (mean)"]["met"] for _, _, e in rows.values())
+
+
+def _study(tmp_path: Path, engine: Engine) -> Path:
+    study = {
+        "name": f"on-{engine.name}",
+        "target": {
+            "kind": engine.name,
+            "model": "llama-3.1-8b",
+            "command": [*SIM, "--engine", engine.name],
+            "args": ["--time-scale", "0.02"],
+        },
+        "workload": {"synthetic": {"num_tasks": 200, "output_tokens": [64, 8]}},
+        "search_space": {
+            "parallelism": {"low": 4, "high": 64},
+            "max_num_seqs": {"choices": [8, 32]},
+            "enable_prefix_caching": {"choices": [True, False]},
+        },
+        "probe": {"min_s": 0.8, "max_s": 3},
+        "budget": {"trials": 3, "validate_rollouts": 100},
+    }
+    path = tmp_path / f"{engine.name}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sglang", "trtllm"])
+def test_a_study_of_an_sglang_or_tensorrt_llm_server_runs_end_to_end(
+    tmp_path: Path, name: str
+) -> None:
+    """`kind: sglang` / `kind: trtllm` launched (on the simulator, which reads the engine's
+    own launch line), searched, recommended in the engine's own flags, reported."""
+    engine = ENGINES[name]
+    result = autotune(
+        "sweep", str(_study(tmp_path, engine)), "--output-dir", str(tmp_path / "out"),
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    recommendation = json.loads((tmp_path / "out" / "recommendation.json").read_text())
+    snippets = recommendation["snippets"]
+    assert snippets["engine"] == name
+    line = snippets["serve"]
+    model = [engine.model_flag, "llama-3.1-8b"] if engine.model_flag else ["llama-3.1-8b"]
+    assert line.startswith(" ".join([*engine.command, *model]))
+    seqs = recommendation["server"]["max_num_seqs"]
+    assert f"{engine.flag('max_num_seqs')} {seqs}" in line and "--max-num-seqs" not in line
+    if name == "sglang":
+        assert "--enable-metrics" in line
+        assert set(snippets["frameworks"]) == {"slime", "verl", "areal"}
+        assert f"--sglang-max-running-requests {seqs}" in snippets["frameworks"]["slime"]
+    else:
+        options = yaml.safe_load(snippets["options"])
+        assert options["return_perf_metrics"] is True
+        caching = recommendation["server"]["enable_prefix_caching"]
+        assert options["kv_cache_config"]["enable_block_reuse"] is caching
+    page = render(tmp_path / "out" / "index.html", tmp_path / "sweep.png")
+    assert page.console_errors == [] and engine.title in page.text
+
+
+def _sglang_dialect() -> EngineServer:
+    """The simulator launched from SGLang's own launch line (its dialect)."""
+    command = [*SIM, "--engine", "sglang", "--time-scale", "0.01"]
+    return EngineServer(
+        ENGINES["sglang"], "llama-3.2-1b", {"max_num_seqs": 16}, command=command, port=free_port()
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_loop_pauses_and_updates_weights_through_sglangs_endpoints(
+    tmp_path: Path, mode: str
+) -> None:
+    """Each sync is SGLang's pause_generation, update_weights_from_disk and
+    continue_generation: the simulator's own counters count one of each a step."""
+    steps = 3
+    with _sglang_dialect() as server:
+        assert server.base_url is not None
+        result = autotune(
+            "loop", "--base-url", server.base_url, "--num-repeats", "2", "--batch-groups",
+            "2", "--steps", str(steps), "--mode", mode, "--train-s", "0.05",
+            "--sync-via-server", "--pause-mode", "abort", "--output-tokens", "16,0",
+            "--output-dir", str(tmp_path), "--json", "--quiet",
+        )  # fmt: skip
+        with urllib.request.urlopen(server.base_url.removesuffix("/v1") + "/metrics") as page:
+            counters = parse_prometheus(page.read().decode())
+    assert result.returncode == 0, result.stderr
+    summary = orjson.loads(result.stdout)
+    assert summary["pause_source"] == "server" and summary["mode"] == mode
+    assert counters["autotune_pauses_total"] == steps
+    assert counters["autotune_weight_updates_total"] == steps
+    assert counters["sglang:num_running_reqs"] == 0  # every pause was continued
+
+
+def test_a_pause_mode_sglang_lacks_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    with _sglang_dialect() as server:
+        assert server.base_url is not None
+        result = autotune(
+            "loop", "--base-url", server.base_url, "--num-repeats", "2", "--steps", "1",
+            "--pause-mode", "wait", "--output-dir", str(tmp_path),
+        )  # fmt: skip
+    line = one_sentence_error(result)
+    assert "--pause-mode wait is not one SGLang has" in line and "in_place" not in line
 
 
 def test_a_server_of_an_unknown_engine_still_gets_a_verdict_naming_what_was_missing(

@@ -294,7 +294,7 @@ CHECKS: dict[str, tuple[Check, ...]] = {
               " s; a saturated server predicts ×{predicted:.2f}"),
         Check("server requests waiting (mean)",
               "server/vllm:num_requests_waiting mean", ">=", "server_waiting",
-              "vLLM queues requests it cannot schedule"),
+              "the server queues requests it cannot schedule"),
         Check("server KV cache usage (max)",
               "server/vllm:kv_cache_usage_perc max", ">=", "kv_cache_full",
               "the KV cache is full", "share"),

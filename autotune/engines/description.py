@@ -79,6 +79,7 @@ class Control:
     pause_modes: Mapping[str, str] = field(default_factory=dict)
     mode_in_body: bool = False  # SGLang: {"mode": ...}; vLLM: ?mode=
     resume: str | None = None
+    resume_body: Any = None  # SGLang's continue_generation wants a JSON body, even {}
     update_weights: str | None = None
     update_body: Any = None
     update_from_disk: bool = False  # the body names the served model's path (SGLang)
@@ -126,6 +127,7 @@ class Engine:
     command: tuple[str, ...]  # the launch command before the model
     model_flag: str | None  # None: the model is the first argument
     spelling: Spelling
+    negates: bool  # False written as --no-FLAG (vLLM); else a false switch is left out
     knob_flags: Mapping[str, str]  # autotune's knob (vLLM's name) → the engine's flag
     metrics: Metrics
     control: Control
@@ -184,8 +186,8 @@ class Engine:
             flag = self.flag(name)
             if value is True:
                 argv.append(flag)
-            elif value is False and self.spelling == "kebab":
-                argv.append("--no-" + flag[2:])
+            elif value is False:
+                argv += ["--no-" + flag[2:]] if self.negates else []
             else:
                 argv += [flag, flag_value(value)]
         return argv

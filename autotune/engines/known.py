@@ -32,6 +32,7 @@ VLLM = Engine(
     command=("vllm", "serve"),
     model_flag="--model",
     spelling="kebab",
+    negates=True,
     knob_flags={},
     metrics=Metrics(
         prefix="vllm:",
@@ -63,6 +64,7 @@ SGLANG = Engine(
     command=("python", "-m", "sglang.launch_server"),
     model_flag="--model-path",
     spelling="kebab",
+    negates=False,  # store_true switches only
     knob_flags={
         "tensor_parallel_size": "--tp-size",
         "data_parallel_size": "--dp-size",
@@ -98,6 +100,7 @@ SGLANG = Engine(
         pause_modes={"abort": "abort", "retract": "retract", "keep": "in_place"},
         mode_in_body=True,
         resume="/continue_generation",
+        resume_body={},
         update_weights="/update_weights_from_disk",
         update_from_disk=True,
         sleep="/release_memory_occupation",
@@ -118,6 +121,7 @@ TRTLLM = Engine(
     command=("trtllm-serve",),
     model_flag=None,
     spelling="snake",
+    negates=False,
     knob_flags={
         "tensor_parallel_size": "--tp_size",
         "max_num_seqs": "--max_batch_size",

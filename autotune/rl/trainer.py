@@ -159,7 +159,7 @@ class ServerControl:
     async def resume(self) -> float:
         if not self.pauses or self._control.resume is None:
             return 0.0
-        return await self.call(Call(self._control.resume))
+        return await self.call(Call(self._control.resume, body=self._control.resume_body))
 
     async def reset_cache(self) -> None:
         if self.pauses and self._control.reset_cache is not None:
