@@ -202,7 +202,7 @@ async def test_prometheus_sampler_takes_the_old_kv_cache_name(
     [
         (404, "404: Not Found", "answered HTTP 404"),
         (200, "<!doctype html><html><body>app</body></html>", "not Prometheus text"),
-        (200, "# TYPE other gauge\nother_metric 1\n", "serves no metrics of vLLM, SGLang or TensorRT-LLM"),
+        (200, "# TYPE other gauge\nother_metric 1\n", "serves no metrics of vLLM, SGLang"),
     ],
 )
 async def test_prometheus_sampler_gives_up_once_on_a_server_without_metrics(

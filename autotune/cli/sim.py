@@ -29,7 +29,8 @@ def add_parser(commands: Any) -> None:
     sim_commands = sim.add_subparsers(dest="sim_command", required=True, metavar="COMMAND")
     serve = sim_commands.add_parser(
         "serve",
-        help="serve it (takes vLLM's flag names; see `autotune sim serve --help`)",
+        help="serve it (takes vLLM's flag names, or with --engine SGLang's or TensorRT-LLM's; "
+        "see `autotune sim serve --help`)",
         add_help=False,
     )
     serve.set_defaults(handler=run_command)  # its flags: see split_sim_serve

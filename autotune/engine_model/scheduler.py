@@ -177,18 +177,24 @@ class SimEngine:
         return self._paused is not None
 
     async def pause(self, mode: str) -> None:
-        """vLLM's pause_generation: every mode queues new requests until `resume`; `abort`
-        ends the requests inside (their answers end `finish_reason: abort`), `wait` lets
-        the running ones finish and returns when they have, `keep` freezes them where
-        they are (no step runs, so no token comes) until `resume`."""
+        """vLLM's pause_generation (and SGLang's): every mode queues new requests until
+        `resume`; `abort` ends the requests inside (their answers end `finish_reason:
+        abort`), `wait` lets the running ones finish and returns when they have, `keep`
+        freezes them where they are (no step runs, so no token comes) until `resume`,
+        `retract` (SGLang's) sends them back to the waiting queue with their KV freed,
+        each a preemption, to be prefilled again after `resume`."""
         if mode == "abort":
             inside = [r for e, r in self._waiting if r.epoch == e and r.state == WAITING]
             for req in (*inside, *self._running.values()):
                 self.abort(req, by_server=True)
-        self._paused = "all" if mode == "keep" else "new"
+        self._paused = "all" if mode in ("keep", "retract") else "new"
         self._wakeup.set()
         while self._stepping or (mode == "wait" and self._running):  # the step under way ends
             await asyncio.sleep(MIN_SLEEP_S)
+        if mode == "retract" and self._paused == "all":  # not resumed meanwhile
+            while self._running:
+                self._preempt_last()
+            self._paused = "new"
 
     def resume(self) -> None:
         self._paused = None
@@ -251,6 +257,7 @@ class SimEngine:
     def stats(self) -> EngineStats:
         return EngineStats(
             running=len(self._running),
+            decoding=self._n_decode,
             waiting=self._n_waiting,
             kv_usage=min(1.0, self._kv_used() / self.kv_capacity),
             preemptions_total=self.preemptions_total,

@@ -117,6 +117,7 @@ class EngineStats:
     """A snapshot of the engine's gauges and counters."""
 
     running: int
+    decoding: int  # of the running, those generating tokens (the rest are prefilling)
     waiting: int
     kv_usage: float  # 0..1
     preemptions_total: int

@@ -1,6 +1,7 @@
-"""The simulated server's command line as a validated configuration: the GPU and model
-profiles, the tensor- and data-parallel layout and the KV cache vLLM's limits leave, checked
-as vLLM checks them at start-up. Why here, not in servers/sim: docs/design/hardware.md.
+"""The simulated server's command line (vLLM's spelling, or with `--engine` SGLang's or
+TensorRT-LLM's) as a validated configuration: the GPU and model profiles, the tensor- and
+data-parallel layout and the KV cache vLLM's limits leave, checked as vLLM checks them at
+start-up. Why here, not in servers/sim: docs/design/hardware.md.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn, Self
 
-from autotune.config.flags import flag_name, server_flags
+from autotune.config.flags import server_flags
 from autotune.config.knobs import KNOBS, SERVER_KNOBS, ServerKnobs, knob
+from autotune.engines import ENGINE_NAMES, Engine, engine_named
+from autotune.engines.known import VLLM
 from autotune.hardware.calibrated import CalibratedProfile, ProfileError, load_profile
+from autotune.hardware.dialect_flags import OptionsError, add_dialect_flags, options_settings
 from autotune.hardware.measured import MeasuredSurface, SurfaceError, load_surface, parse_key
 from autotune.hardware.memory import InsufficientMemory, kv_capacity_tokens
 from autotune.hardware.profiles import (
@@ -70,37 +74,79 @@ class _Parser(argparse.ArgumentParser):
         raise SimConfigError(message)
 
 
-SHORT_FLAGS = {"tensor_parallel_size": "-tp"}  # vLLM's short spellings
+SHORT_FLAGS = {"tensor_parallel_size": "-tp", "data_parallel_size": "-dp"}  # vLLM's
+PROG = "python -m autotune.servers.sim"
 
 
-def add_knob_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
-    """One flag per server knob of `names`, as ServerKnobs declares it (type, default,
-    meaning)."""
+def add_knob_flags(
+    parser: argparse.ArgumentParser, names: Sequence[str], engine: Engine = VLLM
+) -> None:
+    """One flag per server knob of `names` that `engine` has on its command line, spelled
+    as it spells it, as ServerKnobs declares it (type, default, meaning); a knob it sets in
+    its options file has no flag and defaults to None (the file's value, else ServerKnobs')."""
     for name in names:
-        spelled = [flag_name(name), *([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])]
         default, help = getattr(KNOBS, name), knob(name).help
+        if name in engine.option_knobs:
+            parser.set_defaults(**{name: None})
+            continue
+        if name in engine.missing_knobs:
+            continue
+        if name in engine.switches:
+            for flag, value in zip(engine.switches[name], (True, False), strict=True):
+                if flag is not None:
+                    switched = f"{'on' if value else 'off'}: {help}"
+                    parser.add_argument(
+                        flag,
+                        dest=name,
+                        action="store_const",
+                        const=value,
+                        default=default,
+                        help=switched,
+                    )
+            continue
+        spelled = [engine.flag(name), *_short(name, engine)]
         kind = ServerKnobs.model_fields[name].annotation
         if kind is bool:
             action = argparse.BooleanOptionalAction
-            parser.add_argument(*spelled, action=action, default=default, help=help)
+            parser.add_argument(*spelled, dest=name, action=action, default=default, help=help)
         else:
             parse = float if kind is float else int
-            parser.add_argument(*spelled, type=parse, default=default, help=help)
+            parser.add_argument(*spelled, dest=name, type=parse, default=default, help=help)
 
 
-def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.ArgumentParser:
-    """vLLM's flag names (those the simulator models) plus the simulator's own knobs."""
+def _short(name: str, engine: Engine) -> list[str]:
+    return [SHORT_FLAGS[name]] if name in SHORT_FLAGS and engine is VLLM else []
+
+
+def engine_of(argv: Sequence[str]) -> Engine:
+    """The engine whose dialect `--engine` names in `argv` (vLLM's without it)."""
+    parser = _Parser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--engine", choices=ENGINE_NAMES, default=VLLM.name)
+    return engine_named(parser.parse_known_args(list(argv))[0].engine)
+
+
+def build_parser(prog: str = PROG, engine: Engine = VLLM) -> argparse.ArgumentParser:
+    """`engine`'s flag names (those the simulator models) plus the simulator's own knobs."""
     p = _Parser(
         prog=prog,
-        description="Simulated vLLM-like OpenAI-compatible server (SIMULATED: no model runs).",
+        description=f"Simulated {engine.title}-like OpenAI-compatible server "
+        "(SIMULATED: no model runs).",
         allow_abbrev=False,
         formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
-        "--model",
-        default=None,
-        help=f"one of {', '.join(MODELS)} (default: {DEFAULT_MODEL}, or --profile's)",
+        "--engine",
+        choices=ENGINE_NAMES,
+        default=VLLM.name,
+        help="whose dialect it speaks: its flag spellings, metric names, request checks and "
+        "RL endpoints",
     )
+    models = f"one of {', '.join(MODELS)} (default: {DEFAULT_MODEL}, or --profile's)"
+    if engine.model_flag is None:
+        p.add_argument("model", nargs="?", default=None, metavar="MODEL", help=models)
+    else:
+        spelled = dict.fromkeys((engine.model_flag, "--model"))
+        p.add_argument(*spelled, dest="model", default=None, help=models)
     p.add_argument("--served-model-name", nargs="+", default=None, help="(default: sim/<model>)")
     p.add_argument(
         "--gpu",
@@ -121,19 +167,25 @@ def build_parser(prog: str = "python -m autotune.servers.sim") -> argparse.Argum
         ("enable_prefix_caching",),
         ("max_model_len",),
     )
-    add_knob_flags(p, layout)
-    p.add_argument(
-        "--data-parallel-size",
-        "-dp",
-        type=int,
-        default=1,
-        help="engines of --tensor-parallel-size GPUs each behind this one server "
-        "(requests go to the least loaded)",
-    )
-    add_knob_flags(p, cache)
-    add_knob_flags(p, [name for name in SERVER_KNOBS if name not in (*layout, *cache, *context)])
+    add_knob_flags(p, layout, engine)
+    if "data_parallel_size" in engine.missing_knobs:
+        p.set_defaults(data_parallel_size=1)
+    else:
+        p.add_argument(
+            engine.flag("data_parallel_size"),
+            *_short("data_parallel_size", engine),
+            dest="data_parallel_size",
+            type=int,
+            default=1,
+            help=f"engines of {engine.flag('tensor_parallel_size')} GPUs each behind this one "
+            "server (requests go to the least loaded)",
+        )
+    add_knob_flags(p, cache, engine)
+    others = [name for name in SERVER_KNOBS if name not in (*layout, *cache, *context)]
+    add_knob_flags(p, others, engine)
     p.add_argument("--block-size", type=int, default=16, help="KV cache block, in tokens")
-    add_knob_flags(p, context)
+    add_knob_flags(p, context, engine)
+    add_dialect_flags(p, engine)
     p.add_argument("--host", default="127.0.0.1", help="the interface to listen on")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument(
@@ -264,7 +316,7 @@ class SimArgs:
 
     @classmethod
     def parse(cls, argv: Sequence[str], prog: str | None = None) -> SimArgs:
-        parser = build_parser() if prog is None else build_parser(prog)
+        parser = build_parser(prog or PROG, engine_of(argv))
         namespace, unknown = parser.parse_known_args(list(argv))
         return cls(vars(namespace), tuple(unknown))
 
@@ -288,6 +340,7 @@ class SimArgs:
 class SimConfig:
     """The validated server configuration."""
 
+    engine: Engine  # whose dialect it speaks (--engine)
     gpu: GpuProfile
     model: ModelProfile
     served_model_names: tuple[str, ...]
@@ -340,6 +393,7 @@ class SimConfig:
     def of(cls, args: SimArgs) -> Self:
         """Validate the settings the way vLLM does at start-up; raises SimConfigError."""
         ns, unknown = SimpleNamespace(**args.values), args.ignored
+        engine = engine_named(ns.engine)
         profile = None
         if ns.profile is not None:
             try:
@@ -357,7 +411,7 @@ class SimConfig:
         if model is None:
             raise SimConfigError(
                 f"Unknown model profile {model_name!r}. Known profiles: {', '.join(MODELS)}; "
-                "pass one with --model."
+                f"pass one with {engine.model_flag or 'the model argument'}."
             )
         if profile is not None and (gpu, model) != (profile.gpu, profile.model):
             raise SimConfigError(
@@ -371,6 +425,14 @@ class SimConfig:
                 f"Total number of attention heads ({model.attention_heads}) must be divisible by "
                 f"tensor parallel size ({tp})."
             )
+        if engine.options_flag is not None:  # TensorRT-LLM: its KV share and options file
+            try:
+                settings = options_settings(engine, args.values, gpu, model, tp)
+            except OptionsError as error:
+                raise SimConfigError(f"{error}.") from None
+            ns.gpu_memory_utilization = settings.gpu_memory_utilization
+            ns.enable_prefix_caching = settings.enable_prefix_caching
+            unknown = (*unknown, *settings.ignored)
         if ns.data_parallel_size < 1:
             raise SimConfigError(
                 f"data_parallel_size ({ns.data_parallel_size}) must be at least 1."
@@ -460,6 +522,7 @@ class SimConfig:
         names = ns.served_model_name if ns.served_model_name else [SIM_PREFIX + model.name]
         names = [n if n.startswith(SIM_PREFIX) else SIM_PREFIX + n for n in names]
         return cls(
+            engine=engine,
             gpu=gpu,
             model=model,
             served_model_names=tuple(names),

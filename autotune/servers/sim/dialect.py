@@ -1,5 +1,6 @@
 """How the simulated server reads a request as vLLM does: its prompt and prefix-cache key,
-its output length, a simulated tool call, and the error body vLLM answers with.
+its output length, a simulated tool call, and the error body vLLM answers with; and the
+fields an engine that refuses unknown ones (TensorRT-LLM) takes, with its 400's body.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from autotune.engines import Dialect
 from autotune.servers.sim.policy import uniform
 
 DEFAULT_MAX_TOKENS = 256
@@ -57,6 +59,46 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
     """vLLM's (OpenAI-style) error body."""
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+# OpenAI's request fields that TensorRT-LLM's request models take, by endpoint
+# (tensorrt_llm/serve/openai_protocol.py: ChatCompletionRequest, CompletionRequest).
+OPENAI_CHAT_FIELDS = frozenset(
+    {
+        "messages", "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
+        "max_completion_tokens", "max_tokens", "n", "presence_penalty", "response_format",
+        "seed", "stop", "stream", "stream_options", "temperature", "top_p", "tools",
+        "tool_choice", "parallel_tool_calls", "user", "reasoning_effort", "echo",
+    }
+)  # fmt: skip
+OPENAI_COMPLETION_FIELDS = frozenset(
+    {
+        "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
+        "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options",
+        "suffix", "temperature", "top_p", "user",
+    }
+)  # fmt: skip
+
+
+def unknown_fields(body: dict[str, Any], chat: bool, dialect: Dialect) -> list[str]:
+    """The body's fields that neither OpenAI's request nor the engine's extras name."""
+    known = (OPENAI_CHAT_FIELDS if chat else OPENAI_COMPLETION_FIELDS) | dialect.extra_fields
+    return [name for name in body if name not in known]
+
+
+def validation_error(body: dict[str, Any], fields: list[str]) -> web.Response:
+    """TensorRT-LLM's 400 for fields its request models forbid: FastAPI's validation errors
+    as text under `error` (openai_server.py's RequestValidationError handler)."""
+    errors = [
+        {
+            "type": "extra_forbidden",
+            "loc": ("body", name),
+            "msg": "Extra inputs are not permitted",
+            "input": body[name],
+        }
+        for name in fields
+    ]
+    return web.json_response({"error": str(errors)}, status=400)
 
 
 class BadRequest(Exception):

@@ -1,6 +1,6 @@
-"""The simulated server's HTTP face: vLLM's OpenAI-compatible API, /metrics and RL
-endpoints over one or more engines of the engine model, every response marked SIMULATED.
-What it counts and how it answers: docs/design/simulator.md.
+"""The simulated server's HTTP face: an OpenAI-compatible API, /metrics and RL endpoints in
+vLLM's, SGLang's or TensorRT-LLM's dialect over one or more engines of the engine model,
+every response marked SIMULATED. What it counts and how it answers: docs/design/simulator.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from autotune.engine_model.scheduler import SimEngine
-from autotune.engine_model.state import Histogram, Request, engine_config
+from autotune.engine_model.state import Request, engine_config
 from autotune.errors import UsageError
 from autotune.hardware.deployment import SimConfig, SimConfigError
 from autotune.servers.sim.dialect import (
@@ -35,9 +35,14 @@ from autotune.servers.sim.dialect import (
     prefix_key,
     prompt_of,
     simulated_tool_call,
+    unknown_fields,
+    validation_error,
 )
+from autotune.servers.sim.metrics import IterationStats, Served, prometheus_text
 from autotune.servers.sim.policy import Policy, RolloutReplay, uniform
-from autotune.servers.sim.rl_endpoints import WeightSyncEndpoints
+from autotune.servers.sim.rl_endpoints import ControlEndpoints, VllmEndpoints
+from autotune.servers.sim.sglang_endpoints import SglangEndpoints
+from autotune.servers.sim.trtllm_endpoints import TrtllmEndpoints
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,14 @@ STREAM_INTERVAL_S = 0.02
 
 
 LISTEN_BACKLOG = 4096
+
+
+CONTROL_ENDPOINTS: dict[str, type[ControlEndpoints]] = {
+    "vllm": VllmEndpoints,
+    "sglang": SglangEndpoints,
+    "trtllm": TrtllmEndpoints,
+}
+"""Each engine's RL endpoints, by the engine's name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +103,16 @@ async def _wait_briefly(fut: asyncio.Future[None], timeout: float) -> None:
 class _Service:
     """The HTTP handlers, bound to the engines and one configuration."""
 
-    def __init__(self, config: ServerConfig, engines: Sequence[SimEngine]) -> None:
+    def __init__(
+        self, config: ServerConfig, engines: Sequence[SimEngine], control: ControlEndpoints
+    ) -> None:
         self.config = config
         self.engines = tuple(engines)
+        self.control = control
+        self.imitated = config.engine  # the engine whose dialect it speaks
+        # the finish_reason of a request a pause or sleep ended, as that engine writes it
+        self.cancelled = min(config.engine.dialect.cancelled_reasons)
+        self.iteration_stats = IterationStats(engines, config.time_scale)
         self.created = int(time.time())
         self.accepted = 0
         self._known_models = {*config.served_model_names, config.model.name}
@@ -157,10 +177,17 @@ class _Service:
             }
             for name in self.config.served_model_names
         ]
+        if self.imitated.name == "trtllm":  # its model cards say no context length
+            for card in data:
+                del card["max_model_len"]
         return web.json_response({"object": "list", "data": data}, dumps=json_text)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.render_metrics(), content_type="text/plain")
+
+    async def iteration_stats_json(self, request: web.Request) -> web.Response:
+        """TensorRT-LLM's GET /metrics: its iteration stats as JSON."""
+        return web.json_response(self.iteration_stats.take(), dumps=json_text)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -186,6 +213,9 @@ class _Service:
             return error_response(400, f"Request body is not valid JSON: {e}", "BadRequestError")
         if not isinstance(body, dict):
             return error_response(400, "Request body must be a JSON object", "BadRequestError")
+        dialect = self.imitated.dialect
+        if dialect.forbids_unknown and (unknown := unknown_fields(body, chat, dialect)):
+            return validation_error(body, unknown)
         model = body.get("model")
         if model is not None and model not in self._known_models:
             return error_response(
@@ -235,7 +265,7 @@ class _Service:
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
                 return await self._stream(request, req, chat, finish, usage, call, answer)
             await req.finished
-            return self._full_response(req, chat, _reason(req, finish), call, answer)
+            return self._full_response(req, chat, self._reason(req, finish), call, answer)
         finally:
             aborted = not req.done
             if aborted:
@@ -295,7 +325,7 @@ class _Service:
         answer: str = "",
     ) -> web.Response:
         text = TOKEN_TEXT * req.tokens_done() + answer
-        if finish == "abort":
+        if finish == self.cancelled:
             call = None
         name = self.config.served_model_name
         choice: dict[str, Any]
@@ -365,7 +395,7 @@ class _Service:
                 done = req.tokens_done()
                 finished = req.done
                 if done > sent or finished:
-                    reason = _reason(req, finish) if finished else None
+                    reason = self._reason(req, finish) if finished else None
                     await resp.write(chunk(done - sent, sent == 0, reason))
                     sent = done
                 if finished:
@@ -383,129 +413,15 @@ class _Service:
     # -- /metrics ----------------------------------------------------------------------------
 
     def render_metrics(self) -> str:
-        """Prometheus text in vLLM's metric names, one sample per engine labelled like
-        vLLM's (`engine="i"`, `model_name`; labels sorted as prometheus_client writes
-        them), plus `autotune_simulated 1`."""
-        engines = self.engines
-        stats = [e.stats() for e in engines]
-        name_label = f'model_name="{self.config.served_model_name}"'
-        labels = [f'engine="{i}",{name_label}' for i in range(len(engines))]
-        lines: list[str] = []
+        """Prometheus text in the imitated engine's metric names (servers/sim/metrics.py)."""
+        served = Served(self.control.pauses, self.control.weight_updates)
+        name = self.config.served_model_name
+        return prometheus_text(self.imitated, name, self.engines, self._finished, served)
 
-        def metric(name: str, kind: str, help_: str, values: Sequence[float]) -> None:
-            base = name.removesuffix("_total") if kind == "counter" else name
-            lines.extend((f"# HELP {base} {help_} (SIMULATED)", f"# TYPE {base} {kind}"))
-            lines.extend(f"{name}{{{label}}} {v}" for label, v in zip(labels, values, strict=True))
-
-        def histogram(name: str, help_: str, hists: Sequence[Histogram]) -> None:
-            lines.extend((f"# HELP {name} {help_} (SIMULATED)", f"# TYPE {name} histogram"))
-            for i, (label, h) in enumerate(zip(labels, hists, strict=True)):
-                for bound, n in h.cumulative():
-                    le = "+Inf" if math.isinf(bound) else repr(bound)
-                    lines.append(f'{name}_bucket{{engine="{i}",le="{le}",{name_label}}} {n}')
-                lines.append(f"{name}_sum{{{label}}} {h.sum!r}")
-                lines.append(f"{name}_count{{{label}}} {h.count}")
-
-        metric(
-            "vllm:num_requests_running",
-            "gauge",
-            "Requests in the running batch.",
-            [s.running for s in stats],
-        )
-        metric(
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Requests waiting to be scheduled.",
-            [s.waiting for s in stats],
-        )
-        metric(
-            "vllm:kv_cache_usage_perc",
-            "gauge",
-            "KV-cache usage, 1 means 100 percent.",
-            [s.kv_usage for s in stats],
-        )
-        metric(
-            "vllm:num_preemptions_total",
-            "counter",
-            "Cumulative preemptions.",
-            [s.preemptions_total for s in stats],
-        )
-        metric(
-            "vllm:prompt_tokens_total",
-            "counter",
-            "Prefill tokens processed.",
-            [s.prompt_tokens_total for s in stats],
-        )
-        metric(
-            "vllm:generation_tokens_total",
-            "counter",
-            "Generation tokens processed.",
-            [s.generation_tokens_total for s in stats],
-        )
-        lines.extend(
-            (
-                "# HELP vllm:request_success Requests that ended, by finished_reason (SIMULATED)",
-                "# TYPE vllm:request_success counter",
-            )
-        )
-        lines.extend(
-            f'vllm:request_success_total{{{label},finished_reason="{reason}"}} {n}'
-            for label, finished in zip(labels, self._finished, strict=True)
-            for reason, n in finished.items()
-        )
-        metric(
-            "vllm:prefix_cache_queries_total",
-            "counter",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            [s.prefix_cache_queries_total for s in stats],
-        )
-        metric(
-            "vllm:prefix_cache_hits_total",
-            "counter",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            [s.prefix_cache_hits_total for s in stats],
-        )
-        histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token in real seconds.",
-            [e.ttft for e in engines],
-        )
-        histogram(
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end latency in real seconds.",
-            [e.e2e_latency for e in engines],
-        )
-        histogram(
-            "vllm:request_queue_time_seconds",
-            "Time waiting before admission, real seconds.",
-            [e.queue_time for e in engines],
-        )
-        lines.extend(
-            (
-                "# HELP vllm:cache_config_info The KV cache's configuration (SIMULATED)",
-                "# TYPE vllm:cache_config_info gauge",
-            )
-        )
-        lines.extend(
-            f'vllm:cache_config_info{{block_size="{e.config.block_size}",engine="{i}",'
-            f'num_gpu_blocks="{e.kv_capacity // e.config.block_size}"}} 1.0'
-            for i, e in enumerate(engines)
-        )
-        metric(  # vLLM serves no batch limit; the simulator says its own
-            "autotune_max_num_seqs",
-            "gauge",
-            "Sequences an engine batches at most (its --max-num-seqs).",
-            [e.config.max_num_seqs for e in engines],
-        )
-        lines.append("# HELP autotune_simulated 1: this is autotune's simulated server, not a GPU.")
-        lines.append("# TYPE autotune_simulated gauge")
-        lines.append("autotune_simulated 1")
-        return "\n".join(lines) + "\n"
-
-
-def _reason(req: Request, finish: str) -> str:
-    """The finish_reason of a request that has ended: `abort` when a pause ended it."""
-    return "abort" if req.server_aborted else finish
+    def _reason(self, req: Request, finish: str) -> str:
+        """The finish_reason of a request that has ended: the engine's cancel reason when
+        a pause or sleep ended it."""
+        return self.cancelled if req.server_aborted else finish
 
 
 def _marker(time_scale: float) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
@@ -521,15 +437,18 @@ def _marker(time_scale: float) -> Callable[[web.Request, web.StreamResponse], Aw
 
 def build_app(config: ServerConfig, engines: Sequence[SimEngine]) -> web.Application:
     """The aiohttp application; the caller owns the engines' lifetime."""
-    service = _Service(config, engines)
+    control = CONTROL_ENDPOINTS[config.engine.name](config, engines)
+    service = _Service(config, engines, control)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.on_response_prepare.append(_marker(config.time_scale))
     app.router.add_get("/health", service.health)
     app.router.add_get("/v1/models", service.models)
-    app.router.add_get("/metrics", service.metrics)
+    app.router.add_get(config.engine.metrics.path, service.metrics)
+    if config.engine.metrics.path != "/metrics":  # TensorRT-LLM: JSON iteration stats there
+        app.router.add_get("/metrics", service.iteration_stats_json)
     app.router.add_post("/v1/chat/completions", service.chat)
     app.router.add_post("/v1/completions", service.completions)
-    WeightSyncEndpoints(config, engines).register(app)
+    control.register(app)
     return app
 
 
@@ -585,7 +504,7 @@ async def serve_in_process(args: Sequence[str]) -> AsyncIterator[str]:
 def _start_up_lines(config: ServerConfig, port: int) -> list[str]:
     """What the server is and where it listens (and what a replay assumes)."""
     lines = [
-        f"INFO: simulated vLLM-like server (SIMULATED, {config.gpu.name}, "
+        f"INFO: simulated {config.engine.title}-like server (SIMULATED, {config.gpu.name}, "
         f"{config.model.name}, tp={config.tensor_parallel_size}, "
         f"dp={config.data_parallel_size}, kv capacity {config.kv_capacity_tokens} "
         f"tokens per engine) listening on http://{config.host}:{port}"
