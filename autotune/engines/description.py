@@ -172,7 +172,7 @@ class Engine:
         for name, value in knobs.items():
             if name.lstrip("-").replace("-", "_") in LAUNCHER_SETS:
                 raise ValueError(f"--{name.lstrip('-')} is set by autotune; leave it out")
-            if value is None or name in self.option_knobs:
+            if value is None or self.option_key(name) is not None:
                 continue
             if name in self.missing_knobs:
                 raise ValueError(f"{self.title} has no {name}: {self.missing_knobs[name]}")
@@ -192,14 +192,22 @@ class Engine:
                 argv += [flag, flag_value(value)]
         return argv
 
+    def option_key(self, name: str) -> str | None:
+        """Where a knob or setting goes in the options file (a dotted key: TensorRT-LLM's
+        `kv_cache_config.free_gpu_memory_fraction`), None where it is a flag."""
+        if name in self.option_knobs:
+            return self.option_knobs[name]
+        return name if "." in name and self.options_flag is not None else None
+
     def options(self, knobs: Mapping[str, object]) -> dict[str, Any]:
         """The options-file entries `knobs` set (TensorRT-LLM's extra LLM API options),
         nested by their dotted keys."""
         tree: dict[str, Any] = dict(self.always_options)
         for name, value in knobs.items():
-            if value is None or name not in self.option_knobs:
+            key = self.option_key(name)
+            if value is None or key is None:
                 continue
-            *parents, leaf = self.option_knobs[name].split(".")
+            *parents, leaf = key.split(".")
             node = tree
             for parent in parents:
                 node = node.setdefault(parent, {})

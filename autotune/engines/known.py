@@ -164,8 +164,11 @@ TRTLLM = Engine(
             "where it wraps a Ray-orchestrated AsyncLLM"
         ),
     ),
-    dialect=Dialect(extra_fields=_COMMON_EXTRAS, forbids_unknown=True,
-                    cancelled_reasons=frozenset({"cancelled"})),
+    dialect=Dialect(
+        extra_fields=_COMMON_EXTRAS,
+        forbids_unknown=True,
+        cancelled_reasons=frozenset({"cancelled"}),
+    ),
 )
 
 ENGINES = {engine.name: engine for engine in (VLLM, SGLANG, TRTLLM)}
