@@ -210,3 +210,20 @@ def test_a_server_of_an_unknown_engine_still_gets_a_verdict_naming_what_was_miss
     assert any(note.startswith("server: no server telemetry") for note in notes), notes
     assert MISSING_SERVER_EVIDENCE in notes
     assert all(probe["server_engine"] is None for probe in saved["probes"])
+
+
+def test_a_weight_update_the_server_lacks_is_refused_before_the_first_step(
+    tmp_path: Path,
+) -> None:
+    """A server with no RL endpoints (the null server, or TensorRT-LLM outside Ray):
+    `--sync-via-server` is one sentence before any rollout, not a failure at the sync."""
+    with server_process(ServerSpec.null()) as base_url:
+        result = autotune(
+            "loop", "--base-url", base_url, "--num-repeats", "2", "--steps", "1",
+            "--sync-via-server", "--output-dir", str(tmp_path),
+        )  # fmt: skip
+    line = one_sentence_error(result)
+    assert "--sync-via-server needs the server's weight update" in line
+    assert (
+        not (tmp_path / "rollouts.jsonl").exists() or not (tmp_path / "rollouts.jsonl").read_text()
+    )

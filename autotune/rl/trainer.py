@@ -125,6 +125,12 @@ class ServerControl:
                 f"trainer trains, which it does not serve: {enable}, or pick --mode sync "
                 "or async."
             )
+        if spec.sync_via_server and (control is None or control.update_weights is None):
+            raise UsageError(
+                f"--sync-via-server needs the server's weight update, which the server at "
+                f"{self._root} does not serve (vLLM: VLLM_SERVER_DEV_MODE=1; SGLang serves "
+                "it): use --sync-s or --sync-command."
+            )
         if control is not None and control.update_from_disk and spec.sync_via_server:
             self._model_path = await self._served_model_path()
 
@@ -173,11 +179,7 @@ class ServerControl:
 
     async def update_weights(self) -> float:
         control = self._control
-        if control.update_weights is None:
-            raise UsageError(
-                f"--sync-via-server needs the server's weight update, which "
-                f"{self._title} does not serve; use --sync-s or --sync-command."
-            )
+        assert control.update_weights is not None  # probe() refused a server without it
         body = {"model_path": self._model_path} if control.update_from_disk else control.update_body
         return await self.call(Call(control.update_weights, body=body))
 
