@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,6 @@ from autotune.config.collection import SyntheticWorkload, TargetConfig
 from autotune.config.flags import server_flags
 from autotune.config.knobs import ENGINES
 from autotune.config.study import Study, study_target_config
-from autotune.engines.known import VLLM
 from autotune.probe import Launcher, ProbeSettings
 from autotune.probe.command_probe import CommandProbe
 from autotune.probe.realtime import EngineProbe
@@ -177,30 +177,15 @@ def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerGroup] | None:
             )
 
         return sim
-    if target.kind == "vllm":
-        from autotune.servers.vllm import vllm_replicas
-
-        def vllm(knobs: Mapping[str, Any]) -> ServerGroup:
-            engines, flags = _engines(knobs)
-            return vllm_replicas(
-                target.model or "",  # validated: a launched engine always names its model
-                flags,
-                engines,
-                data_parallel=data_parallel,
-                command=[*(target.command or VLLM.command), *target.args],
-                env=target.env,
-                host=host,
-                startup_timeout_s=target.startup_timeout_s,
-            )
-
-        return vllm
     if (engine := target.engine) is not None:
 
         def launched(knobs: Mapping[str, Any]) -> ServerGroup:
+            from autotune.servers.vllm import vllm_replicas
+
             engines, flags = _engines(knobs)
-            return engine_replicas(
-                engine,
-                target.model or "",
+            replicas = vllm_replicas if engine.name == "vllm" else partial(engine_replicas, engine)
+            return replicas(
+                target.model or "",  # validated: a launched engine always names its model
                 flags,
                 engines,
                 data_parallel=data_parallel,

@@ -18,8 +18,7 @@ from autotune.servers.launcher import (
     ServerGroup,
     ServerProcess,
     ServerSpec,
-    free_ports,
-    replica_devices,
+    replica_group,
 )
 
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # a large model's load, and SGLang's CUDA-graph capture
@@ -82,37 +81,12 @@ def engine_replicas(
 ) -> ServerGroup:
     """`engines` replicas of `model`: one server each on disjoint GPUs and ports, or with
     `data_parallel` (SGLang) one server with its data-parallel size set to `engines`."""
-    env = dict(env or {})
     launch = tuple(command) or engine.command
-    if data_parallel or engines == 1:
-        extra = {"data_parallel_size": engines} if engines > 1 else {}
-        (port,) = free_ports(1)
-        server = EngineServer(
-            engine,
-            model,
-            {**knobs, **extra},
-            command=launch,
-            port=port,
-            host=host,
-            env=env,
+
+    def make(flags: Mapping[str, object], port: int, env: Mapping[str, str]) -> EngineServer:
+        return EngineServer(
+            engine, model, flags, command=launch, port=port, host=host, env=env,
             startup_timeout_s=startup_timeout_s,
-        )
-        return ServerGroup([server])
-    tp = int(str(knobs.get("tensor_parallel_size") or 1))
-    visible = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    devices = replica_devices(engines, tp, visible)
-    servers = [
-        EngineServer(
-            engine,
-            model,
-            knobs,
-            command=launch,
-            port=port,
-            host=host,
-            env={**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)},
-            startup_timeout_s=startup_timeout_s,
-        )
-        for gpus, port in zip(devices, free_ports(engines), strict=True)
-    ]
-    numbered = all(name.isdigit() for gpus in devices for name in gpus)
-    return ServerGroup(servers, [[int(n) for n in gpus] for gpus in devices] if numbered else ())
+        )  # fmt: skip
+
+    return replica_group(make, knobs, engines, data_parallel=data_parallel, env=dict(env or {}))

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -530,3 +530,31 @@ def replica_devices(engines: int, tp: int, visible: str | None) -> list[list[str
         )
         raise ServerStartupError(f"{reason}; name more GPUs or lower resources.gpus.", reason)
     return [names[i * tp : (i + 1) * tp] for i in range(engines)]
+
+
+ServerMaker = Callable[[Mapping[str, object], int, Mapping[str, str]], ServerProcess]
+
+
+def replica_group(
+    make: ServerMaker,
+    flags: Mapping[str, object],
+    engines: int,
+    *,
+    data_parallel: bool,
+    env: Mapping[str, str],
+) -> ServerGroup:
+    """`engines` replicas, each `make(flags, port, env)`: one server each on disjoint GPUs
+    (CUDA_VISIBLE_DEVICES) and ports, or with `data_parallel` one server whose flags hold
+    data_parallel_size = engines."""
+    if data_parallel or engines == 1:
+        extra = {"data_parallel_size": engines} if engines > 1 else {}
+        return ServerGroup([make({**flags, **extra}, free_port(), env)])
+    tp = int(str(flags.get("tensor_parallel_size") or 1))
+    visible = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    devices = replica_devices(engines, tp, visible)
+    servers = [
+        make(flags, port, {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)})
+        for gpus, port in zip(devices, free_ports(engines), strict=True)
+    ]
+    numbered = all(name.isdigit() for gpus in devices for name in gpus)
+    return ServerGroup(servers, [[int(n) for n in gpus] for gpus in devices] if numbered else ())

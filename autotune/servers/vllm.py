@@ -24,8 +24,7 @@ from autotune.servers.launcher import (
     ServerProcess,
     ServerSpec,
     free_port,
-    free_ports,
-    replica_devices,
+    replica_group,
 )
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -213,33 +212,11 @@ def vllm_replicas(
     """`engines` replicas of `model` with `flags` (tensor_parallel_size among them):
     one server each on disjoint GPUs and ports, or with `data_parallel` one server with
     `--data-parallel-size engines`."""
-    env = dict(env or {})
-    if data_parallel or engines == 1:
-        dp = {"data_parallel_size": engines} if engines > 1 else {}
-        server = VllmServer(
-            model,
-            {**flags, **dp},
-            command=command,
-            env=env,
-            host=host,
+
+    def make(knobs: Mapping[str, object], port: int, env: Mapping[str, str]) -> VllmServer:
+        return VllmServer(
+            model, knobs, command=command, env=env, port=port, host=host,
             startup_timeout_s=startup_timeout_s,
-        )
-        return ServerGroup([server])
-    tp = int(str(flags.get("tensor_parallel_size") or 1))
-    devices = replica_devices(
-        engines, tp, env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    )
-    servers = [
-        VllmServer(
-            model,
-            flags,
-            command=command,
-            env={**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)},
-            port=port,
-            host=host,
-            startup_timeout_s=startup_timeout_s,
-        )
-        for gpus, port in zip(devices, free_ports(engines), strict=True)
-    ]
-    numbered = all(name.isdigit() for gpus in devices for name in gpus)
-    return ServerGroup(servers, [[int(n) for n in gpus] for gpus in devices] if numbered else ())
+        )  # fmt: skip
+
+    return replica_group(make, flags, engines, data_parallel=data_parallel, env=dict(env or {}))
