@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -13,6 +14,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import orjson
+import pytest
 import yaml
 from aiohttp import web
 
@@ -143,3 +145,23 @@ async def engine_probe(base_url: str, settings: ProbeSettings) -> AsyncIterator[
             )
     finally:
         await verifier.aclose()
+
+
+STACK_SETUP_TIMEOUT_S = 1200  # a real stack's cached set-up, cold: downloads and unpacking
+_PRINTED = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$")
+
+
+def stack_setup(script: str, switch: str, what: str) -> dict[str, str]:
+    """Runs scripts/`script` (a real stack's cached set-up) and returns the `KEY=value`
+    lines it printed; skipped where `switch`=0 outside CI, a failure with its error else."""
+    if os.environ.get(switch) == "0" and os.environ.get("CI") != "true":
+        pytest.skip(f"{switch}=0: the {what} tests are switched off")
+    setup = subprocess.run(
+        ["bash", str(REPO / "scripts" / script)],
+        capture_output=True,
+        text=True,
+        timeout=STACK_SETUP_TIMEOUT_S,
+    )
+    if setup.returncode != 0:
+        pytest.fail(f"scripts/{script} failed:\n{setup.stderr[-3000:]}")
+    return dict(m.groups() for line in setup.stdout.splitlines() if (m := _PRINTED.match(line)))

@@ -16,7 +16,6 @@ names the commits), by the small reader below that follows click's rules for the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Mapping
 from typing import Any
@@ -24,9 +23,8 @@ from typing import Any
 import pytest
 
 from autotune.engines import ENGINES
-from tests.helpers import REPO
+from tests.helpers import REPO, stack_setup
 
-SETUP_TIMEOUT_S = 1200
 PARSE_TIMEOUT_S = 300
 SGLANG = ENGINES["sglang"]
 TRTLLM = ENGINES["trtllm"]
@@ -101,17 +99,7 @@ SGLANG_LINES = {
 @pytest.fixture(scope="module")
 def sglang_python() -> str:
     """The Python of the venv holding SGLang's parser (set up once, then cached)."""
-    if os.environ.get("AUTOTUNE_ENGINE_PARSERS") == "0" and os.environ.get("CI") != "true":
-        pytest.skip("AUTOTUNE_ENGINE_PARSERS=0: the engine-parser tests are switched off")
-    setup = subprocess.run(
-        ["bash", str(REPO / "scripts" / "setup_engine_parsers.sh")],
-        capture_output=True,
-        text=True,
-        timeout=SETUP_TIMEOUT_S,
-    )
-    if setup.returncode != 0:
-        pytest.fail(f"scripts/setup_engine_parsers.sh failed:\n{setup.stderr[-3000:]}")
-    printed = dict(line.split("=", 1) for line in setup.stdout.splitlines() if "=" in line)
+    printed = stack_setup("setup_engine_parsers.sh", "AUTOTUNE_ENGINE_PARSERS", "engine-parser")
     return printed["ENGINE_PARSERS_PYTHON"]
 
 

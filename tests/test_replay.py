@@ -121,13 +121,34 @@ async def test_a_client_at_a_measured_concurrency_sees_the_measured_time_per_tok
     assert replayed == pytest.approx(measured, rel=0.10)
 
 
-# One block a local engine of the table runs on one node (the table's TensorRT-LLM runs are
-# all disaggregated or multi-node: the replay does not take them).
+# One block per engine of the table: vLLM, SGLang and ATOM on one node; TensorRT-LLM's runs
+# are all disaggregated (Dynamo), so its block is one deployment, 1 prefill GPU and a TP 4
+# decode worker, offered at its decode TP with its per-GPU figures over all 5 GPUs.
 WHOLE_BLOCKS = {
     "vllm": "hw=h100,isl=1024,osl=1024,image=v0.13.0",
     "sglang": "hw=h200,model=deepseek-ai/DeepSeek-R1-0528,framework=sglang,isl=1024,osl=1024",
     "atom": "hw=mi355x,model=amd/DeepSeek-R1-0528-MXFP4-Preview,framework=atom,isl=1024,osl=1024",
+    "trtllm": "hw=gb200,model=gpt-oss-120b,framework=dynamo-trt,image=0.7.0.post2,isl=1024,"
+    "osl=1024,decode_tp=4,decode_ep=1",
 }
+
+
+def test_a_disaggregated_deployment_is_one_configuration_over_all_its_gpus(table: Path) -> None:
+    """TensorRT-LLM's block: offered at its decode TP, its output tokens/s per GPU over its
+    1 prefill and 4 decode GPUs (InferenceX's column is over the decode GPUs alone)."""
+    block = load_block(table, parse_key(WHOLE_BLOCKS["trtllm"]), REPLAY_FLAGS)
+    assert list(block.points) == [4] and block.gpus(4) == 5
+    two_runs = (6157.9 + 6197.2) / 2  # tokens/s a decode GPU at 128, as the table has it
+    assert block.points[4][128].output_tokens_per_s_per_gpu == pytest.approx(
+        two_runs * 4 / 5, rel=1e-3
+    )
+    open_deployment = WHOLE_BLOCKS["trtllm"].removesuffix(",decode_tp=4,decode_ep=1")
+    with pytest.raises(SurfaceError, match="add decode_tp, decode_num_workers, num_decode_gpu"):
+        load_block(table, parse_key(open_deployment), REPLAY_FLAGS)
+    surface = load_surface(table, parse_key(WHOLE_BLOCKS["trtllm"]), tp=4)
+    alone = surface.step_s(0, surface.input_tokens)  # nothing decoding: the whole wait
+    assert surface.disaggregated and alone == pytest.approx(surface.ttft_s[0] - surface.tpot_s[0])
+    assert surface.step_s(64, 0) == pytest.approx(surface.tpot_at(64))  # no prefills held
 
 
 @pytest.mark.slow
@@ -137,7 +158,8 @@ async def test_the_replay_gives_every_measured_point_of_a_block_back(
 ) -> None:
     """At every TP and concurrency the block measured, the replay (its engine in virtual
     time, lengths spread ±10% as a benchmark's random lengths keep requests out of step)
-    makes the measured output tokens/s a GPU and median time per output token, within 5%."""
+    makes the measured output tokens/s a GPU (of the deployment: MeasuredBlock.gpus) and
+    median time per output token, within 5%."""
     where = WHOLE_BLOCKS[engine]
     block = load_block(table, parse_key(where), REPLAY_FLAGS)
     isl, osl = block.input_tokens, block.output_tokens
@@ -154,7 +176,7 @@ async def test_the_replay_gives_every_measured_point_of_a_block_back(
                 result = await probe.measure(concurrency)
                 total, ttft = result.latency_s["total"].p50, result.latency_s["ttft"].p50
                 assert total is not None and ttft is not None
-                tokens = result.output_tokens_per_s / tp
+                tokens = result.output_tokens_per_s / block.gpus(tp)
                 tpot = (total - ttft) / (osl - 1)
                 measured = point.output_tokens_per_s_per_gpu, point.median_tpot_s
                 checked.append((tp, concurrency, tokens / measured[0], tpot / measured[1]))

