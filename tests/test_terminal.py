@@ -174,7 +174,9 @@ def test_a_narrow_terminal_keeps_the_figures_and_drops_the_bar(
     progress.set_total(1000)
     for _ in range(250):
         progress.rollout_done({}, 0)
-    progress.started -= 10  # as if 10 s had passed: a rate and an ETA to show
+    # 10 s later by the clock the progress reads: a rate and an ETA to show, exactly
+    now = progress.started + 10
+    monkeypatch.setattr("autotune.report.terminal.time.monotonic", lambda: now)
     progress._status.show(progress.text())  # type: ignore[union-attr]
     frame = stream.getvalue().rsplit("\r\x1b[K", 1)[-1]
     assert len(frame) <= 59 and "█" not in frame

@@ -1,6 +1,7 @@
 """A measured response surface: one configuration's per-token latency against concurrency,
 read from a table of real serving benchmarks, for the replay target (`sim serve
---replay-table`). How a step's cost is read from it: docs/design/hardware.md.
+--replay-table`): one engine on one node, or a disaggregated deployment keyed by its decode
+TP. How a step's cost is read from it: docs/design/hardware.md.
 """
 
 from __future__ import annotations
@@ -12,8 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# The columns a key may name, and the defaults a key leaves out.
-KEY_COLUMNS = ("hw", "model", "framework", "precision", "image", "isl", "osl", "tp", "ep")
+# The columns a key may name, and the defaults a key leaves out. A disaggregated run's
+# deployment (its prefill and decode workers) is part of its key; its `tp` and `ep` are
+# read as its decode workers' (see _as_replayed).
+ENGINE_COLUMNS = ("hw", "model", "framework", "precision", "image", "isl", "osl", "tp", "ep")
+DEPLOYMENT_COLUMNS = (
+    "prefill_tp", "prefill_ep", "prefill_num_workers", "decode_tp", "decode_ep",
+    "decode_num_workers", "num_prefill_gpu", "num_decode_gpu",
+)  # fmt: skip
+KEY_COLUMNS = (*ENGINE_COLUMNS, *DEPLOYMENT_COLUMNS)
 DEFAULT_KEY = {"framework": "vllm", "ep": "1"}
 SINGLE_NODE = {"is_multinode": "False", "disagg": "False", "spec_decoding": "none"}
 Row = dict[str, str]
@@ -44,6 +52,11 @@ class MeasuredSurface:
     def highest(self) -> int:
         return self.concurrency[-1]
 
+    @property
+    def disaggregated(self) -> bool:
+        """Prompts are prefilled on GPUs of their own, off the decode workers' steps."""
+        return "num_prefill_gpu" in self.key
+
     def tpot_at(self, running: float) -> float:
         """The measured time per output token with `running` sequences in flight,
         interpolated between measured concurrencies (held at the lowest below it)."""
@@ -64,7 +77,14 @@ class MeasuredSurface:
 
     def step_s(self, decodes: int, prefill_tokens: int) -> float:
         """One engine step: `decodes` sequences each make a token, `prefill_tokens` of
-        prompts are computed."""
+        prompts are computed. Disaggregated, the decodes cost the measured TPOT and a
+        prompt's wait on the prefill GPUs (TTFT less a step) is shared out over the step's
+        sequences (docs/design/hardware.md)."""
+        if self.disaggregated:
+            tpot = self.tpot_at(decodes)
+            wait = max(interpolate(self.concurrency, self.ttft_s, decodes) - tpot, 0.0)
+            shared = prefill_tokens / self.input_tokens * wait / (decodes + 1)
+            return (tpot if decodes else 0.0) + shared
         decode = self.decode_s(decodes) if decodes else 0.0
         return decode + prefill_tokens * self.prefill_s_per_token
 
@@ -140,6 +160,13 @@ class MeasuredBlock:
             figure("median_tpot_s"),
         )
 
+    def gpus(self, tp: int) -> int:
+        """The GPUs the figures at `tp` are per: the engine's, or a disaggregated
+        deployment's prefill and decode GPUs (its TP is its decode workers')."""
+        if "num_prefill_gpu" in self.key:
+            return int(self.key["num_prefill_gpu"]) + int(self.key["num_decode_gpu"])
+        return tp
+
     def describe(self) -> str:
         key = ", ".join(f"{k}={v}" for k, v in self.key.items())
         sizes = ", ".join(f"TP {tp}: {min(c)}–{max(c)}" for tp, c in self.points.items())
@@ -149,16 +176,17 @@ class MeasuredBlock:
 def read_runs(
     path: Path, where: Mapping[str, str], flags: tuple[str, str] = REPLAY_FLAGS
 ) -> list[Row]:
-    """The single-node runs of the one configuration `where` picks out of the table at
-    `path` (every TP, unless `where` names one); a key that picks none, or several, is one
-    sentence that names the choices. `flags`: the options the table and the key came by."""
+    """The runs (see _replayable; as _as_replayed reads them) of the one configuration
+    `where` picks out of the table at `path` (every TP, unless `where` names one); a key
+    that picks none, or several, is one sentence that names the choices. `flags`: the
+    options the table and the key came by."""
     flag, where_flag = flags
     try:
         with path.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
+            rows = [_as_replayed(row) for row in csv.DictReader(handle)]
     except OSError as error:
         raise SurfaceError(f"cannot read {flag} {path} ({error.strerror})") from None
-    needed = {"conc", "median_tpot", "median_ttft", *KEY_COLUMNS}
+    needed = {"conc", "median_tpot", "median_ttft", *ENGINE_COLUMNS}
     if not rows or not needed <= set(rows[0]):
         raise SurfaceError(
             f"{flag} {path} is not a table of serving runs: it needs the columns "
@@ -168,13 +196,13 @@ def read_runs(
     chosen = [
         row
         for row in rows
-        if all(row.get(k, v) == v for k, v in SINGLE_NODE.items())
+        if _replayable(row)
         and all(_matches(row.get(name, ""), value) for name, value in key.items())
     ]
     if not chosen:
         raise SurfaceError(f"{flag} {path} has no run of {_text(key)}; {_near(rows, key)}")
     columns = tuple(c for c in KEY_COLUMNS if c != "tp" or "tp" in key)
-    configurations = {tuple(row[c] for c in columns) for row in chosen}
+    configurations = {tuple(row.get(c, "") for c in columns) for row in chosen}
     if len(configurations) > 1:
         differ = [c for i, c in enumerate(columns) if len({conf[i] for conf in configurations}) > 1]
         choices = "; ".join(
@@ -210,7 +238,7 @@ def load_block(path: Path, where: Mapping[str, str], flags: tuple[str, str]) -> 
     }
     first = chosen[0]
     return MeasuredBlock(
-        key={c: first[c] for c in KEY_COLUMNS if c != "tp"},
+        key={c: first[c] for c in KEY_COLUMNS if c != "tp" and first.get(c)},
         points=points,
         input_tokens=int(first["isl"]),
         output_tokens=int(first["osl"]),
@@ -227,7 +255,7 @@ def load_surface(path: Path, where: Mapping[str, str], tp: int) -> MeasuredSurfa
     concs = sorted(by_conc)
     first = chosen[0]
     return MeasuredSurface(
-        key={c: first[c] for c in KEY_COLUMNS},
+        key={c: first[c] for c in KEY_COLUMNS if first.get(c)},
         concurrency=tuple(concs),
         tpot_s=tuple(_median(by_conc[c], "median_tpot") for c in concs),
         ttft_s=tuple(_median(by_conc[c], "median_ttft") for c in concs),
@@ -235,6 +263,28 @@ def load_surface(path: Path, where: Mapping[str, str], tp: int) -> MeasuredSurfa
         output_tokens=int(first["osl"]),
         repeats=len(chosen),
     )
+
+
+def _replayable(row: Row) -> bool:
+    """A run without speculative decoding of one engine on one node, or of a disaggregated
+    deployment (its prefill and decode GPUs counted: see _as_replayed)."""
+    if row.get("disagg") == "True" and row.get("spec_decoding", "none") == "none":
+        return all(row.get(c) for c in DEPLOYMENT_COLUMNS)
+    return all(row.get(k, v) == v for k, v in SINGLE_NODE.items())
+
+
+def _as_replayed(row: Row) -> Row:
+    """A disaggregated run as the replay takes it: its decode workers' TP and EP as `tp`
+    and `ep`, and its output tokens/s per GPU over all its GPUs (InferenceX's column is
+    over its decode GPUs alone; Little's law on its latencies says so)."""
+    if row.get("disagg") != "True" or not all(row.get(c) for c in DEPLOYMENT_COLUMNS):
+        return row
+    decode = int(row["num_decode_gpu"])
+    gpus = int(row["num_prefill_gpu"]) + decode
+    replayed = {**row, "tp": row["decode_tp"], "ep": row["decode_ep"]}
+    if row.get("output_tput_per_gpu"):
+        replayed["output_tput_per_gpu"] = str(float(row["output_tput_per_gpu"]) * decode / gpus)
+    return replayed
 
 
 def _matches(value: str, wanted: str) -> bool:
