@@ -200,6 +200,21 @@ def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_pat
             "starts no server",
         ),
         ("name: [unclosed\n", "not valid YAML at line"),
+        ("name: x\ntarget: {kind: sglang}\n", "kind: sglang needs model"),
+        (
+            "name: x\ntarget: {kind: trtllm, model: m}\n"
+            "search_space: {gpu_memory_utilization: {choices: [0.9]}}\n",
+            "TensorRT-LLM has none: it sizes its KV cache by the share",
+        ),
+        (
+            "name: x\ntarget: {kind: trtllm, model: m}\n"
+            "resources: {gpus: 4, replicas: data-parallel}\n",
+            "one trtllm-serve per engine",
+        ),
+        (
+            "name: x\ntarget: {kind: sglang, model: m, args: [--model-path, x]}\n",
+            "sets --model-path",
+        ),
     ],
 )
 def test_study_file_errors_are_one_sentence(tmp_path: Path, text: str, message: str) -> None:

@@ -316,12 +316,9 @@ class Study(SpecModel):
             why = engine.knob_problem(name) if engine is not None else None
             if why is not None and engine is not None:
                 raise ValueError(f"search_space.{name}: {engine.title} has none: {why}")
-        trtllm = engine is not None and engine.name == "trtllm"
-        if trtllm and resources is not None and resources.replicas == "data-parallel":
-            raise ValueError(
-                "resources.replicas: data-parallel starts one server with several "
-                "engines, which trtllm-serve cannot; use replicas: servers"
-            )
+        why = engine.knob_problem("data_parallel_size") if engine is not None else None
+        if why is not None and resources is not None and resources.replicas == "data-parallel":
+            raise ValueError(f"resources.replicas: data-parallel, but {why}")
         tp = self.search_space.tensor_parallel_size
         if resources is not None and tp is not None:
             gpus = resources.gpus
