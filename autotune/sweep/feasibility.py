@@ -61,7 +61,7 @@ def hardware(study: Study) -> tuple[GpuProfile | None, ModelProfile | None]:
         )
     gpu = GPUS.get(gpu_name) if gpu_name else None
     model = find_model(model_name) if model_name else None
-    if model is None and target.kind == "vllm" and target.model:
+    if model is None and target.engine is not None and target.model:
         model = model_profile(Path(target.model))
     return gpu, model
 
@@ -88,7 +88,7 @@ def splits(study: Study, gpu_memory: GpuMemory | None = None) -> list[Split]:
     else:
         sizes = [2**k for k in range(gpus.bit_length()) if 2**k <= gpus]
     memory = gpu.memory_bytes if gpu else None
-    if memory is None and study.target.kind == "vllm":
+    if memory is None and study.target.engine is not None:
         memory = (gpu_memory or gpu_bytes)()
     found, too_big = [], []
     for tp in sorted(set(sizes)):

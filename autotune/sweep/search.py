@@ -598,9 +598,9 @@ def check_space(study: Study, gpu_count: int) -> None:
     """Refuse a search space the machine cannot run before anything starts."""
     space: Mapping[str, Any] = study.search_space.server_knobs()
     tp = space.get("tensor_parallel_size")
-    vllm = study.target.kind == "vllm"
+    launched = study.target.engine is not None
     if (
-        vllm
+        launched
         and gpu_count
         and study.resources is None
         and isinstance(tp, ChoiceSpace)
@@ -613,7 +613,7 @@ def check_space(study: Study, gpu_count: int) -> None:
     resources = study.resources
     if resources is None:
         return
-    if vllm and gpu_count and resources.gpus > gpu_count:
+    if launched and gpu_count and resources.gpus > gpu_count:
         raise UsageError(
             f"resources.gpus is {resources.gpus} but NVML sees {gpu_count} GPU(s) here; "
             "lower resources.gpus or run the sweep where the GPUs are."

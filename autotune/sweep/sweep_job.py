@@ -57,7 +57,7 @@ async def run_sweep(
     sweep.json saves."""
     from autotune.telemetry import gpu_count
 
-    gpus = gpu_count() if study.target.kind == "vllm" else 0
+    gpus = gpu_count() if study.target.engine is not None else 0
     check_space(study, gpus)
     check_storage(storage)
     url = storage_url(study, storage, studies_dir)
