@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config.knobs import SERVER_KNOBS
-from autotune.engines import ENGINES
+from autotune.engines import ENGINES, Call
 
 KNOBS = {
     "tensor_parallel_size": 2,
@@ -62,3 +62,14 @@ def test_what_an_engine_lacks_or_autotune_sets_is_refused() -> None:
             engine.flags({"port": 1})
     assert ENGINES["sglang"].flags({"enable_mixed_chunk": False}) == []
     assert ENGINES["vllm"].flags({"enforce_eager": False}) == ["--no-enforce-eager"]
+
+
+def test_each_engine_pauses_and_sleeps_in_its_own_words() -> None:
+    vllm, sglang, trtllm = (ENGINES[name].control for name in ("vllm", "sglang", "trtllm"))
+    assert vllm.pause_call("keep", True) == Call("/pause", {"mode": "keep", "clear_cache": "true"})
+    assert sglang.pause_call("keep", True) == Call("/pause_generation", body={"mode": "in_place"})
+    assert "wait" not in sglang.pause_modes and "retract" not in vllm.pause_modes
+    assert trtllm.pause is None  # the client's side pauses it
+    assert vllm.sleep_call(1, "abort") == Call("/sleep", {"level": "1", "mode": "abort"})
+    assert sglang.sleep_call(1, "abort").body == {"tags": ["kv_cache", "weights"]}
+    assert trtllm.wake_call() == Call("/resume_memory", body={"tags": ["model", "kv_cache"]})

@@ -149,11 +149,11 @@ def test_a_study_of_an_sglang_or_tensorrt_llm_server_runs_end_to_end(
     assert page.console_errors == [] and engine.title in page.text
 
 
-def _sglang_dialect() -> EngineServer:
-    """The simulator launched from SGLang's own launch line (its dialect)."""
-    command = [*SIM, "--engine", "sglang", "--time-scale", "0.01"]
+def _dialect(name: str = "sglang") -> EngineServer:
+    """The simulator launched from the engine's own launch line (its dialect)."""
+    command = [*SIM, "--engine", name, "--time-scale", "0.01"]
     return EngineServer(
-        ENGINES["sglang"], "llama-3.2-1b", {"max_num_seqs": 16}, command=command, port=free_port()
+        ENGINES[name], "llama-3.2-1b", {"max_num_seqs": 16}, command=command, port=free_port()
     )
 
 
@@ -164,7 +164,7 @@ def test_the_loop_pauses_and_updates_weights_through_sglangs_endpoints(
     """Each sync is SGLang's pause_generation, update_weights_from_disk and
     continue_generation: the simulator's own counters count one of each a step."""
     steps = 3
-    with _sglang_dialect() as server:
+    with _dialect() as server:
         assert server.base_url is not None
         result = autotune(
             "loop", "--base-url", server.base_url, "--num-repeats", "2", "--batch-groups",
@@ -183,7 +183,7 @@ def test_the_loop_pauses_and_updates_weights_through_sglangs_endpoints(
 
 
 def test_a_pause_mode_sglang_lacks_is_refused_in_one_sentence(tmp_path: Path) -> None:
-    with _sglang_dialect() as server:
+    with _dialect() as server:
         assert server.base_url is not None
         result = autotune(
             "loop", "--base-url", server.base_url, "--num-repeats", "2", "--steps", "1",
@@ -227,3 +227,25 @@ def test_a_weight_update_the_server_lacks_is_refused_before_the_first_step(
     assert (
         not (tmp_path / "rollouts.jsonl").exists() or not (tmp_path / "rollouts.jsonl").read_text()
     )
+
+
+def test_the_loop_updates_tensorrt_llms_weights_and_pauses_from_the_client(
+    tmp_path: Path,
+) -> None:
+    """TensorRT-LLM serves no HTTP pause: a sync stops new requests on the client's side,
+    and `--sync-via-server` is its own /update_weights, one a step."""
+    steps = 2
+    with _dialect("trtllm") as server:
+        assert server.base_url is not None
+        result = autotune(
+            "loop", "--base-url", server.base_url, "--num-repeats", "2", "--batch-groups",
+            "2", "--steps", str(steps), "--train-s", "0.05", "--sync-via-server",
+            "--output-tokens", "16,0", "--output-dir", str(tmp_path), "--json", "--quiet",
+        )  # fmt: skip
+        metrics = server.base_url.removesuffix("/v1") + "/prometheus/metrics"
+        with urllib.request.urlopen(metrics) as page:
+            counters = parse_prometheus(page.read().decode())
+    assert result.returncode == 0, result.stderr
+    assert orjson.loads(result.stdout)["pause_source"] == "client"
+    assert counters["autotune_weight_updates_total"] == steps
+    assert counters["autotune_pauses_total"] == 0

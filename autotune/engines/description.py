@@ -85,6 +85,7 @@ class Control:
     update_from_disk: bool = False  # the body names the served model's path (SGLang)
     sleep: str | None = None
     wake_up: str | None = None
+    memory_tags: tuple[str, ...] = ()  # what a sleep releases, named in its body (not vLLM)
     reset_cache: str | None = None
     enable: str = ""  # what makes the server serve them, said when it does not
 
@@ -98,15 +99,17 @@ class Control:
         return Call(self.pause, {"mode": spelled, "clear_cache": clear})
 
     def sleep_call(self, level: int, mode: str) -> Call:
+        """The sleep before training: vLLM's level and mode in the query, else the
+        engine's memory tags in the body."""
         assert self.sleep is not None
-        if self.mode_in_body:
-            return Call(self.sleep, body={"tags": ["kv_cache", "weights"]})
+        if self.memory_tags:
+            return Call(self.sleep, body={"tags": list(self.memory_tags)})
         return Call(self.sleep, {"level": str(level), "mode": self.pause_modes.get(mode, mode)})
 
     def wake_call(self) -> Call:
         assert self.wake_up is not None
-        tags = {"tags": ["kv_cache", "weights"]}
-        return Call(self.wake_up, body=tags if self.mode_in_body else None)
+        tags = {"tags": list(self.memory_tags)} if self.memory_tags else None
+        return Call(self.wake_up, body=tags)
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,7 @@ SGLANG = Engine(
         update_from_disk=True,
         sleep="/release_memory_occupation",
         wake_up="/resume_memory_occupation",
+        memory_tags=("kv_cache", "weights"),
         reset_cache="/flush_cache",
         enable="start SGLang with --enable-memory-saver to release and resume its memory",
     ),
@@ -155,10 +156,13 @@ TRTLLM = Engine(
         needs="set return_perf_metrics: true in its --extra_llm_api_options file (autotune does)",
     ),
     control=Control(
-        serves=None,  # no HTTP pause: a sync stops new requests from the client's side
+        # No HTTP pause (a sync stops new requests from the client's side); the Prometheus
+        # path, on where autotune launches it, tells a TensorRT-LLM server.
+        serves="/prometheus/metrics",
         update_weights="/update_weights",
         sleep="/release_memory",
         wake_up="/resume_memory",
+        memory_tags=("model", "kv_cache"),
         enable=(
             "TensorRT-LLM serves /release_memory, /resume_memory and /update_weights only "
             "where it wraps a Ray-orchestrated AsyncLLM"

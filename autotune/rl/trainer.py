@@ -112,7 +112,8 @@ class ServerControl:
                 self.engine = engine
                 break
         control = self.engine.control if self.engine is not None else None
-        if control is not None and spec.pause_mode not in control.pause_modes:
+        pauses = control is not None and control.pause is not None
+        if pauses and control is not None and spec.pause_mode not in control.pause_modes:
             modes = ", ".join(control.pause_modes)
             raise UsageError(
                 f"--pause-mode {spec.pause_mode} is not one {self._title} has "
