@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from autotune.config.study import Study
+from autotune.engines import Engine
+from autotune.engines.known import VLLM
 from autotune.errors import ServerStartupError, UsageError
 from autotune.hardware.fit import Batch
 from autotune.probe import Launcher
@@ -18,6 +20,7 @@ from autotune.report.sweep_report import no_recommendation_section
 from autotune.results.codec import Record
 from autotune.results.trials import SweepResult, TrialOutcome, TrialRecord, Validation
 from autotune.sweep.curve import Incumbent
+from autotune.sweep.recommend import result_engine
 
 VALIDATION_SHARE = 0.8  # a validation run keeps at least this share of the trial's value
 
@@ -137,9 +140,15 @@ class EngineObjective(Generic[S]):
         raise NotImplementedError
 
     def snippets(
-        self, model: str | None, server: dict[str, Any], group_size: int, summary: S
+        self,
+        model: str | None,
+        server: dict[str, Any],
+        group_size: int,
+        summary: S,
+        engine: Engine = VLLM,
     ) -> Record:
-        """The lines each RL framework, vLLM and autotune take for the recommendation."""
+        """The lines each RL framework, the engine (its launch line) and autotune take for
+        the recommendation."""
         raise NotImplementedError
 
     def figures_text(self, value: float, summary: S) -> str:
@@ -278,7 +287,9 @@ class EngineObjective(Generic[S]):
             "group_size": group_size,
             **{name: getattr(summary, name) for name in self.recommended_figures},
             self.bound: (result.spec or {}).get("objective", {}).get(self.bound),
-            "snippets": self.snippets(result.model, server, group_size, summary),
+            "snippets": self.snippets(
+                result.model, server, group_size, summary, result_engine(result)
+            ),
             **validation_fields(validations),
         }
         return self.recommendation(result, best, summary, common)

@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.config.rl_specs import BATCH_KNOBS, BatchSpec
 from autotune.config.study import GOODPUT, Study
+from autotune.engines import Engine
 from autotune.engines.known import VLLM
 from autotune.probe.realtime import EngineProbe
 from autotune.report.sweep_report import figure_text, knobs_text, share_text
@@ -161,7 +162,12 @@ class GoodputObjective(EngineObjective[BatchSummary]):
         ]
 
     def snippets(
-        self, model: str | None, server: dict[str, Any], group_size: int, summary: BatchSummary
+        self,
+        model: str | None,
+        server: dict[str, Any],
+        group_size: int,
+        summary: BatchSummary,
+        engine: Engine = VLLM,
     ) -> StepSnippets:
         """Groups a step, group size, over-sampling (a larger generation batch and a filter
         that drops groups of equal rewards) and carry-over (partial rollouts), per framework."""
@@ -193,4 +199,4 @@ class GoodputObjective(EngineObjective[BatchSummary]):
             slime.append("--partial-rollout")
             collect.append("--carry-over")
         lines = joined(openrlhf=openrlhf, verl=verl, slime=slime, autotune=collect)
-        return StepSnippets(**lines, serve=serve_line(VLLM, model, server))
+        return StepSnippets(**lines, serve=serve_line(engine, model, server), engine=engine.name)

@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.config.rl_specs import LOOP_KNOBS
 from autotune.config.study import TRAINED, Study, loop_spec
+from autotune.engines import Engine
 from autotune.engines.known import VLLM
 from autotune.probe.realtime import EngineProbe
 from autotune.report.sweep_report import figure_text, knobs_text, share_text
@@ -154,7 +155,12 @@ class LoopObjective(EngineObjective[LoopSummary]):
         ]  # fmt: skip
 
     def snippets(
-        self, model: str | None, server: dict[str, Any], group_size: int, summary: LoopSummary
+        self,
+        model: str | None,
+        server: dict[str, Any],
+        group_size: int,
+        summary: LoopSummary,
+        engine: Engine = VLLM,
     ) -> LoopSnippets:
         """The mode, its bound, the batch and the shared GPU's memory per framework, in the
         names each one's own code uses (OpenRLHF 0.10.2+'s dotted flags, verl's fully-async
@@ -203,4 +209,4 @@ class LoopObjective(EngineObjective[LoopSummary]):
             verl.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={memory}")
             nemo_rl.append(f"policy.generation.vllm_cfg.gpu_memory_utilization={memory}")
         lines = joined(openrlhf=openrlhf, verl=verl, nemo_rl=nemo_rl, autotune=autotune)
-        return LoopSnippets(**lines, serve=serve_line(VLLM, model, server))
+        return LoopSnippets(**lines, serve=serve_line(engine, model, server), engine=engine.name)
