@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import yaml
 from autotune.diagnose.classify import MISSING_SERVER_EVIDENCE
 from autotune.engines import ENGINES, Engine
 from autotune.engines.description import PREEMPTIONS
+from autotune.processes.event_loop import run_async
 from autotune.servers.engine_servers import EngineServer
 from autotune.servers.launcher import ServerSpec
 from autotune.telemetry.prometheus import parse_prometheus
@@ -157,19 +159,23 @@ def _dialect(name: str = "sglang") -> EngineServer:
     )
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("mode", "pause"), [("sync", "abort"), ("async", "keep"), ("async", "retract")]
+)
 def test_the_loop_pauses_and_updates_weights_through_sglangs_endpoints(
-    tmp_path: Path, mode: str
+    tmp_path: Path, mode: str, pause: str
 ) -> None:
     """Each sync is SGLang's pause_generation, update_weights_from_disk and
-    continue_generation: the simulator's own counters count one of each a step."""
+    continue_generation: the simulator's own counters count one of each a step. The
+    cache is flushed only where SGLang allows it (after an abort, the engine idle): keep
+    (its in_place, the default) and retract leave it to the weight update's own flush."""
     steps = 3
     with _dialect() as server:
         assert server.base_url is not None
         result = autotune(
             "loop", "--base-url", server.base_url, "--num-repeats", "2", "--batch-groups",
             "2", "--steps", str(steps), "--mode", mode, "--train-s", "0.05",
-            "--sync-via-server", "--pause-mode", "abort", "--output-tokens", "16,0",
+            "--sync-via-server", "--pause-mode", pause, "--output-tokens", "16,0",
             "--output-dir", str(tmp_path), "--json", "--quiet",
         )  # fmt: skip
         with urllib.request.urlopen(server.base_url.removesuffix("/v1") + "/metrics") as page:
@@ -215,8 +221,8 @@ def test_a_server_of_an_unknown_engine_still_gets_a_verdict_naming_what_was_miss
 def test_a_weight_update_the_server_lacks_is_refused_before_the_first_step(
     tmp_path: Path,
 ) -> None:
-    """A server with no RL endpoints (the null server, or TensorRT-LLM outside Ray):
-    `--sync-via-server` is one sentence before any rollout, not a failure at the sync."""
+    """A server with no RL endpoints (the null server): `--sync-via-server` is one sentence
+    before any rollout, not a failure at the sync."""
     with server_process(ServerSpec.null()) as base_url:
         result = autotune(
             "loop", "--base-url", base_url, "--num-repeats", "2", "--steps", "1",
@@ -249,3 +255,21 @@ def test_the_loop_updates_tensorrt_llms_weights_and_pauses_from_the_client(
     assert orjson.loads(result.stdout)["pause_source"] == "client"
     assert counters["autotune_weight_updates_total"] == steps
     assert counters["autotune_pauses_total"] == 0
+
+
+def test_tensorrt_llms_options_file_lives_only_while_its_server_may_run(tmp_path: Path) -> None:
+    """Written beside the launch line, named in it, removed at the stop, whether the server
+    ran or never started; a line refused before it is written leaves none."""
+    before = set(Path(tempfile.gettempdir()).glob("autotune-trtllm-*.yaml"))
+    with _dialect("trtllm") as server:
+        assert server.options_file is not None and server.options_file.exists()
+        assert str(server.options_file) in server.cmd
+        assert yaml.safe_load(server.options_file.read_text())["return_perf_metrics"] is True
+    assert not server.options_file.exists()
+    never = _dialect("trtllm")
+    assert never.options_file is not None
+    run_async(never.stop())
+    assert not never.options_file.exists()
+    with pytest.raises(ValueError, match="has no gpu_memory_utilization"):
+        EngineServer(ENGINES["trtllm"], "m", {"gpu_memory_utilization": 0.9}, command=["x"], port=1)
+    assert set(Path(tempfile.gettempdir()).glob("autotune-trtllm-*.yaml")) == before

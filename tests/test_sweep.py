@@ -215,6 +215,16 @@ def test_weights_that_do_not_fit_are_infeasible_with_the_servers_message(tmp_pat
             "name: x\ntarget: {kind: sglang, model: m, args: [--model-path, x]}\n",
             "sets --model-path",
         ),
+        (
+            "name: x\ntarget: {kind: sglang, model: m}\n"
+            "search_space: {flags: {dp_size: {choices: [2]}}}\n",
+            "sets dp_size, which resources.gpus decides",
+        ),
+        (
+            "name: x\ntarget: {kind: sglang, model: m}\n"
+            "search_space: {flags: {--model-path: {choices: [a]}}}\n",
+            "sets --model-path, which autotune sets itself",
+        ),
     ],
 )
 def test_study_file_errors_are_one_sentence(tmp_path: Path, text: str, message: str) -> None:

@@ -624,3 +624,29 @@ async def test_an_sglang_server_without_metrics_is_told_what_serves_them(
     assert await sampler.sample() is None
     assert not sampler.available and sampler.engine == "sglang"
     assert sampler.reason is not None and "--enable-metrics" in sampler.reason
+
+
+async def test_an_idle_tensorrt_llm_answers_no_stats_and_is_still_read(
+    serve_app: ServeApp, session: aiohttp.ClientSession
+) -> None:
+    """Its JSON /metrics empties its queue of iteration stats: an idle server answers []."""
+
+    async def empty(request: web.Request) -> web.Response:
+        return web.json_response([])
+
+    app = web.Application()
+    app.router.add_get("/metrics", empty)
+    sampler = PrometheusSampler(session, await serve_app(app) + "/metrics")
+    assert await sampler.sample() == {}
+    assert await sampler.sample() == {}
+    assert sampler.available and sampler.engine == "trtllm"
+
+
+async def test_sglang_kv_use_over_data_parallel_ranks_is_their_mean(
+    serve_app: ServeApp, session: aiohttp.ClientSession
+) -> None:
+    text = 'sglang:token_usage{dp_rank="0"} 0.25\nsglang:token_usage{dp_rank="1"} 0.75\n'
+    sampler = PrometheusSampler(
+        session, await serve_app(_metrics_app([(200, text)], [])) + "/metrics"
+    )
+    assert await sampler.sample() == {"vllm:kv_cache_usage_perc": 0.5}

@@ -38,6 +38,7 @@ from autotune.config.flags import field_name
 from autotune.config.knobs import SearchSpace, launcher_flag_problem
 from autotune.config.rl_specs import BATCH_KNOBS, LOOP_KNOBS, LoopSpec
 from autotune.engines import ENGINES, Engine
+from autotune.engines.description import LAUNCHER_SETS
 from autotune.errors import UsageError
 
 
@@ -316,6 +317,15 @@ class Study(SpecModel):
             why = engine.knob_problem(name) if engine is not None else None
             if why is not None and engine is not None:
                 raise ValueError(f"search_space.{name}: {engine.title} has none: {why}")
+        for flag in self.search_space.flags if engine is not None else ():
+            name = engine.field_of(flag) if engine is not None else flag
+            if name in LAUNCHER_SETS:
+                raise ValueError(f"search_space.flags sets {flag}, which autotune sets itself")
+            if name == "data_parallel_size":
+                raise ValueError(
+                    f"search_space.flags sets {flag}, which resources.gpus decides (engines × "
+                    "tensor_parallel_size); remove it"
+                )
         why = engine.knob_problem("data_parallel_size") if engine is not None else None
         if why is not None and resources is not None and resources.replicas == "data-parallel":
             raise ValueError(f"resources.replicas: data-parallel, but {why}")

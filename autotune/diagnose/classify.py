@@ -468,7 +468,7 @@ def _notes(low: ProbeResult, high: ProbeResult) -> list[str]:
                 "NeMo Gym's agent does, and the rollout went on."
             )
     engine = high.server_engine or low.server_engine
-    if engine is not None:
+    if engine is not None and engine != "vllm":  # vLLM's names are autotune's own
         notes.append(
             f"server: {ENGINES[engine].title}, told by what it serves; its metrics are read "
             "as autotune's quantities (vLLM's names)."

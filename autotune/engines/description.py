@@ -87,6 +87,7 @@ class Control:
     wake_up: str | None = None
     memory_tags: tuple[str, ...] = ()  # what a sleep releases, named in its body (not vLLM)
     reset_cache: str | None = None
+    flush_needs_idle: bool = False  # SGLang refuses a flush while requests are inside
     enable: str = ""  # what makes the server serve them, said when it does not
 
     def pause_call(self, mode: str, clear_cache: bool) -> Call:
@@ -154,15 +155,14 @@ class Engine:
     def field_of(self, flag: str) -> str:
         """This engine's flag (`--max-running-requests`, `--tp_size=2`) → autotune's field
         name (`max_num_seqs`, `tensor_parallel_size`); a flag no knob has keeps its own."""
-        spelled = flag.partition("=")[0]
-        spelled = spelled if spelled.startswith("--") else "--" + spelled.lstrip("-")
+        bare = _bare(flag.partition("=")[0])  # any spelling: --tp-size, tp_size, --tp_size
         for name, engine_flag in self.knob_flags.items():
-            if engine_flag == spelled:
+            if _bare(engine_flag) == bare:
                 return name
         for name, (on, off) in self.switches.items():
-            if spelled in (on, off):
+            if bare in (_bare(on or ""), _bare(off or "")):
                 return name
-        return spelled.lstrip("-").replace("-", "_")
+        return bare
 
     def knob_problem(self, name: str) -> str | None:
         """Why this engine has no flag for knob `name`, else None."""
@@ -234,3 +234,8 @@ class Engine:
         listen += ["--host", host] if host is not None else []
         options = [self.options_flag, options_file] if options_file and self.options_flag else []
         return [*command, *model_part, *listen, *self.always, *self.flags(knobs), *options]
+
+
+def _bare(flag: str) -> str:
+    """A flag as a field name: `--max-running-requests` → `max_running_requests`."""
+    return flag.lstrip("-").replace("-", "_")

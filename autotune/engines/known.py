@@ -1,5 +1,5 @@
-"""The three engines autotune knows, each checked against its own source (ENGINES.md in
-docs/engines.md says which file each fact comes from)."""
+"""The three engines autotune knows, each fact checked against the engine's own source
+(docs/engines.md says which parts of it)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from autotune.engines.description import (
     Metrics,
 )
 
-# Sampling fields beyond OpenAI's that all three accept (ENGINES.md, "Requests").
+# Sampling fields beyond OpenAI's that all three accept (each engine's request models).
 _COMMON_EXTRAS = frozenset({"ignore_eos", "min_tokens", "top_k"})
 
 VLLM = Engine(
@@ -107,6 +107,7 @@ SGLANG = Engine(
         wake_up="/resume_memory_occupation",
         memory_tags=("kv_cache", "weights"),
         reset_cache="/flush_cache",
+        flush_needs_idle=True,
         enable="start SGLang with --enable-memory-saver to release and resume its memory",
     ),
     dialect=Dialect(
@@ -152,8 +153,7 @@ TRTLLM = Engine(
             E2E: "trtllm_e2e_request_latency_seconds",
             QUEUE_TIME: "trtllm_request_queue_time_seconds",
         },
-        path="/prometheus/metrics",
-        needs="set return_perf_metrics: true in its --extra_llm_api_options file (autotune does)",
+        path="/prometheus/metrics",  # served with return_perf_metrics on (autotune sets it)
     ),
     control=Control(
         # No HTTP pause (a sync stops new requests from the client's side); the Prometheus

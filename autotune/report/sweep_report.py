@@ -566,7 +566,11 @@ def _recommendation_section(recommended: Recommendation | None) -> str:
                 (ENGINES[snippets.engine].title, snippets.serve),
                 *snippets.frameworks.items(),
                 *([(OPTIONS_FILE, snippets.options)] if snippets.options else []),
-                ("OpenRLHF", f"{snippets.openrlhf} ({snippets.openrlhf_note})"),
+                *(
+                    [("OpenRLHF", f"{snippets.openrlhf} ({snippets.openrlhf_note})")]
+                    if snippets.engine == "vllm"
+                    else []
+                ),
                 ("rule that set it", f"{rec.bound_by}: {rec.rule}"),
                 *(
                     [("instead", alternative)]

@@ -97,23 +97,22 @@ class ServerControl:
         self._root = server_root(base_url)
         self.engine: ServingEngine | None = None  # the engine whose endpoints it serves
         self._model_path: str | None = None  # SGLang reloads weights from it
-
-    @property
-    def pauses(self) -> bool:
-        """Whether the server serves a pause and a resume (else the client's side pauses)."""
-        return self.engine is not None and self.engine.control.pause is not None
+        self.pauses = False  # the server serves a pause and a resume (else the client pauses)
 
     async def probe(self, spec: LoopSpec) -> None:
         """What the server serves, looked at before the first step, so a mode it cannot
-        run is refused at once."""
+        run is refused at once. A vLLM that sleeps but has no pause API (its dev mode
+        without it) still sleeps; the client's side pauses it."""
         for engine in ENGINES.values():
-            serves = engine.control.serves
-            if serves is not None and await self._serves(serves):
+            endpoints = engine.control
+            if endpoints.serves is not None and await self._serves(endpoints.serves):
+                self.engine, self.pauses = engine, endpoints.pause is not None
+                break
+            if endpoints.sleeping is not None and await self._serves(endpoints.sleeping):
                 self.engine = engine
                 break
         control = self.engine.control if self.engine is not None else None
-        pauses = control is not None and control.pause is not None
-        if pauses and control is not None and spec.pause_mode not in control.pause_modes:
+        if self.pauses and control is not None and spec.pause_mode not in control.pause_modes:
             modes = ", ".join(control.pause_modes)
             raise UsageError(
                 f"--pause-mode {spec.pause_mode} is not one {self._title} has "
@@ -134,6 +133,12 @@ class ServerControl:
             )
         if control is not None and control.update_from_disk and spec.sync_via_server:
             self._model_path = await self._served_model_path()
+            if self._model_path is None:
+                raise UsageError(
+                    f"--sync-via-server reloads the weights from the served model's path, "
+                    f"which {self._root}/get_model_info did not give: use --sync-s or "
+                    "--sync-command."
+                )
 
     async def _sleeps(self) -> bool:
         control = self.engine.control if self.engine is not None else None
@@ -145,7 +150,7 @@ class ServerControl:
         try:
             async with self._session.get(self._root + "/get_model_info") as response:
                 info = await response.json(content_type=None)
-        except (aiohttp.ClientError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
         path = info.get("model_path") if isinstance(info, dict) else None
         return path if isinstance(path, str) else None
@@ -158,10 +163,15 @@ class ServerControl:
             return False
 
     async def pause(self, mode: str, clear_cache: bool) -> float:
-        """The engine's pause in autotune's `mode`; 0 where the client's side pauses."""
+        """The engine's pause in autotune's `mode`; 0 where the client's side pauses. An
+        engine that flushes its cache only when idle (SGLang) flushes after an abort."""
         if not self.pauses:
             return 0.0
-        return await self.call(self._control.pause_call(mode, clear_cache))
+        control = self._control
+        took = await self.call(control.pause_call(mode, clear_cache))
+        if clear_cache and control.flush_needs_idle and mode == "abort":
+            took += await self.call(Call(control.reset_cache or ""))
+        return took
 
     async def resume(self) -> float:
         if not self.pauses or self._control.resume is None:
@@ -169,8 +179,11 @@ class ServerControl:
         return await self.call(Call(self._control.resume, body=self._control.resume_body))
 
     async def reset_cache(self) -> None:
-        if self.pauses and self._control.reset_cache is not None:
-            await self.call(Call(self._control.reset_cache))
+        """The prefix cache cleared where the engine allows it now: not on one that flushes
+        only when idle (SGLang: after an abort pause, and its weight update flushes)."""
+        control = self._control
+        if self.pauses and control.reset_cache is not None and not control.flush_needs_idle:
+            await self.call(Call(control.reset_cache))
 
     async def sleep(self, level: int, mode: str) -> float:
         return await self.call(self._control.sleep_call(level, mode))

@@ -21,6 +21,7 @@ from autotune.servers.launcher import (
     replica_group,
 )
 
+PLACEHOLDER = "OPTIONS_FILE"  # where the options file's path goes, once written
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # a large model's load, and SGLang's CUDA-graph capture
 
 
@@ -40,28 +41,37 @@ class EngineServer(ServerProcess):
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     ) -> None:
-        self.options_file: Path | None = None
         options = engine.options(knobs)
-        if options and engine.options_flag is not None:
+        written = options and engine.options_flag is not None
+        argv = engine.launch_line(  # checked before the file is written
+            tuple(command), model, knobs, port=port, host=host,
+            options_file=PLACEHOLDER if written else None,
+        )  # fmt: skip
+        self.options_file: Path | None = None
+        if written:
             handle, name = tempfile.mkstemp(prefix=f"autotune-{engine.name}-", suffix=".yaml")
             with os.fdopen(handle, "w") as out:
                 yaml.safe_dump(options, out, sort_keys=True)
             self.options_file = Path(name)
-        argv = engine.launch_line(
-            tuple(command),
-            model,
-            knobs,
-            port=port,
-            host=host,
-            options_file=str(self.options_file) if self.options_file else None,
-        )
+            argv[argv.index(PLACEHOLDER)] = name
         spec = ServerSpec.local(
             argv, port, host=host, env=dict(env or {}), startup_timeout_s=startup_timeout_s
         )
         super().__init__(spec)
 
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:  # also where it never started (stop returns at once then)
+            self._remove_options()
+
     def stop_sync(self) -> None:
-        super().stop_sync()
+        try:
+            super().stop_sync()
+        finally:
+            self._remove_options()
+
+    def _remove_options(self) -> None:
         if self.options_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.options_file.unlink()

@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 
 from autotune.engines import ENGINES, Engine
-from autotune.engines.description import HISTOGRAMS, KV_USAGE, RUNNING, WAITING
+from autotune.engines.description import ABORTED, HISTOGRAMS, KV_USAGE, RUNNING, WAITING
 
 # num_gpu_blocks × block_size, over engines, from vllm:cache_config_info's labels
 KV_CAPACITY_TOKENS = "kv_capacity_tokens"
@@ -33,6 +33,7 @@ REPORTED = (
     "vllm:request_queue_time_seconds_count",
     "vllm:prefix_cache_queries_total",  # prompt tokens looked up in the prefix cache
     "vllm:prefix_cache_hits_total",  # ... and found there
+    ABORTED,  # requests the engine aborted (SGLang's counter; vLLM labels its finishes)
     "autotune_simulated",  # 1 from autotune's simulated server: nothing here is a real GPU
     "autotune_max_num_seqs",  # the simulator's batch limit (vLLM serves none)
     KV_CAPACITY_TOKENS,
@@ -40,7 +41,10 @@ REPORTED = (
 """What the sampler reports, under these names."""
 
 _KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # the name before vLLM's V1 engine
-_AVERAGED = ("vllm:kv_cache_usage_perc", _KV_USAGE_OLD)  # a fraction per engine: mean, not sum
+_KV_USAGE_NAMES = tuple(
+    e.metrics.names[KV_USAGE] for e in ENGINES.values() if KV_USAGE in e.metrics.names
+)
+_AVERAGED = (*_KV_USAGE_NAMES, _KV_USAGE_OLD)  # a fraction per engine (or rank): mean, not sum
 _OTHER_ENGINES = tuple(engine for engine in ENGINES.values() if engine.name != "vllm")
 
 
@@ -149,14 +153,15 @@ def as_quantities(metrics: dict[str, float], engine: Engine) -> dict[str, float]
 
 def iteration_stats(text: str) -> dict[str, float] | None:
     """TensorRT-LLM's JSON `/metrics` (its iteration stats, newest last) as autotune's
-    quantities: requests running and waiting, KV use and capacity; None if it is not that."""
+    quantities: requests running and waiting, KV use and capacity (none while it is idle:
+    its queue of stats is empty); None if it is not that."""
     try:
         stats = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(stats, list) or not stats or not isinstance(stats[-1], dict):
+    if not isinstance(stats, list):
         return None
-    last = stats[-1]
+    last = stats[-1] if stats and isinstance(stats[-1], dict) else {}
     found: dict[str, float] = {}
     for quantity, key in ((RUNNING, "numActiveRequests"), (WAITING, "numQueuedRequests")):
         if isinstance(last.get(key), int | float):
@@ -166,7 +171,7 @@ def iteration_stats(text: str) -> dict[str, float] | None:
         found[KV_USAGE] = kv.get("usedNumBlocks", 0) / kv["maxNumBlocks"]
         if isinstance(kv.get("tokensPerBlock"), int):
             found[KV_CAPACITY_TOKENS] = float(kv["maxNumBlocks"] * kv["tokensPerBlock"])
-    return found or None
+    return found
 
 
 def server_root(base_url: str) -> str:
@@ -328,8 +333,8 @@ class _Scraper:
     async def _try_prometheus_path(self) -> bool:
         """Whether TensorRT-LLM's Prometheus path answers; scraped from then on if so."""
         url = self._url.removesuffix("/metrics") + ENGINES["trtllm"].metrics.path
-        answer = await self._get(url)
-        if isinstance(answer, tuple) and parse_prometheus(answer[0], names=_WANTED):
+        answer = await self._get(url)  # its families may come only with the first request
+        if isinstance(answer, tuple) and parse_prometheus(answer[0]):
             self._url = url
             return True
         return False

@@ -204,9 +204,10 @@ class LoopObjective(EngineObjective[LoopSummary]):
             autotune.append(f"--pause-mode {summary.pause_mode}")
         else:
             nemo_rl.append("policy.generation.colocated.enabled=false")
-        if memory is not None:
-            openrlhf.append(f"--vllm.gpu_memory_utilization {memory}")
+        if memory is not None:  # verl's key maps onto SGLang's too; the others are vLLM's
             verl.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={memory}")
-            nemo_rl.append(f"policy.generation.vllm_cfg.gpu_memory_utilization={memory}")
+            if engine.name == "vllm":
+                openrlhf.append(f"--vllm.gpu_memory_utilization {memory}")
+                nemo_rl.append(f"policy.generation.vllm_cfg.gpu_memory_utilization={memory}")
         lines = joined(openrlhf=openrlhf, verl=verl, nemo_rl=nemo_rl, autotune=autotune)
         return LoopSnippets(**lines, serve=serve_line(engine, model, server), engine=engine.name)
