@@ -24,6 +24,7 @@ from autotune.results.trials import (
     CEILING_RULE,
     HEADROOM_RULE,
     CurveSummary,
+    Recommendation,
     SweepResult,
     TrialOutcome,
     TrialRecord,
@@ -427,3 +428,16 @@ def test_a_p99_slo_binds_with_the_p99s_own_margin() -> None:
     assert rec.recommended.parallelism == math.floor(20.0 / (0.2 * (1 + margin))) == 90
     assert "p99 rollout latency stays 11% within 20 s" in rec.recommended.rule
     assert rec.p99_latency_slo_s == 20.0
+
+
+def test_a_recommendation_saved_before_engines_reads_back_with_its_vllm_line() -> None:
+    """Files written when the launch line was `snippets.vllm` load as `serve`, vLLM's."""
+    rec = recommendation(sweep(trial(0, 30.0, KNOBS, curve=usl_curve(lam=2.0))))
+    assert rec is not None
+    saved = rec.to_dict()
+    old = {
+        k: v for k, v in saved["snippets"].items() if k not in ("engine", "frameworks", "options")
+    }
+    old["vllm"] = old.pop("serve")
+    again = Recommendation.from_dict({**saved, "snippets": old})
+    assert again.snippets.serve == rec.snippets.serve and again.snippets.engine == "vllm"
