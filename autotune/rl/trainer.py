@@ -119,7 +119,7 @@ class ServerControl:
                 f"(it pauses with {modes}); pick one of those."
             )
         if spec.mode == "colocated" and not await self._sleeps():
-            enable = control.enable if control is not None else VLLM_DEV_MODE
+            enable = (control or ENGINES["vllm"].control).enable
             raise UsageError(
                 f"the colocated mode puts the server at {self._root} to sleep while the "
                 f"trainer trains, which it does not serve: {enable}, or pick --mode sync "
@@ -225,9 +225,6 @@ class ServerControl:
                 "restart the server and rerun."
             ) from None
         return time.perf_counter() - started
-
-
-VLLM_DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode"
 
 
 CLIENT_SIDE = Control(serves=None)  # a server with no RL endpoints
