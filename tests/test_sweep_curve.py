@@ -183,7 +183,7 @@ async def test_rungs_that_all_miss_the_slo_make_it_halve_until_one_meets_it() ->
     assert probe.asked == [32, 64, 16, 8, 9]
     assert ladder(points) == [8, 9, 16, 32, 64]
     points, _ = await curve(FakeProbe(p95=lambda n: 2.0 * n), study(), 32)
-    assert ladder(points) == [32, 64]  # without an SLO, two usable points are enough
+    assert ladder(points) == [16, 32, 64]  # without an SLO: only for the 80% rule's sake
     probe = FakeProbe(p95=lambda n: 2.0 * n)  # p99 = 3 s a unit
     points, _ = await curve(probe, study(p99_latency_slo_s=30.0), 32)
     assert probe.asked == [32, 64, 16, 8, 9] and points[0].p99_latency_s == 24.0
@@ -204,10 +204,27 @@ async def test_an_slo_crossed_between_rungs_gets_a_rung_at_its_boundary() -> Non
     assert close.asked == [16, 32, 64]  # 32 is within 10% of it: no rung worth adding
 
 
-async def test_no_halving_when_two_points_are_usable() -> None:
-    probe = FakeProbe()
-    points, _ = await curve(probe, study(), 256)  # past the peak: 512 is lower
-    assert ladder(points) == probe.asked == [256, 512]
+async def test_no_halving_when_two_points_are_usable_and_cover_the_recommendation() -> None:
+    probe = FakeProbe(throughput=lambda n: min(n, 12.0))  # level from 12 on
+    points, _ = await curve(probe, study(), 8)
+    assert ladder(points) == probe.asked == [8, 16, 32]  # 80% of 16 is 12: measured over
+
+
+async def test_a_curve_level_from_its_first_rung_halves_under_80_percent_of_its_peak() -> None:
+    """A start at or past the plateau puts 80% of the peak's parallelism under every rung:
+    read there, the recommendation would be the fit extrapolated below the curve, and a
+    validation run that fell short could not step down onto a measured point."""
+    probe = FakeProbe(throughput=lambda n: min(n, 6.0))
+    points, _ = await curve(probe, study(low=2), 8)
+    assert probe.asked == [8, 16, 4]  # best at 8, 80% of it 6: under 8, over 4
+    assert ladder(points) == [4, 8, 16]
+    launcher = FakeLauncher()  # USL, its peak near 44: 256 and 512 are both past it
+    fitted = (await run_trial(launcher, {}, study(), 256)).curve
+    assert launcher.probe.asked == [256, 512, 128, 64, 32]
+    assert fitted is not None and fitted.recommended_parallelism >= 32
+    unwanted = FakeProbe(throughput=lambda n: min(n, 6.0))
+    await measure_curve(unwanted, study(low=2), 8, wanted=lambda points: False)
+    assert unwanted.asked == [8, 16]  # a trial that is not the best needs no fit
 
 
 async def test_a_server_that_dies_ends_the_curve_with_the_reason() -> None:

@@ -19,7 +19,7 @@ from autotune.knee import TRUSTED_BATCHES, UNKNOWN_SPREAD, summarise_curve
 from autotune.probe import Launcher, Probe, ProbeSettings
 from autotune.results.probes import CurvePoint
 from autotune.results.stages import LATENCY_SLOS
-from autotune.results.trials import TrialOutcome
+from autotune.results.trials import CurveSummary, TrialOutcome
 
 MIN_USABLE_POINTS = 2  # a curve needs two; a start above a configuration's peak may leave one
 SCREEN_LATENCIES = 2.5  # a screening rung's window: one batch (two rollout latencies) and room
@@ -128,8 +128,9 @@ async def measure_curve(
     the rung reaches `top` (the server's ceiling) or the range ends, or `out_of_reach` says
     the curve cannot beat the best; then, if that left fewer than two usable points
     (errors at `start`, or a start past this configuration's own plateau) or none within
-    the study's SLOs, or to reach `down_to` (a curve started at its ceiling), halve below
-    `start`, if the curve is `wanted` (a trial that is not the best needs no fit).
+    the study's SLOs, or to reach `down_to` (a curve started at its ceiling), or while 80%
+    of its peak's parallelism lies under its lowest rung, halve below `start`, if the
+    curve is `wanted` (a trial that is not the best needs no fit).
     `timing` sets each rung's probe length (None: the probe's own)."""
     space = study.search_space.parallelism
     limit = study.objective.max_error_rate
@@ -182,11 +183,21 @@ async def measure_curve(
         usable = [p for p in points if p.error_rate <= limit]
         return len(usable) < MIN_USABLE_POINTS or not any(_within_slos(p, study) for p in usable)
 
+    def below_rungs(points: Sequence[CurvePoint]) -> bool:
+        """80% of the peak's parallelism lies under the lowest rung (a curve level from its
+        start): the recommendation would be read off the fit extrapolated below it, and a
+        validation there could not step down onto a measured point."""
+        usable = [p for p in points if p.error_rate <= limit]
+        if len(usable) < MIN_USABLE_POINTS:
+            return False
+        recommended = _summary(usable, metric, top).recommended_parallelism
+        return recommended < min(p.parallelism for p in usable)
+
     parallelism = start
     floor = start if down_to is None else down_to
     while (
         parallelism > space.low
-        and (too_few(points) or parallelism > floor)
+        and (too_few(points) or parallelism > floor or below_rungs(points))
         and (wanted is None or wanted(points))
     ):
         parallelism = max(space.low, parallelism // 2)
@@ -425,6 +436,13 @@ def level_at(points: Sequence[CurvePoint], top: int, metric: str) -> bool:
     return low[1] >= high[0]
 
 
+def _summary(usable: Sequence[CurvePoint], metric: str, top: int | None) -> CurveSummary:
+    """The curve through the usable points, its ceiling `top` where it ran level to it."""
+    parallelism = [p.parallelism for p in usable]
+    level = top if top is not None and level_at(usable, top, metric) else None
+    return summarise_curve(parallelism, [p.metric(metric) for p in usable], level)
+
+
 def _outcome(
     study: Study,
     knobs: dict[str, Any],
@@ -438,11 +456,7 @@ def _outcome(
     usable = [p for p in ladder.points if p.error_rate <= objective.max_error_rate]
     meeting = [p for p in usable if _within_slos(p, study)] or usable
     best = max(meeting, key=lambda p: p.metric(metric), default=None)
-    curve = None
-    if usable:
-        parallelism = [p.parallelism for p in usable]
-        level = top if top is not None and level_at(usable, top, metric) else None
-        curve = summarise_curve(parallelism, [p.metric(metric) for p in usable], level)
+    curve = _summary(usable, metric, top) if usable else None
     reason = ladder.died
     if best is None and reason is None:
         reason = f"every probe failed more than {objective.max_error_rate:.0%} of rollouts"
