@@ -83,11 +83,11 @@ ServerArgs = Annotated[
 
 # A study with `resources` searches how its GPUs split into engines × tensor-parallel size
 # (sweep/feasibility.py `splits`): one categorical parameter of this name, each trial's knobs
-# holding the engines under ENGINES and the size under tensor_parallel_size.
+# holding the engines under NUM_ENGINES and the size under tensor_parallel_size.
 SPLIT = "split"
 
 
-ENGINES = "num_engines"
+NUM_ENGINES = "num_engines"
 
 
 class ChoiceSpace(SpecModel):
@@ -201,7 +201,7 @@ class SearchSpace(KnobSpaces):  # type: ignore[valid-type, misc]
             why = launcher_flag_problem(flag)
             if why is not None:
                 raise ValueError(f"flags {why}")
-            if field_name(flag) in ("data_parallel_size", ENGINES):
+            if field_name(flag) in ("data_parallel_size", NUM_ENGINES):
                 raise ValueError(
                     f"flags sets {flag}, which resources.gpus decides (engines × "
                     "tensor_parallel_size); remove it"

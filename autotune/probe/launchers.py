@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.config.collection import SyntheticWorkload, TargetConfig
 from autotune.config.flags import server_flags
-from autotune.config.knobs import ENGINES
+from autotune.config.knobs import NUM_ENGINES
 from autotune.config.study import Study, study_target_config
 from autotune.probe import Launcher, ProbeSettings
 from autotune.probe.command_probe import CommandProbe
@@ -201,8 +201,8 @@ def _server(study: Study) -> Callable[[Mapping[str, Any]], ServerGroup] | None:
 
 def _engines(knobs: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     """(the engines a configuration runs, its server flags)."""
-    flags = {name: value for name, value in knobs.items() if name != ENGINES}
-    return int(knobs.get(ENGINES, 1)), flags
+    flags = {name: value for name, value in knobs.items() if name != NUM_ENGINES}
+    return int(knobs.get(NUM_ENGINES, 1)), flags
 
 
 @asynccontextmanager

@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import math
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from autotune.config.rl_specs import BatchSpec, LoopSpec
+from autotune.probe.server_counts import server_tokens, token_check
 from autotune.probe.status import ProbeWatch, drain_status, probe_status
 from autotune.results.probes import ProbeBlock, ProbeResult, RateCheck
 from autotune.results.runs import BatchSummary, LoopSummary
@@ -51,7 +52,6 @@ from autotune.window import (
 )
 
 CHECK_EVERY_S = 0.25
-TOKEN_MISMATCH_THRESHOLD = 0.10
 TIMELINE_BINS = 60  # bins of a probe's throughput-over-time, at most
 
 
@@ -216,7 +216,7 @@ class ProbeRun:
                         several tokens a piece, so they are the second choice)."""
                         nonlocal in_pieces
                         streamed.append((now, counters.streamed_tokens))
-                        counted = _server_tokens(recorder.samples)
+                        counted = server_tokens(recorder.samples)
                         in_pieces = len(counted) < 2
                         return streamed if in_pieces else counted
 
@@ -381,7 +381,7 @@ class ProbeRun:
             telemetry=telemetry,
             telemetry_unavailable=dict(self.unavailable),
             server_engine=self.server_engine,
-            token_check=_token_check(
+            token_check=token_check(
                 self.samples,
                 windows,
                 client_tps,
@@ -681,73 +681,3 @@ def _checked(
     tokens = _in_tokens(window.tokens, counters, in_pieces=in_pieces)
     counted, _ = pooled_estimate(meter.done_at, [(window.start, window.end)], meter.mean_latency_s)
     return reconcile(in_rollouts(tokens, per_rollout), counted)
-
-
-def _read_at(counter: Sequence[tuple[float, float]], t: float) -> float | None:
-    """A counter's value at `t`, interpolated between the readings around it; None
-    outside them."""
-    index = bisect_left(counter, (t,))
-    if index == 0 or index == len(counter):
-        return counter[index][1] if index < len(counter) and counter[index][0] == t else None
-    (t0, v0), (t1, v1) = counter[index - 1], counter[index]
-    return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1
-
-
-def _server_tokens(samples: Sequence[Sample]) -> list[tuple[float, float]]:
-    """The server's own count of generated tokens over time, where it has one."""
-    return _server_counter(samples, "vllm:generation_tokens_total")
-
-
-def _server_counter(samples: Sequence[Sample], name: str) -> list[tuple[float, float]]:
-    return [(s.t, s.values[name]) for s in samples if s.source == "server" and name in s.values]
-
-
-def _counter_rate(
-    counter: Sequence[tuple[float, float]], windows: Sequence[tuple[float, float]]
-) -> float | None:
-    """A counter's rate over the windows: read at each window's edges, between the
-    scrapes around them (a block can be shorter than two scrape intervals)."""
-    counted = elapsed = 0.0
-    for start, end in windows:
-        at_start, at_end = _read_at(counter, start), _read_at(counter, end)
-        if at_start is not None and at_end is not None and end > start:
-            counted += at_end - at_start
-            elapsed += end - start
-    return counted / elapsed if elapsed else None
-
-
-def _token_check(
-    samples: Sequence[Sample],
-    windows: Sequence[tuple[float, float]],
-    client_tps: float,
-    precision: float,
-    client_requests_per_s: float | None,
-) -> dict[str, float] | None:
-    """The client's count beside the server's own counters over the same windows: output
-    tokens/s against vllm:generation_tokens_total, and (where a rollout is one model call,
-    `client_requests_per_s`) completions/s against the requests the server finished
-    (vllm:e2e_request_latency_seconds_count). The client counts the tokens of the
-    rollouts that finished in a window, which the server generated partly before it: a
-    difference within the rate's own relative `precision` is that, not a miscount."""
-    server_tps = _counter_rate(_server_tokens(samples), windows)
-    if server_tps is None or (server_tps <= 0 and client_tps <= 0):
-        return None
-    limit = max(TOKEN_MISMATCH_THRESHOLD, precision)
-    relative = abs(client_tps - server_tps) / max(server_tps, client_tps)
-    check = {
-        "client_tokens_per_s": client_tps,
-        "server_tokens_per_s": server_tps,
-        "relative_difference": relative,
-        "mismatch": float(relative > limit),
-    }
-    ended = _server_counter(samples, "vllm:e2e_request_latency_seconds_count")
-    server_rps = _counter_rate(ended, windows)
-    if client_requests_per_s is not None and server_rps:
-        apart = abs(client_requests_per_s - server_rps) / max(server_rps, client_requests_per_s)
-        check |= {
-            "client_requests_per_s": client_requests_per_s,
-            "server_requests_per_s": server_rps,
-            "requests_relative_difference": apart,
-            "requests_mismatch": float(apart > limit),
-        }
-    return check

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.config.knobs import ENGINES
+from autotune.config.knobs import NUM_ENGINES
 from autotune.engine_model.scheduler import SimEngine
 from autotune.engine_model.state import engine_config
 from autotune.errors import ServerStartupError
@@ -207,7 +207,7 @@ class VirtualSimLauncher:
 
     @asynccontextmanager
     async def running(self, knobs: Mapping[str, Any]) -> AsyncIterator[VirtualProbe]:
-        flags = {name: value for name, value in knobs.items() if name != ENGINES}
+        flags = {name: value for name, value in knobs.items() if name != NUM_ENGINES}
         try:
             config = SimConfig.of(SimArgs.parse(self.fixed_args).with_knobs(flags))
         except SimConfigError as error:
@@ -216,7 +216,7 @@ class VirtualSimLauncher:
             ) from None
         one_engine = replace(engine_config(config), time_scale=0.0)
         # Never started: the probe's clock steps them (see _Clock).
-        engines = [SimEngine(one_engine) for _ in range(int(knobs.get(ENGINES, 1)))]
+        engines = [SimEngine(one_engine) for _ in range(int(knobs.get(NUM_ENGINES, 1)))]
         try:
             yield VirtualProbe(
                 engines,

@@ -97,7 +97,7 @@ class TrialRecord(Record):
     @property
     def split(self) -> str | None:
         """`4x2`: engines × tensor-parallel size, in a study that split a GPU budget."""
-        if "num_engines" not in self.knobs:  # config.ENGINES
+        if "num_engines" not in self.knobs:  # config.knobs.NUM_ENGINES
             return None
         return f"{self.knobs['num_engines']}x{self.knobs.get('tensor_parallel_size', 1)}"
 

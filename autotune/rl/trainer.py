@@ -103,13 +103,14 @@ class ServerControl:
         """What the server serves, looked at before the first step, so a mode it cannot
         run is refused at once. A vLLM that sleeps but has no pause API (its dev mode
         without it) still sleeps; the client's side pauses it."""
+        heard_sleeping = False  # found by its sleep state: it sleeps, no need to ask again
         for engine in ENGINES.values():
             endpoints = engine.control
             if endpoints.serves is not None and await self._serves(endpoints.serves):
                 self.engine, self.pauses = engine, endpoints.pause is not None
                 break
             if endpoints.sleeping is not None and await self._serves(endpoints.sleeping):
-                self.engine = engine
+                self.engine, heard_sleeping = engine, True
                 break
         control = self.engine.control if self.engine is not None else None
         if self.pauses and control is not None and spec.pause_mode not in control.pause_modes:
@@ -118,7 +119,7 @@ class ServerControl:
                 f"--pause-mode {spec.pause_mode} is not one {self._title} has "
                 f"(it pauses with {modes}); pick one of those."
             )
-        if spec.mode == "colocated" and not await self._sleeps():
+        if spec.mode == "colocated" and not (heard_sleeping or await self._sleeps()):
             enable = (control or ENGINES["vllm"].control).enable
             raise UsageError(
                 f"the colocated mode puts the server at {self._root} to sleep while the "

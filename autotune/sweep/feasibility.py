@@ -13,8 +13,8 @@ from typing import Any
 
 from autotune.config.flags import flag_values
 from autotune.config.knobs import (
-    ENGINES,
     KNOBS,
+    NUM_ENGINES,
     SERVER_KNOBS,
     SPLIT,
     ChoiceSpace,
@@ -156,7 +156,7 @@ def knobs_of(params: Mapping[str, Any]) -> dict[str, Any]:
     knobs = dict(params)
     if SPLIT in knobs:
         split = Split.parse(str(knobs.pop(SPLIT)))
-        knobs = {ENGINES: split.engines, "tensor_parallel_size": split.tp, **knobs}
+        knobs = {NUM_ENGINES: split.engines, "tensor_parallel_size": split.tp, **knobs}
     return knobs
 
 
@@ -175,8 +175,8 @@ def prelaunch(study: Study, knobs: Mapping[str, Any], gpu_memory: GpuMemory | No
     if shared is not None:
         return Batch(shared, None)
     knobs = server_part(knobs)
-    engines = int(knobs.get(ENGINES, 1))
-    one = _one_engine(study, {k: v for k, v in knobs.items() if k != ENGINES}, gpu_memory)
+    engines = int(knobs.get(NUM_ENGINES, 1))
+    one = _one_engine(study, {k: v for k, v in knobs.items() if k != NUM_ENGINES}, gpu_memory)
     if one.ceiling is None or engines == 1:
         return one
     return replace(one, ceiling=one.ceiling * engines)
@@ -297,7 +297,7 @@ def roofline_share(
             gpu,
             model,
             int(settings.get("tensor_parallel_size", 1)),
-            int(knobs.get(ENGINES, 1)),
+            int(knobs.get(NUM_ENGINES, 1)),
             prompt,
             output,
             max_num_seqs=int(settings.get("max_num_seqs", 256)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from autotune.config.knobs import ENGINES
+from autotune.config.knobs import NUM_ENGINES
 from autotune.engines.description import flag_value
 from autotune.engines.known import SGLANG
 
@@ -17,7 +17,7 @@ TP = "tensor_parallel_size"
 # one engine (slime/utils/arguments.py validate_args asserts --sglang-enable-dp-attention;
 # verl's async_sglang_server.py multiplies it into tp_size; AReaL's cli_args.py SGLangConfig:
 # "dp_size: only used for dp attention"), not autotune's engines.
-SPLIT = frozenset({ENGINES, TP, "data_parallel_size"})
+SPLIT = frozenset({NUM_ENGINES, TP, "data_parallel_size"})
 
 # slime: slime/backends/sglang_utils/arguments.py add_sglang_arguments registers every
 # SGLang ServerArgs flag as --sglang-<flag> except these fields (its skipped_args).
@@ -88,7 +88,7 @@ def sglang_framework_lines(
     (autotune's names, vLLM's; num_engines the engines) and `parallelism`, the samples in
     flight over all engines (`group_size` samples to one AReaL rollout). A knob the framework
     has no name for, or whose value is None, is left out."""
-    engines = count(knobs.get(ENGINES) or 1)
+    engines = count(knobs.get(NUM_ENGINES) or 1)
     tp = knobs.get(TP)
     return {
         "slime": " ".join(slime_words(knobs, parallelism, engines)),
@@ -120,7 +120,7 @@ def slime_words(knobs: Mapping[str, object], parallelism: int, engines: int) -> 
     boolean left out (SGLang's boolean flags are off unless given)."""
     tp = knobs.get(TP)
     words = [] if tp is None else [SLIME_GPUS_PER_ENGINE, flag_value(tp)]
-    if knobs.get(ENGINES) is not None:
+    if knobs.get(NUM_ENGINES) is not None:
         words += [SLIME_GPUS, str(engines * count(tp or 1))]
     words += [SLIME_CONCURRENCY, str(math.ceil(parallelism / engines))]
     for field, value in server_fields(knobs).items():
@@ -151,7 +151,7 @@ def areal_words(knobs: Mapping[str, object], rollouts: int, engines: int) -> lis
     (a switch both ways: AReaL's own defaults are not SGLang's)."""
     words = []
     tp = knobs.get(TP)
-    if knobs.get(ENGINES) is not None or tp is not None:
+    if knobs.get(NUM_ENGINES) is not None or tp is not None:
         words.append(f"{AREAL_BACKEND}=sglang:d{engines}t{flag_value(tp or 1)}")
     words.append(f"{AREAL_CONCURRENCY}={rollouts}")
     for field, value in server_fields(knobs, explicit=True).items():

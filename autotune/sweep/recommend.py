@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from autotune.config.flags import server_flags
-from autotune.config.knobs import ENGINES, SERVER_KNOBS, knob
+from autotune.config.knobs import NUM_ENGINES, SERVER_KNOBS, knob
 from autotune.engines import ENGINE_NAMES, Engine, engine_named
 from autotune.engines.description import OPTIONS_FILE
 from autotune.knee import CurveBootstrap, Interval, UslFit, bootstrap_curve, standard_errors
@@ -38,7 +38,7 @@ from autotune.sweep.frameworks import sglang_framework_lines
 
 # OpenRLHF's dotted flags for the vLLM knobs it exposes (a switch: given when true).
 OPENRLHF_FLAGS = {
-    ENGINES: "--vllm.num_engines",
+    NUM_ENGINES: "--vllm.num_engines",
     **{name: flag for name in SERVER_KNOBS if (flag := knob(name).openrlhf) is not None},
 }
 CACHING = "enable_prefix_caching"
@@ -67,8 +67,8 @@ def serve_line(engine: Engine, model: str | None, knobs: dict[str, object]) -> s
     """The engine's launch line for a configuration, its knobs spelled as the engine spells
     them; several engines run as one server's data-parallel ranks where the engine can
     (TensorRT-LLM cannot: the line is each engine's, one server a replica)."""
-    flags = {name: value for name, value in knobs.items() if name != ENGINES}
-    engines = int(str(knobs.get(ENGINES, 1)))
+    flags = {name: value for name, value in knobs.items() if name != NUM_ENGINES}
+    engines = int(str(knobs.get(NUM_ENGINES, 1)))
     if engines > 1 and engine.knob_problem("data_parallel_size") is None:
         flags = {"data_parallel_size": engines, **flags}
     options = OPTIONS_FILE if engine.options(flags) else None
@@ -95,7 +95,7 @@ def collect_line(result: SweepResult, parallelism: int, knobs: dict[str, object]
     the prediction."""
     words = ["autotune", "collect", "--parallelism", str(parallelism)]
     if result.simulated:
-        served = {name: value for name, value in knobs.items() if name != ENGINES}
+        served = {name: value for name, value in knobs.items() if name != NUM_ENGINES}
         target = result.spec.get("target") or {}
         sim = [*map(str, target.get("args") or []), *server_flags(served)]
         words += [f"--sim-arg={arg}" for arg in sim]
@@ -134,7 +134,7 @@ def prefix_caching_gain(result: SweepResult, best: TrialRecord) -> PrefixCaching
 
 def _split(knobs: dict[str, Any]) -> tuple[int, int]:
     """(engines, tensor-parallel size) of a configuration."""
-    return int(knobs.get(ENGINES, 1)), int(knobs.get("tensor_parallel_size", 1))
+    return int(knobs.get(NUM_ENGINES, 1)), int(knobs.get("tensor_parallel_size", 1))
 
 
 def usable_points(result: SweepResult, trial: TrialRecord) -> list[CurvePoint]:
