@@ -10,9 +10,9 @@ status 1. A script that prints as it goes calls `report_targets` itself at its e
 
 Servers: `pin_client` and `null_server` (the client on one core, the null server on
 another), `sim_server` (a fresh simulator); `autotune_cli` runs the command line as a
-user does. Imports of autotune stay inside the functions that need them: gpu_check.py's
-server imports this package under another environment's Python, one that may have
-little beyond torch.
+user does. Imports of autotune stay inside the functions that need them. `gpu_server.py`
+is gpu_check.py's model server, a script run under any Python with torch (it imports
+nothing of this package).
 """
 
 from .flags import bench_args, count, count0, positive, rl_flags
