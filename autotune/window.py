@@ -206,21 +206,6 @@ def pooled_estimate(
     return estimate, end
 
 
-def counted_in_rounds(
-    done_at: Sequence[float], start: float, end: float, parallelism: int, latency_s: float
-) -> RateEstimate:
-    """The completions over a window that began between them (one timed in tokens),
-    counted from its first completion in batches of one round of `parallelism` each, so
-    each batch ends where it began in a closed loop's waves. A count begun between two
-    waves takes part of a wave for part of a period: against a server whose slots finish
-    in lock step it read 14.2 rollouts/s where 13.0 ran."""
-    first = bisect_left(done_at, start)
-    if first >= len(done_at):
-        return pooled_estimate(done_at, [(start, end)], latency_s)[0]
-    anchor = done_at[first]
-    return completion_batches_rate(done_at, [(anchor, end)], max(1, parallelism))
-
-
 def steady_window(
     done_at: Sequence[float],
     settings: ProbeSettings,
