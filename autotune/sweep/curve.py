@@ -152,6 +152,9 @@ async def measure_curve(
             spent += point.probe_s
         return point
 
+    def usable(points: Sequence[CurvePoint]) -> list[CurvePoint]:
+        return [p for p in points if p.error_rate <= limit]
+
     def died(parallelism: int) -> Ladder:
         why = f"the server stopped answering at parallelism {parallelism}"
         return Ladder(points, why, probe_s=spent)
@@ -163,8 +166,9 @@ async def measure_curve(
         if point.stop_reason == "server died":
             return died(parallelism)
         why = out_of_reach(points) if out_of_reach else None
-        usable = sum(p.error_rate <= limit for p in points)
-        if why is not None and (point.error_rate > limit or usable < MIN_USABLE_POINTS):
+        if why is not None and (
+            point.error_rate > limit or len(usable(points)) < MIN_USABLE_POINTS
+        ):
             return Ladder(points, pruned=why, probe_s=spent)  # no halving: out of reach
         if point.error_rate > limit:
             break
@@ -180,18 +184,18 @@ async def measure_curve(
     def too_few(points: Sequence[CurvePoint]) -> bool:
         """Fewer than two usable points, or none within the SLOs (a recommendation read
         off points that all miss them would be extrapolated below the curve)."""
-        usable = [p for p in points if p.error_rate <= limit]
-        return len(usable) < MIN_USABLE_POINTS or not any(_within_slos(p, study) for p in usable)
+        kept = usable(points)
+        return len(kept) < MIN_USABLE_POINTS or not any(_within_slos(p, study) for p in kept)
 
     def below_rungs(points: Sequence[CurvePoint]) -> bool:
         """80% of the peak's parallelism lies under the lowest rung (a curve level from its
         start): the recommendation would be read off the fit extrapolated below it, and a
         validation there could not step down onto a measured point."""
-        usable = [p for p in points if p.error_rate <= limit]
-        if len(usable) < MIN_USABLE_POINTS:
+        kept = usable(points)
+        if len(kept) < MIN_USABLE_POINTS:
             return False
-        recommended = _summary(usable, metric, top).recommended_parallelism
-        return recommended < min(p.parallelism for p in usable)
+        lowest = min(p.parallelism for p in kept)
+        return _summary(kept, metric, top).recommended_parallelism < lowest
 
     parallelism = start
     floor = start if down_to is None else down_to
@@ -205,7 +209,7 @@ async def measure_curve(
         points.insert(0, point)
         if point.stop_reason == "server died":
             return died(parallelism)
-    boundary = slo_boundary([p for p in points if p.error_rate <= limit], study)
+    boundary = slo_boundary(usable(points), study)
     if boundary is not None and (wanted is None or wanted(points)):
         point = await measure(boundary)
         points = sorted([*points, point], key=lambda p: p.parallelism)
