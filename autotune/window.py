@@ -206,6 +206,22 @@ def pooled_estimate(
     return estimate, end
 
 
+def counted_in_rounds(
+    done_at: Sequence[float], start: float, end: float, parallelism: int, latency_s: float
+) -> RateEstimate:
+    """The completions over a window that began between two (one timed in tokens), from
+    its first completion in batches of whole rounds of `parallelism`, so that each batch
+    ends where it began among a closed loop's waves. Begun between two waves, or ended
+    within one, a count of slots that finish together read 13.7 rollouts/s where 13.0 ran."""
+    first = bisect_left(done_at, start)
+    if first < len(done_at) and done_at[first] <= end:
+        start = done_at[first]
+    events = bisect_right(done_at, end) - bisect_right(done_at, start)
+    k = batch_events(events, end - start, latency_s)
+    slots = max(1, parallelism)
+    return completion_batches_rate(done_at, [(start, end)], slots * max(1, round(k / slots)))
+
+
 def steady_window(
     done_at: Sequence[float],
     settings: ProbeSettings,

@@ -11,8 +11,10 @@ from autotune.window import (
     MIN_BATCHES,
     TOKENS_PER_SLOT,
     ProbeSettings,
+    counted_in_rounds,
     in_rollouts,
     long_rollouts,
+    pooled_estimate,
     reconcile,
     steady_window,
     token_window,
@@ -116,3 +118,24 @@ def test_the_token_rate_and_counted_completions_reconcile() -> None:
     few = RateEstimate(12.0, 6.0, 18.0, 12, 10.0, 3)  # 12 completions: too few to count
     rate, check = reconcile(tokens, few)
     assert rate is tokens and check.counted is None and "12 completions" in (check.why or "")
+
+
+def test_completions_counted_in_whole_rounds_read_a_lock_step_server_exactly() -> None:
+    """Eight slots finishing together every 0.6 s run 13.33 rollouts/s. A window timed in
+    tokens begins anywhere between the waves; counted from that instant (`pooled_estimate`)
+    the first batch takes a wave for part of a period, and the rate reads high or low by
+    where the window began. Counted from its first completion in whole rounds, it reads
+    the rate wherever it began."""
+    period, slots = 0.6, 8
+    done_at = sorted(wave * period + slot * 1e-4 for wave in range(1, 20) for slot in range(slots))
+    true_rate = slots / period
+    for start in (1.21, 1.5, 1.79, 2.4001):
+        end = start + 4.0
+        rounds = counted_in_rounds(done_at, start, end, slots, period)
+        assert abs(rounds.rate / true_rate - 1) < 0.01, (start, rounds)
+        assert rounds.low - 1e-9 <= true_rate <= rounds.high + 1e-9
+    from_instant = [
+        pooled_estimate(done_at, [(start, start + 4.0)], period)[0].rate / true_rate
+        for start in (1.21, 1.5, 1.79)
+    ]
+    assert max(from_instant) - min(from_instant) > 0.05, from_instant  # the old count moved

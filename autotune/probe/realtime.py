@@ -41,6 +41,7 @@ from autotune.verifiers import Verifier
 from autotune.window import (
     ProbeSettings,
     Window,
+    counted_in_rounds,
     in_rollouts,
     long_rollouts,
     pooled_blocks,
@@ -222,7 +223,9 @@ class ProbeRun:
 
                     def checked(window: Window) -> tuple[RateEstimate, RateCheck]:
                         """A window timed in tokens as rollouts/s, beside its completions."""
-                        return _checked(window, meter, counters, in_pieces=in_pieces)
+                        return _checked(
+                            window, meter, counters, settings.parallelism, in_pieces=in_pieces
+                        )
 
                     window, reason = await _watch(
                         limits,
@@ -672,12 +675,15 @@ def _in_tokens(rate: RateEstimate, counters: Any, *, in_pieces: bool) -> RateEst
 
 
 def _checked(
-    window: Window, meter: _Meter, counters: Any, *, in_pieces: bool
+    window: Window, meter: _Meter, counters: Any, parallelism: int, *, in_pieces: bool
 ) -> tuple[RateEstimate, RateCheck]:
     """A window timed in tokens as rollouts/s (by the tokens a finished rollout had), and
-    the completions counted over it beside that (`reconcile`)."""
+    the completions counted over it in whole rounds of `parallelism` beside that
+    (`reconcile`)."""
     assert window.tokens is not None
     per_rollout = sum(meter.tokens) / len(meter.tokens) if meter.tokens else None
     tokens = _in_tokens(window.tokens, counters, in_pieces=in_pieces)
-    counted, _ = pooled_estimate(meter.done_at, [(window.start, window.end)], meter.mean_latency_s)
+    counted = counted_in_rounds(
+        meter.done_at, window.start, window.end, parallelism, meter.mean_latency_s
+    )
     return reconcile(in_rollouts(tokens, per_rollout), counted)
