@@ -10,6 +10,7 @@ that over-sampling cancels stop on vLLM and none is lost. One vLLM serves them a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import threading
@@ -376,7 +377,8 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
     assert set(keys) == {(task, sample) for task in range(GROUP_TASKS) for sample in range(REPEATS)}
 
     # The cancelled samples stopped on vLLM: its running gauge fell at the last cancel, it
-    # generated tokens for them, fewer than they asked for, and none is left running. Each
+    # generated fewer tokens for them than they asked for (none for a sample cancelled while
+    # it still waited in vLLM's queue), and none is left running. Each
     # completed sample finished there; a cancelled one may have too, its answer in while
     # its reward was pending. vLLM's ended-request counters count no cancel, "abort"
     # included (test_a_cancelled_sample_stops_on_vllm_at_the_cancel says why).
@@ -399,7 +401,7 @@ def test_over_sampling_cancels_on_vllm_and_loses_no_sample(
         row["responses_create_params"]["max_output_tokens"]  # type: ignore[index]
         for row in failures
     )
-    assert 0 < wasted < asked, (wasted, asked)
+    assert 0 <= wasted < asked, (wasted, asked)
 
 
 # -- the RL loop: each sync really pauses and resumes vLLM through its own endpoints --------
@@ -411,13 +413,18 @@ def test_the_loop_pauses_and_resumes_vllm_at_each_sync(
 ) -> None:
     """Async, two batches ahead, so requests are in flight at every sync: with `keep` vLLM
     holds them frozen (running, no token made) until /resume; with `abort` it ends them
-    (none running) and the loop sends them again. Every launched group ends in the ledger."""
+    (none running) and the loop sends them again. Every launched group ends in the ledger.
+
+    The gauges are judged from halfway through each pause: vLLM's API server writes them as
+    it reads the engine core's outputs, and the paused core has sent all of its outputs
+    when /pause returns, but the API server may still be reading a backlog of them (on a
+    busy machine, 280 tokens of 16 requests 0.1 s after the pause returned)."""
     with gauges_of(vllm_server) as samples:
         result = autotune(
             "loop", "--base-url", vllm_server.base_url or "",
             "--synthetic", "16", "--output-tokens", "256,0", "--num-repeats", "4",
             "--mode", "async", "--batch-groups", "2", "--max-ahead", "4", "--steps", "3",
-            "--train-s", "0.5", "--sync-s", "1", "--pause-mode", pause_mode,
+            "--train-s", "0.5", "--sync-s", "2", "--pause-mode", pause_mode,
             "--output-dir", str(tmp_path), "--json", "--quiet",
             timeout=300,
         )  # fmt: skip
@@ -437,9 +444,12 @@ def test_the_loop_pauses_and_resumes_vllm_at_each_sync(
         )
         for step in summary["steps"]
     ]
-    held = 0
+    moved = [t for (_, *then), (t, *now) in itertools.pairwise(samples) if now != then]
+    held, backlog_s = 0, 0.0
     for start, end in paused_windows:
-        inside = [(running, made) for t, running, made in samples if start + 0.1 < t < end - 0.1]
+        backlog_s = max(backlog_s, max((t - start for t in moved if start < t < end), default=0))
+        middle = (start + end) / 2
+        inside = [(running, made) for t, running, made in samples if middle < t < end - 0.1]
         assert len(inside) >= 5, (start, end, len(samples))
         assert len({made for _, made in inside}) == 1, inside  # paused: no token made
         if pause_mode == "keep":
@@ -447,6 +457,7 @@ def test_the_loop_pauses_and_resumes_vllm_at_each_sync(
             held += inside[0][0] > 0
         else:
             assert all(running == 0 for running, _ in inside), inside  # ended
+    print(f"the gauges last moved {backlog_s * 1000:.0f} ms into a pause")
     if pause_mode == "keep":
         assert held, "no sync found a request in flight to hold"
     else:
