@@ -386,24 +386,19 @@ async def test_synthetic_reward_is_a_deterministic_bit() -> None:
 # --- user callables in the pool -----------------------------------------------------
 
 
-@pytest.mark.slow
 async def test_pool_runs_two_cpu_heavy_calls_at_once() -> None:
+    """Two calls of 0.4 CPU-seconds each, in two worker processes at the same time: each
+    started before the other ended. (Not judged by the wall time the pair took: a core
+    taken by another process would make two parallel calls look serial.)"""
     verifier = await load_verifier(f"{SCORES}:cpu_burn", TWO)
     try:
-        ratios = []
-        for _ in range(3):  # retried only when a noisy neighbour spoils a measurement
-            started = time.perf_counter()
-            await verifier.verify(row("x"))
-            one = time.perf_counter() - started
-            assert one >= 0.35  # the function really burns 0.4 s of CPU
-            started = time.perf_counter()
-            await asyncio.gather(verifier.verify(row("x")), verifier.verify(row("x")))
-            ratios.append((time.perf_counter() - started) / one)
-            if ratios[-1] < 1.5:
-                break
-        assert min(ratios) < 1.7, f"two calls took {min(ratios):.2f}x one call (serial: 2x)"
+        await asyncio.gather(verifier.verify(row("x")), verifier.verify(row("x")))  # warm
+        first, second = await asyncio.gather(verifier.verify(row("x")), verifier.verify(row("x")))
     finally:
         await verifier.aclose()
+    assert first["pid"] != second["pid"]
+    overlap = min(first["ended"], second["ended"]) - max(first["started"], second["started"])
+    assert overlap > 0, f"the second call started {-overlap:.2f} s after the first ended"
 
 
 async def test_pool_exceptions_reach_the_caller_with_their_class() -> None:
