@@ -198,8 +198,11 @@ def test_a_speedup_exactly_at_the_threshold_is_inconclusive_and_one_clear_of_it_
         f"clear of it, true ×{truth:.3f}: {scaled.verdict}, "
         f"×{scaled.speedup:.3f} ({low:.3f}–{high:.3f})"
     )
+    # Its interval is clear of the zone, as the truth is; whether a 95% interval covers the
+    # truth is a rate over many runs (tests/test_stats.py), which one run cannot judge.
+    zone_top = Thresholds().undecided_zone(4)[1]
     assert scaled.verdict == "parallelism-bound" and scaled.clear_of_threshold
-    assert low > Thresholds().undecided_zone(4)[1] and low <= truth <= high
+    assert low > zone_top and truth > zone_top
 
 
 @pytest.mark.slow
@@ -255,7 +258,12 @@ def test_a_load_change_as_the_high_probe_starts_never_decides_a_wrong_verdict() 
     naming the load change either way (benchmarks/load_change.py plants it at three
     places, on two servers)."""
     baseline = diagnose_in_process((), Thresholds())
-    assert baseline.verdict.verdict == "parallelism-bound"
+    print(f"without the change: {baseline.verdict.verdict} ×{baseline.verdict.speedup:.2f}")
+    # A host whose own load moved meanwhile (a busy CI machine) makes it inconclusive, and
+    # it says so; it times the planted change all the same.
+    assert baseline.verdict.verdict == "parallelism-bound" or (
+        "the load changed during the probes" in baseline.verdict.confidence
+    ), baseline.verdict.confidence
     low, high = baseline.probes
     first_low_run = low.phases[2][2]  # its warm-up, window and drain (simulated seconds)
     high_warm_up = high.phases[0][2] - high.phases[0][1]

@@ -183,8 +183,20 @@ def test_every_command_block_is_fenced_and_every_skipped_one_says_why(page: Path
     assert commands == [], f"{_name(page)}: indented command blocks, fence them ```sh: {commands}"
 
 
-def _runnable_pages() -> list[Path]:
-    return [page for page in PAGES if any(block.runs for block in _blocks(page))]
+def _runnable_pages() -> list[Any]:
+    """The pages with a block to run; one that runs `autotune bench run` is marked
+    `measures`: the bench refuses a machine busy enough to delay its repetitions, as the
+    ordinary tests beside it would make it (tests/conftest.py)."""
+    return [
+        pytest.param(
+            page,
+            marks=[pytest.mark.measures]
+            if any(block.runs and "bench run" in block.body for block in _blocks(page))
+            else [],
+        )
+        for page in PAGES
+        if any(block.runs for block in _blocks(page))
+    ]
 
 
 @pytest.mark.slow
