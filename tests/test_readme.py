@@ -184,13 +184,14 @@ def test_every_command_block_is_fenced_and_every_skipped_one_says_why(page: Path
 
 
 def _runnable_pages() -> list[Any]:
-    """The pages with a block to run; one that runs `autotune bench run` is marked
-    `measures`: the bench refuses a machine busy enough to delay its repetitions, as the
-    ordinary tests beside it would make it (tests/conftest.py)."""
+    """The pages with a block to run; one that runs `autotune bench run` runs `alone`: the
+    bench refuses a machine busy enough to delay its repetitions, as the tests beside it
+    would make it (CI's refused 31 of them), and the page's sweep would take the CPU a
+    measuring test beside it needs (tests/conftest.py)."""
     return [
         pytest.param(
             page,
-            marks=[pytest.mark.measures]
+            marks=[pytest.mark.alone]
             if any(block.runs and "bench run" in block.body for block in _blocks(page))
             else [],
         )
