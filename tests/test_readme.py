@@ -188,16 +188,13 @@ def _runnable_pages() -> list[Any]:
     bench refuses a machine busy enough to delay its repetitions, as the tests beside it
     would make it (CI's refused 31 of them), and the page's sweep would take the CPU a
     measuring test beside it needs (tests/conftest.py)."""
-    return [
-        pytest.param(
-            page,
-            marks=[pytest.mark.alone]
-            if any(block.runs and "bench run" in block.body for block in _blocks(page))
-            else [],
-        )
-        for page in PAGES
-        if any(block.runs for block in _blocks(page))
-    ]
+    params = []
+    for page in PAGES:
+        runnable = [block for block in _blocks(page) if block.runs]
+        if runnable:
+            benches = any("bench run" in block.body for block in runnable)
+            params.append(pytest.param(page, marks=[pytest.mark.alone] if benches else []))
+    return params
 
 
 @pytest.mark.slow
