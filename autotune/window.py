@@ -132,20 +132,33 @@ def token_window(
     return Window(warm, warm + rate.window_s, reason, tokens=rate)
 
 
-def in_rollouts(tokens: RateEstimate, tokens_per_rollout: float | None) -> RateEstimate:
+def in_rollouts(
+    tokens: RateEstimate, tokens_per_rollout: float | None, spread: float = 0.0
+) -> RateEstimate:
     """A rate of output tokens as rollouts/s, by the tokens a finished rollout had (none
     finished: 0, with no upper bound). Any unit converts so: pieces as tokens, by the
-    pieces a token took."""
+    pieces a token took. `spread`: the relative 95% half-width of `tokens_per_rollout`
+    (`length_spread`), which widens the interval: a mean length is measured too."""
     if not tokens_per_rollout:
         return RateEstimate(0.0, 0.0, math.inf, 0, tokens.window_s, tokens.batches)
-    return RateEstimate(
-        tokens.rate / tokens_per_rollout,
-        tokens.low / tokens_per_rollout,
-        tokens.high / tokens_per_rollout,
-        round(tokens.events / tokens_per_rollout),
-        tokens.window_s,
-        tokens.batches,
-    )
+    rate = tokens.rate / tokens_per_rollout
+    low, high = tokens.low / tokens_per_rollout, tokens.high / tokens_per_rollout
+    if spread > 0 and rate > 0:
+        low = rate * max(0.0, 1 - math.hypot(1 - low / rate, spread))
+        high = rate * (1 + math.hypot(high / rate - 1, spread))
+    events = round(tokens.events / tokens_per_rollout)
+    return RateEstimate(rate, low, high, events, tokens.window_s, tokens.batches)
+
+
+def length_spread(lengths: Sequence[int]) -> float:
+    """The relative 95% half-width of the mean of `lengths` (finished rollouts' tokens):
+    0 where they are all alike, or only one has finished (its length is all there is)."""
+    n = len(lengths)
+    mean = sum(lengths) / n if n else 0.0
+    if n < 2 or mean <= 0:
+        return 0.0
+    sd = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (n - 1))
+    return t95(n - 1) * sd / math.sqrt(n) / mean
 
 
 def reconcile(from_tokens: RateEstimate, counted: RateEstimate) -> tuple[RateEstimate, RateCheck]:

@@ -130,11 +130,16 @@ def plant_slowdown(destination: Path, micros: float) -> Path:
 
 
 @asynccontextmanager
-async def engine_probe(base_url: str, settings: ProbeSettings) -> AsyncIterator[EngineProbe]:
-    """autotune's engine, with short synthetic tasks (32 output tokens), against the
-    server at `base_url`."""
+async def engine_probe(
+    base_url: str, settings: ProbeSettings, output_tokens_std: int = 0
+) -> AsyncIterator[EngineProbe]:
+    """autotune's engine, with short synthetic tasks (32 output tokens, every one alike
+    unless `output_tokens_std`), against the server at `base_url`."""
     target = TargetConfig(base_url=base_url, extra_body={"ignore_eos": True})
-    workload = Workload(None, SyntheticWorkload(num_tasks=64, output_tokens_mean=32))
+    tasks = SyntheticWorkload(
+        num_tasks=64, output_tokens_mean=32, output_tokens_std=output_tokens_std
+    )
+    workload = Workload(None, tasks)
     verifier = await load_verifier("none")
     try:
         async with open_session(target) as session:

@@ -13,6 +13,7 @@ from autotune.window import (
     ProbeSettings,
     counted_in_rounds,
     in_rollouts,
+    length_spread,
     long_rollouts,
     pooled_estimate,
     reconcile,
@@ -66,6 +67,22 @@ def test_a_steady_token_rate_stops_on_precision_and_converts_to_rollouts() -> No
     assert abs(rollouts.rate - tokens.rate / 2000) < 1e-12
     assert abs(rollouts.high / rollouts.rate - tokens.high / tokens.rate) < 1e-12
     assert in_rollouts(tokens, None).high == float("inf")  # none finished: no rollout rate
+
+
+def test_a_mean_length_measured_from_few_varied_rollouts_widens_the_rollout_rate() -> None:
+    """The rollouts/s a token rate gives is no surer than the mean length it is divided
+    by: alike lengths add nothing, varied ones add their mean's 95% half-width."""
+    tokens = RateEstimate(1000.0, 950.0, 1050.0, 4000, 4.0, 8)  # ±5%
+    assert length_spread([32] * 50) == 0.0
+    assert length_spread([500]) == 0.0  # one finished: its length is all there is
+    lengths = [10, 30, 50, 70, 90] * 20  # mean 50, sd 28.4 over 100
+    spread = length_spread(lengths)
+    assert 0.10 < spread < 0.12  # 1.96 × 28.4 / √100 / 50 = 0.111
+    alike, varied = in_rollouts(tokens, 50.0), in_rollouts(tokens, 50.0, spread)
+    assert varied.rate == alike.rate == 20.0
+    assert abs(alike.high / alike.rate - 1.05) < 1e-9
+    assert abs(varied.high / varied.rate - 1 - (0.05**2 + spread**2) ** 0.5) < 1e-9
+    assert abs(1 - varied.low / varied.rate - (0.05**2 + spread**2) ** 0.5) < 1e-9
 
 
 def test_the_token_rate_interval_covers_the_true_rate() -> None:

@@ -43,6 +43,7 @@ from autotune.window import (
     Window,
     counted_in_rounds,
     in_rollouts,
+    length_spread,
     long_rollouts,
     pooled_blocks,
     pooled_estimate,
@@ -677,13 +678,13 @@ def _in_tokens(rate: RateEstimate, counters: Any, *, in_pieces: bool) -> RateEst
 def _checked(
     window: Window, meter: _Meter, counters: Any, parallelism: int, *, in_pieces: bool
 ) -> tuple[RateEstimate, RateCheck]:
-    """A window timed in tokens as rollouts/s (by the tokens a finished rollout had), and
-    the completions counted over it in whole rounds of `parallelism` beside that
-    (`reconcile`)."""
+    """A window timed in tokens as rollouts/s (by the tokens a finished rollout had, its
+    interval widened by how much their lengths vary), and the completions counted over it
+    in whole rounds of `parallelism` beside that (`reconcile`)."""
     assert window.tokens is not None
     per_rollout = sum(meter.tokens) / len(meter.tokens) if meter.tokens else None
     tokens = _in_tokens(window.tokens, counters, in_pieces=in_pieces)
     counted = counted_in_rounds(
         meter.done_at, window.start, window.end, parallelism, meter.mean_latency_s
     )
-    return reconcile(in_rollouts(tokens, per_rollout), counted)
+    return reconcile(in_rollouts(tokens, per_rollout, length_spread(meter.tokens)), counted)
