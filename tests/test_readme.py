@@ -183,24 +183,32 @@ def test_every_command_block_is_fenced_and_every_skipped_one_says_why(page: Path
     assert commands == [], f"{_name(page)}: indented command blocks, fence them ```sh: {commands}"
 
 
-def _runnable_pages() -> list[Any]:
-    """The pages with a block to run; one that runs `autotune bench run` runs `alone`: the
-    bench refuses a machine busy enough to delay its repetitions, as the tests beside it
-    would make it (CI's refused 31 of them), and the page's sweep would take the CPU a
-    measuring test beside it needs (tests/conftest.py)."""
+def _benches(block: Block) -> bool:
+    return "bench run" in block.body
+
+
+def _runnable_parts() -> list[Any]:
+    """Each page's blocks to run, in two parts: those that run `autotune bench run` go
+    `alone` (the bench refuses a machine busy enough to delay its repetitions, as the
+    tests beside it would make it: CI's refused 31 of them), each standing on its own in
+    a fresh folder; the rest run in order beside other tests. The README's blocks take
+    about two minutes, its bench 17 s: only the bench needs the machine to itself."""
     params = []
     for page in PAGES:
         runnable = [block for block in _blocks(page) if block.runs]
-        if runnable:
-            benches = any("bench run" in block.body for block in runnable)
-            params.append(pytest.param(page, marks=[pytest.mark.alone] if benches else []))
+        if any(not _benches(block) for block in runnable):
+            params.append(pytest.param(page, False, id=_name(page)))
+        if any(_benches(block) for block in runnable):
+            params.append(
+                pytest.param(page, True, id=f"{_name(page)}:bench", marks=pytest.mark.alone)
+            )
     return params
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", _runnable_pages(), ids=_name)
+@pytest.mark.parametrize(("page", "benches"), _runnable_parts())
 def test_every_runnable_command_block_runs_and_writes_what_it_says(
-    page: Path, tmp_path: Path
+    page: Path, benches: bool, tmp_path: Path
 ) -> None:
     """In a fresh folder (the checkout's studies, examples and benchmarks copied in), in
     the page's order, against the simulator wherever a block names a server on port 8000;
@@ -210,6 +218,7 @@ def test_every_runnable_command_block_runs_and_writes_what_it_says(
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("NO_COLOR", None)
     blocks = _blocks(page)
+    to_run = [block for block in blocks if block.runs and _benches(block) == benches]
     ran = 0
     with server_process(ServerSpec.sim(SIM_FAST)) as base_url:
         host = base_url.removeprefix("http://").removesuffix("/v1")
@@ -218,7 +227,7 @@ def test_every_runnable_command_block_runs_and_writes_what_it_says(
             if block.mark.startswith("file:"):
                 (tmp_path / block.mark.removeprefix("file:").strip()).write_text(body)
                 continue
-            if not block.runs:
+            if block not in to_run:
                 continue
             result = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", body],
@@ -233,7 +242,7 @@ def test_every_runnable_command_block_runs_and_writes_what_it_says(
             missing = [path for path in block.writes if not (tmp_path / path).exists()]
             assert missing == [], f"{block.where} says it writes {missing}"
             ran += 1
-    assert ran == len([block for block in blocks if block.runs])
+    assert ran == len(to_run) > 0
 
 
 # -- links, and the files of the checkout the docs name -----------------------------------
