@@ -12,7 +12,13 @@ from dataclasses import dataclass, replace
 
 from autotune.config.collection import PROBE_DEFAULTS, ProbeSpec
 from autotune.results.probes import ProbeBlock, RateCheck
-from autotune.stats import RateEstimate, completion_batches_rate, counter_rate, t95
+from autotune.stats import (
+    RateEstimate,
+    completion_batches_rate,
+    counter_rate,
+    mean_interval,
+    t95,
+)
 
 MIN_EVENTS = 20  # completions a window at its precision target holds at least
 TOKENS_PER_SLOT = 4  # warm-up in tokens: every slot's request has started generating
@@ -153,12 +159,12 @@ def in_rollouts(
 def length_spread(lengths: Sequence[int]) -> float:
     """The relative 95% half-width of the mean of `lengths` (finished rollouts' tokens):
     0 where they are all alike, or only one has finished (its length is all there is)."""
-    n = len(lengths)
-    mean = sum(lengths) / n if n else 0.0
-    if n < 2 or mean <= 0:
+    interval = mean_interval(lengths)
+    if interval is None:
         return 0.0
-    sd = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (n - 1))
-    return t95(n - 1) * sd / math.sqrt(n) / mean
+    low, high = interval
+    centre = (low + high) / 2
+    return (high - centre) / centre if centre > 0 else 0.0
 
 
 def reconcile(from_tokens: RateEstimate, counted: RateEstimate) -> tuple[RateEstimate, RateCheck]:
