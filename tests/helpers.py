@@ -28,6 +28,9 @@ from autotune.servers.launcher import ServerProcess, ServerSpec
 from autotune.verifiers import load_verifier
 
 REPO = Path(__file__).resolve().parents[1]
+# A subprocess that has not done its part by now has hung. Only a hang limit, never a
+# speed check: one CLI's start-up alone took 36 s on a loaded CI host.
+HANG_S = 120.0
 # The simulated server 100 times faster than real time: a probe measures in a second.
 SIM_FAST = ("--time-scale", "0.01")
 # A stand-in for a user's collector (tests/fixtures/fake_collector.py) as a command
@@ -57,7 +60,7 @@ def free_port() -> int:
 
 
 def autotune(
-    *args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: Path = REPO
+    *args: str, timeout: float = HANG_S, env: dict[str, str] | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
     """`autotune ARGS` in a subprocess, as a user runs it (from the checkout's root)."""
     return subprocess.run(

@@ -17,7 +17,7 @@ from autotune import __version__
 from autotune.cli import build_parser, main
 from autotune.hardware.deployment import build_parser as sim_parser
 from autotune.helpformat import default_text
-from tests.helpers import autotune, free_port
+from tests.helpers import HANG_S, autotune, free_port
 
 
 def _commands(
@@ -132,13 +132,14 @@ def test_sim_serve_quiet_serves_without_its_start_up_lines() -> None:
         text=True,
     ) as server:  # fmt: skip
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + HANG_S
             while True:
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
                         break
                 except OSError:
-                    assert time.monotonic() < deadline, "no /health answer within 30 s"
+                    assert server.poll() is None, server.communicate()
+                    assert time.monotonic() < deadline, f"no /health answer within {HANG_S:g} s"
                     time.sleep(0.1)
         finally:
             server.terminate()

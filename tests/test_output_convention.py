@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from autotune.servers.launcher import ServerSpec
-from tests.helpers import as_in_a_terminal, autotune, read_rows, server_process
+from tests.helpers import HANG_S, as_in_a_terminal, autotune, read_rows, server_process
 
 FAST_DIAGNOSE = ("--synthetic", "40", "--low", "2", "--high", "4", "--min-s", "0.2", "--max-s", "1")
 
@@ -151,7 +151,7 @@ def test_an_interrupted_run_names_its_folder_and_resumes_there(
     with subprocess.Popen(
         args, cwd=tmp_path, stderr=subprocess.PIPE, text=True, preexec_fn=as_in_a_terminal
     ) as run:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         rows = list(tmp_path.glob("reports/collect-*/rollouts.jsonl"))
         while not (rows and rows[0].stat().st_size) and time.monotonic() < deadline:
             time.sleep(0.1)
