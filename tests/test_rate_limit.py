@@ -4,6 +4,7 @@ gate (retries included), collect backing off, and diagnose's `rate-limited` verd
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sys
 import time
@@ -240,12 +241,43 @@ async def test_retries_pass_the_adaptive_limit_instead_of_storming() -> None:
     assert backend.counters.retry_gate is None  # the backend is left as it was found
 
 
+class RetriesHeldBackend:
+    """Refuses every call's first attempt (a 429), then holds each retry until `width`
+    retries are out at once. An engine that lets every slot retry gets all its answers
+    together; one that holds retries to fewer waits out `hang_s`, and `most_retrying` says
+    how many it let through. Counted, not timed: a busy machine's pace cannot change it."""
+
+    model = "fake"
+
+    def __init__(self, width: int, hang_s: float = 30.0) -> None:
+        self.counters = CallCounters()
+        self.width = width
+        self.hang_s = hang_s
+        self.retrying = 0
+        self.most_retrying = 0
+        self.all_retrying = asyncio.Event()
+
+    async def generate(self, task: Task) -> Generation:
+        start = time.time()
+        await asyncio.sleep(0)  # the refused attempt's round trip
+        self.counters.rate_limited_responses += 1
+        await self.counters.before_retry()
+        self.retrying += 1
+        self.most_retrying = max(self.most_retrying, self.retrying)
+        if self.retrying >= self.width:
+            self.all_retrying.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.all_retrying.wait(), self.hang_s)
+        self.retrying -= 1
+        return Generation("42", [], 3, 1, "stop", "", start, None, time.time(), 2)
+
+
 async def test_a_probe_engine_keeps_its_fixed_parallelism() -> None:
-    backend = RefusingBackend(open_after_s=0.1)
+    backend = RetriesHeldBackend(width=16)
     engine = Engine(backend, NoVerifier(), RolloutSink(None, False), 16)
     stats = await engine.run(iter(work(32)))
     assert engine.limiter is None and stats.completed == 32
-    assert backend.most_sending_after_refusals == 16
+    assert backend.most_retrying == 16  # every slot's retry out at once
 
 
 @pytest.mark.slow
